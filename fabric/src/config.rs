@@ -1,0 +1,251 @@
+//! Cluster configuration: the TOML files under `cluster-configs/`.
+//!
+//! Every section but `[cluster]` may be left out; each field has a default that runs on one machine. Unknown
+//! fields are errors, so a misspelt knob is reported instead of silently ignored.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use vfabric_allocator::{Fit, PageSize};
+use vfabric_transport::{Backend, MoverConfig};
+
+use crate::units::ByteSize;
+
+/// The configuration `vfabric demo` and the benchmarks use when given none: `cluster-configs/local.toml`.
+pub const EMBEDDED_LOCAL: &str = include_str!("../../cluster-configs/local.toml");
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML for a cluster configuration.
+    #[error("{origin}: {message}")]
+    Parse {
+        /// The file or "embedded local.toml".
+        origin: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// The values are inconsistent.
+    #[error("{origin}: {message}")]
+    Invalid {
+        /// The file or "embedded local.toml".
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A whole cluster configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// `[cluster]`.
+    pub cluster: ClusterSection,
+    /// `[device]`.
+    #[serde(default)]
+    pub device: DeviceSection,
+    /// `[memory]`.
+    #[serde(default)]
+    pub memory: MemorySection,
+    /// `[mover]`: see [`MoverConfig`].
+    #[serde(default)]
+    pub mover: MoverConfig,
+    /// `[[node]]`: the nodes of the cluster.
+    #[serde(default, rename = "node")]
+    pub nodes: Vec<NodeSection>,
+}
+
+/// `[cluster]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// The cluster's name, shown in reports.
+    pub name: String,
+}
+
+/// `[device]`: which device layer runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeviceSection {
+    /// `auto` (CUDA if a GPU is there, else emulated), `cuda` or `emulated`.
+    pub backend: Backend,
+    /// GPUs the emulated device has.
+    pub emulated_gpus: u16,
+    /// Memory of each emulated GPU.
+    pub emulated_gpu_memory: ByteSize,
+}
+
+impl Default for DeviceSection {
+    fn default() -> Self {
+        DeviceSection { backend: Backend::Auto, emulated_gpus: 2, emulated_gpu_memory: ByteSize(1 << 30) }
+    }
+}
+
+/// `[memory]`: how each node's memory is laid out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemorySection {
+    /// Default page size of regions (64 KiB .. 2 MiB).
+    pub page_size: ByteSize,
+    /// Bytes of each GPU the fabric takes (its arena). Default: 80% of the GPU's memory, leaving the rest to the
+    /// job's own allocations.
+    pub gpu_budget: Option<ByteSize>,
+    /// Share of each arena (percent) that only the fabric's own moves may use, so evictions and compaction
+    /// always find frames.
+    pub headroom_percent: u8,
+    /// Pinned host memory per node (the tier GPUs evict to).
+    pub host_arena: ByteSize,
+    /// Size of the physical chunks arenas are made of.
+    pub chunk_size: ByteSize,
+    /// How frames are placed: `first-fit` or `best-fit`.
+    pub fit: Fit,
+}
+
+impl Default for MemorySection {
+    fn default() -> Self {
+        MemorySection {
+            page_size: ByteSize(2 << 20),
+            gpu_budget: None,
+            headroom_percent: 15,
+            host_arena: ByteSize(1 << 30),
+            chunk_size: ByteSize(1 << 30),
+            fit: Fit::FirstFit,
+        }
+    }
+}
+
+impl MemorySection {
+    /// The page size, checked.
+    pub fn page(&self) -> PageSize {
+        // Validated in `ClusterConfig::validate`; the default stands in should a caller build one by hand.
+        PageSize::new(self.page_size.bytes()).unwrap_or_default()
+    }
+
+    /// The arena size for a GPU of `total` bytes.
+    pub fn gpu_arena_bytes(&self, total: u64) -> u64 {
+        match self.gpu_budget {
+            Some(b) => b.bytes().min(total),
+            None => total / 5 * 4,
+        }
+    }
+}
+
+/// `[[node]]`: one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSection {
+    /// The node's name (`vfabric agent --node NAME`).
+    pub name: String,
+    /// The GPUs of the node the fabric uses (default: all).
+    #[serde(default)]
+    pub gpus: Option<Vec<u16>>,
+}
+
+impl ClusterConfig {
+    /// Parses and checks a configuration; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let cfg: ClusterConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Parse { origin: origin.to_string(), message: e.to_string() })?;
+        cfg.validate().map_err(|message| ConfigError::Invalid { origin: origin.to_string(), message })?;
+        Ok(cfg)
+    }
+
+    /// Reads a configuration file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// The embedded `cluster-configs/local.toml`.
+    pub fn embedded_local() -> Self {
+        // The embedded file is checked by a unit test; should it ever fail, the defaults stand in.
+        Self::from_toml(EMBEDDED_LOCAL, "embedded local.toml").unwrap_or_else(|_| ClusterConfig {
+            cluster: ClusterSection { name: "local".into() },
+            device: DeviceSection::default(),
+            memory: MemorySection::default(),
+            mover: MoverConfig::default(),
+            nodes: vec![NodeSection { name: "local".into(), gpus: None }],
+        })
+    }
+
+    /// `path`'s configuration, or the embedded one when `path` is `None`.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        match path {
+            Some(p) => Self::from_file(p),
+            None => Ok(Self::embedded_local()),
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let m = &self.memory;
+        PageSize::new(m.page_size.bytes()).map_err(|e| format!("memory.page_size: {e}"))?;
+        if m.headroom_percent >= 100 {
+            return Err(format!("memory.headroom_percent is {}: it must be below 100", m.headroom_percent));
+        }
+        let chunk = m.chunk_size.bytes();
+        if !chunk.is_power_of_two() || chunk < (2 << 20) {
+            return Err(format!("memory.chunk_size {} must be a power of two of at least 2MiB", m.chunk_size));
+        }
+        if let Some(b) = m.gpu_budget {
+            if b.bytes() < m.page_size.bytes() {
+                return Err(format!("memory.gpu_budget {b} is smaller than one page ({})", m.page_size));
+            }
+        }
+        if m.host_arena.bytes() < m.page_size.bytes() {
+            return Err(format!("memory.host_arena {} is smaller than one page", m.host_arena));
+        }
+        let mv = &self.mover;
+        if mv.sm_blocks == 0 || mv.threads_per_block == 0 || mv.threads_per_block > 1024 {
+            return Err("mover.sm_blocks must be at least 1 and mover.threads_per_block 1..=1024".into());
+        }
+        if self.device.emulated_gpus == 0 {
+            return Err("device.emulated_gpus must be at least 1".into());
+        }
+        let mut names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("node `{}` is listed twice", w[0]));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_configs_parse() {
+        let local = ClusterConfig::from_toml(EMBEDDED_LOCAL, "local").expect("local.toml");
+        assert_eq!(local.device.backend, Backend::Auto);
+        let h200 = ClusterConfig::from_toml(include_str!("../../cluster-configs/h200x2.toml"), "h200x2").expect("h200x2.toml");
+        assert_eq!(h200.memory.gpu_budget, Some(ByteSize(8 << 30)));
+        assert_eq!(h200.memory.gpu_arena_bytes(141 << 30), 8 << 30);
+        assert_eq!(h200.nodes[0].gpus, Some(vec![0, 1]));
+    }
+
+    #[test]
+    fn bad_configs_are_reported() {
+        let base = "[cluster]\nname = \"x\"\n";
+        let bad = |extra: &str| ClusterConfig::from_toml(&format!("{base}{extra}"), "t").unwrap_err().to_string();
+        assert!(bad("[memory]\npage_size = \"3MiB\"\n").contains("page_size"));
+        assert!(bad("[memory]\nheadroom_percent = 100\n").contains("headroom"));
+        assert!(bad("[memory]\nchunk_size = \"1MiB\"\n").contains("chunk_size"));
+        assert!(bad("[memory]\npage_sise = \"2MiB\"\n").contains("unknown field"));
+        assert!(bad("[mover]\nthreads_per_block = 2048\n").contains("threads_per_block"));
+        assert!(bad("[[node]]\nname = \"a\"\n[[node]]\nname = \"a\"\n").contains("twice"));
+        assert!(ClusterConfig::from_toml("", "t").is_err());
+        let ok = ClusterConfig::from_toml(base, "t").expect("defaults");
+        assert_eq!(ok.memory.gpu_arena_bytes(100 << 30), 80 << 30);
+    }
+}

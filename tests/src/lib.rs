@@ -1,0 +1,7 @@
+//! vfabric's end-to-end tests, and the device conformance suite ([`device_suite`]) that runs the same checks on
+//! the emulated device (in CI, `tests/emulated_device.rs`) and on real GPUs (`tests/gpu.rs`, built with the
+//! `gpu` feature and run on the GPU machine by `scripts/device-run.sh`).
+
+pub mod device_suite;
+/// The verifiable data the suite writes, shared with the demo and the benchmarks.
+pub use vfabric::pattern;

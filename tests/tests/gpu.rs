@@ -1,0 +1,88 @@
+//! The device conformance suite on real GPUs, plus what only CUDA does (chunk export and import). Built with
+//! `--features gpu` and run on the GPU machine by `scripts/device-run.sh`; CI has no GPU and does not build it.
+
+use std::sync::Arc;
+
+use vfabric_tests::device_suite::{self, Scale};
+use vfabric_tests::pattern;
+use vfabric_transport::cuda::{CudaNode, GpuArena};
+use vfabric_transport::{Arena, ArenaSpec, DeviceError, DeviceLayer, Location};
+
+fn node() -> CudaNode {
+    CudaNode::open().expect("this target runs on a machine with GPUs")
+}
+
+#[test]
+fn arena_lifecycle() {
+    device_suite::arena_lifecycle(&node(), Scale::GPU);
+}
+
+#[test]
+fn arena_errors() {
+    device_suite::arena_errors(&node(), Scale::GPU);
+}
+
+#[test]
+fn moves_by_every_engine() {
+    device_suite::moves_by_every_engine(&node(), Scale::GPU);
+}
+
+#[test]
+fn moves_within_one_arena() {
+    device_suite::moves_within_one_arena(&node(), Scale::GPU);
+}
+
+#[test]
+fn concurrent_transfers() {
+    device_suite::concurrent_transfers(&node(), Scale::GPU);
+}
+
+#[test]
+fn batch_errors() {
+    device_suite::batch_errors(&node(), Scale::GPU);
+}
+
+/// A chunk exported as a file descriptor and imported again maps the same bytes: writes through either address
+/// are seen through the other. A bad descriptor or length is a typed error.
+#[test]
+fn chunk_export_and_import() {
+    let node = node();
+    for gpu in node.gpus().iter().map(|g| g.index) {
+        let a = node.create_arena(&ArenaSpec { location: Location::Gpu(gpu), bytes: 256 << 20, chunk_bytes: 64 << 20 }).expect("arena");
+        let ga = a.as_any().downcast_ref::<GpuArena>().expect("a CUDA arena");
+        assert_eq!(ga.chunk_count(), 4);
+        let len = ga.chunk_len(1).expect("chunk 1");
+        a.write(len, &pattern::bytes(5, 0, len as usize)).expect("write chunk 1");
+        let fd = ga.export_chunk(1).expect("export");
+        let imported: Arc<dyn Arena> = node.import_chunk(std::os::fd::AsFd::as_fd(&fd), gpu, len).expect("import");
+        assert_ne!(imported.device_ptr(), a.device_ptr() + len, "a second address");
+        let mut back = vec![0u8; len as usize];
+        imported.read(0, &mut back).expect("read imported");
+        assert_eq!(pattern::first_mismatch(5, 0, &back), None, "gpu{gpu}: the import sees the exporter's bytes");
+        imported.fill(0, 4096, 0x42).expect("write through the import");
+        let mut head = vec![0u8; 4096];
+        a.read(len, &mut head).expect("read through the exporter");
+        assert!(head.iter().all(|&b| b == 0x42), "gpu{gpu}: the exporter sees writes through the import");
+        assert!(matches!(ga.export_chunk(9), Err(DeviceError::InvalidArgument(_))));
+        assert!(matches!(node.import_chunk(std::os::fd::AsFd::as_fd(&fd), gpu, 12345), Err(DeviceError::InvalidArgument(_))));
+        drop(imported);
+        // A descriptor that is not an exported chunk (/dev/null) is refused by the driver.
+        let devnull = std::fs::File::open("/dev/null").expect("/dev/null");
+        let bad = node.import_chunk(std::os::fd::AsFd::as_fd(&devnull), gpu, len);
+        assert!(matches!(bad, Err(DeviceError::Cuda { .. })), "importing /dev/null: {bad:?}");
+    }
+}
+
+/// The node reports what the fabric relies on.
+#[test]
+fn node_reports_its_gpus() {
+    let node = node();
+    assert!(!node.gpus().is_empty());
+    for g in node.gpus() {
+        assert!(g.total_memory > 1 << 30, "{g:?}");
+        assert!(g.multiprocessors > 0);
+        assert!(g.granularity.is_power_of_two());
+        assert!(node.peers_of(g.index).contains(&g.index));
+    }
+    eprintln!("{}; nccl: {}", node.describe(), node.nccl_available());
+}

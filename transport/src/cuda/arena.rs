@@ -1,0 +1,207 @@
+//! CUDA arenas: a GPU's budget as physical chunks mapped once into one reserved range, and pinned host memory.
+
+use std::any::Any;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::context::GpuContext;
+use super::driver::cu;
+use super::host::PinnedHostMemory;
+use super::vmm::{set_access, Mapping, PhysicalChunk, VirtualRange};
+use crate::error::DeviceError;
+use crate::hal::{check_bounds, Arena};
+use crate::location::Location;
+
+/// GPU memory: `chunks` mapped back to back into `range`, readable and writable by every GPU of the node that
+/// can reach it.
+#[derive(Debug)]
+pub struct GpuArena {
+    // Field order is drop order: unmap, then release the chunks, then free the range.
+    _mappings: Vec<Mapping>,
+    chunks: Vec<PhysicalChunk>,
+    range: VirtualRange,
+    gpu: u16,
+    ctx: Arc<GpuContext>,
+}
+
+impl GpuArena {
+    /// Creates `bytes` (a multiple of `granularity`) on the context's GPU in chunks of `chunk` bytes (also a
+    /// multiple), maps them into one range and grants access to `accessors`. With `chunks` given (imported from
+    /// another process), maps those instead of creating new ones.
+    pub(crate) fn build(
+        ctx: Arc<GpuContext>,
+        bytes: u64,
+        chunk: u64,
+        granularity: u64,
+        exportable: bool,
+        accessors: &[u16],
+        imported: Option<Vec<PhysicalChunk>>,
+    ) -> Result<Self, DeviceError> {
+        let gpu = ctx.gpu();
+        ctx.bind()?;
+        let range = VirtualRange::reserve(bytes, granularity)?;
+        let chunks = match imported {
+            Some(c) => c,
+            None => {
+                let mut chunks = Vec::new();
+                let mut off = 0;
+                while off < bytes {
+                    let len = chunk.min(bytes - off);
+                    chunks.push(PhysicalChunk::create(gpu, len, exportable).map_err(|e| oom(e, gpu, bytes))?);
+                    off += len;
+                }
+                chunks
+            }
+        };
+        let mut mappings = Vec::with_capacity(chunks.len());
+        let mut off = 0;
+        for c in &chunks {
+            mappings.push(Mapping::map(range.base() + off, c)?);
+            off += c.len();
+        }
+        set_access(range.base(), off, accessors)?;
+        Ok(GpuArena { _mappings: mappings, chunks, range, gpu, ctx })
+    }
+
+    /// Number of physical chunks.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Size of chunk `index` in bytes.
+    pub fn chunk_len(&self, index: usize) -> Option<u64> {
+        self.chunks.get(index).map(PhysicalChunk::len)
+    }
+
+    /// Exports chunk `index` as a POSIX file descriptor, for another process of the node to import.
+    pub fn export_chunk(&self, index: usize) -> Result<OwnedFd, DeviceError> {
+        let chunk = self
+            .chunks
+            .get(index)
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("chunk {index} of {}", self.chunks.len())))?;
+        chunk.export_fd()
+    }
+
+    /// The GPU the memory is on.
+    pub fn gpu(&self) -> u16 {
+        self.gpu
+    }
+
+}
+
+/// Maps the driver's out-of-memory error on chunk creation to the typed error.
+fn oom(e: DeviceError, gpu: u16, requested: u64) -> DeviceError {
+    match e {
+        DeviceError::Cuda { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => {
+            DeviceError::OutOfDeviceMemory { location: Location::Gpu(gpu), requested, detail: e.to_string() }
+        }
+        other => other,
+    }
+}
+
+impl Arena for GpuArena {
+    fn location(&self) -> Location {
+        Location::Gpu(self.gpu)
+    }
+
+    fn len(&self) -> u64 {
+        self.range.len()
+    }
+
+    fn device_ptr(&self) -> u64 {
+        self.range.base()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        check_bounds(self.location(), self.len(), offset, data.len() as u64)?;
+        self.ctx.bind()?;
+        // SAFETY: the destination range is inside the mapped arena (checked); `data` is valid for its length.
+        // A copy from pageable memory may return before its DMA ends, so the context is synchronised.
+        unsafe {
+            cu!(cuMemcpyHtoD_v2(self.range.base() + offset, data.as_ptr() as *const std::ffi::c_void, data.len()))?;
+            cu!(cuCtxSynchronize())
+        }
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        check_bounds(self.location(), self.len(), offset, out.len() as u64)?;
+        self.ctx.bind()?;
+        // SAFETY: the source range is inside the mapped arena (checked); `out` is valid for its length.
+        unsafe { cu!(cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut std::ffi::c_void, self.range.base() + offset, out.len())) }
+    }
+
+    fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {
+        check_bounds(self.location(), self.len(), offset, len)?;
+        self.ctx.bind()?;
+        // SAFETY: the range is inside the mapped arena (checked).
+        unsafe {
+            cu!(cuMemsetD8_v2(self.range.base() + offset, byte, len as usize))?;
+            cu!(cuCtxSynchronize())
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for GpuArena {
+    fn drop(&mut self) {
+        // The fields release mappings, chunks and range after this; make sure no queued copy still uses them.
+        if let Err(e) = self.ctx.synchronize() {
+            tracing::warn!(gpu = self.gpu, error = %e, "synchronising before releasing an arena failed");
+        }
+    }
+}
+
+/// Pinned host memory as an arena.
+#[derive(Debug)]
+pub struct HostArena {
+    mem: PinnedHostMemory,
+}
+
+impl HostArena {
+    pub(crate) fn new(mem: PinnedHostMemory) -> Self {
+        HostArena { mem }
+    }
+}
+
+impl Arena for HostArena {
+    fn location(&self) -> Location {
+        Location::Host
+    }
+
+    fn len(&self) -> u64 {
+        self.mem.len()
+    }
+
+    fn device_ptr(&self) -> u64 {
+        self.mem.device_ptr()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        check_bounds(Location::Host, self.len(), offset, data.len() as u64)?;
+        // SAFETY: in bounds (checked); host memory owned by `mem`. Concurrent device access to the same bytes is
+        // the caller's to avoid, as for any arena.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(offset as usize), data.len()) };
+        Ok(())
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        check_bounds(Location::Host, self.len(), offset, out.len() as u64)?;
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(self.mem.as_ptr().add(offset as usize), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {
+        check_bounds(Location::Host, self.len(), offset, len)?;
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::write_bytes(self.mem.as_ptr().add(offset as usize), byte, len as usize) };
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

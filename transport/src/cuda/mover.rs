@@ -1,0 +1,277 @@
+//! The CUDA mover: copy engines and the SM gather/scatter kernel, on two queues (streams) per GPU.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use cudarc::driver::sys;
+
+use super::arena::{GpuArena, HostArena};
+use super::context::GpuContext;
+use super::driver::{cu, has_symbol};
+use super::module::{Kernel, Module};
+use super::node::NodeInner;
+use super::stream::{Event, Stream};
+use crate::batch::{PageBatch, Plan};
+use crate::error::{DeviceError, MoveError};
+use crate::hal::Arena;
+use crate::location::Location;
+use crate::mover::{plan_execution, Engine, EngineChoice, Execution, Mover, MoverConfig, Pending, Transfer, Way};
+
+/// The page copy kernels, built from `kernels/page_copy.cu` with `nvcc -ptx -arch=compute_90` on the GPU machine.
+pub const PAGE_COPY_PTX: &str = include_str!("../../kernels/page_copy.ptx");
+/// The kernel the mover launches (16-byte words, four loads in flight per thread).
+pub const PAGE_COPY_KERNEL: &str = "vf_page_copy";
+
+/// One queue of one GPU, with the device buffer that carries the kernel's page index lists.
+struct Lane {
+    stream: Stream,
+    index_buf: sys::CUdeviceptr,
+    index_cap: usize,
+}
+
+impl Lane {
+    /// Makes room for `bytes` of index lists, in stream order, so a launch still reading the old buffer is not
+    /// disturbed.
+    fn reserve_indices(&mut self, bytes: usize) -> Result<sys::CUdeviceptr, DeviceError> {
+        if bytes > self.index_cap {
+            let cap = bytes.next_power_of_two().max(64 << 10);
+            // SAFETY: the stream is live and its context current (the caller bound it); the old buffer was
+            // allocated on this stream.
+            unsafe {
+                if self.index_cap > 0 {
+                    cu!(cuMemFreeAsync(self.index_buf, self.stream.raw()))?;
+                    self.index_cap = 0;
+                }
+                let mut p: sys::CUdeviceptr = 0;
+                cu!(cuMemAllocAsync(&mut p, cap, self.stream.raw()))?;
+                self.index_buf = p;
+            }
+            self.index_cap = cap;
+        }
+        Ok(self.index_buf)
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if self.index_cap > 0 {
+            let _ = self.stream.context().bind();
+            // SAFETY: allocated on this stream; freed once, then the stream is drained before it is destroyed.
+            unsafe {
+                let _ = cu!(cuMemFreeAsync(self.index_buf, self.stream.raw()));
+            }
+            let _ = self.stream.synchronize();
+        }
+    }
+}
+
+struct GpuLanes {
+    ctx: Arc<GpuContext>,
+    inbound: Mutex<Lane>,
+    outbound: Mutex<Lane>,
+    kernel: Kernel,
+}
+
+/// Moves pages between the arenas of a [`super::CudaNode`].
+pub struct CudaMover {
+    node: Arc<NodeInner>,
+    config: MoverConfig,
+    gpus: Vec<GpuLanes>,
+    batch_copy: AtomicBool,
+}
+
+impl CudaMover {
+    pub(crate) fn new(node: Arc<NodeInner>, config: MoverConfig) -> Result<Self, DeviceError> {
+        if config.sm_blocks == 0 || config.threads_per_block == 0 || config.threads_per_block > 1024 {
+            return Err(DeviceError::InvalidArgument(format!(
+                "mover needs sm_blocks >= 1 and 1..=1024 threads per block (got {} and {})",
+                config.sm_blocks, config.threads_per_block
+            )));
+        }
+        let mut gpus = Vec::new();
+        for ctx in &node.contexts {
+            let module = Module::load_ptx(Arc::clone(ctx), PAGE_COPY_PTX)?;
+            let lane = || -> Result<Mutex<Lane>, DeviceError> {
+                Ok(Mutex::new(Lane { stream: Stream::new(Arc::clone(ctx))?, index_buf: 0, index_cap: 0 }))
+            };
+            gpus.push(GpuLanes { ctx: Arc::clone(ctx), inbound: lane()?, outbound: lane()?, kernel: module.kernel(PAGE_COPY_KERNEL)? });
+        }
+        let batch_copy = has_symbol("cuMemcpyBatchAsync_v2");
+        if !batch_copy {
+            tracing::info!("driver has no cuMemcpyBatchAsync_v2: the copy engine issues one call per run");
+        }
+        Ok(CudaMover { node, config, gpus, batch_copy: AtomicBool::new(batch_copy) })
+    }
+
+    fn lane(&self, exec: &Execution) -> Result<(&GpuLanes, MutexGuard<'_, Lane>), MoveError> {
+        let g = self.gpus.get(usize::from(exec.gpu)).ok_or(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.gpus.len() })?;
+        let m = match exec.way {
+            Way::Inbound => &g.inbound,
+            Way::Outbound => &g.outbound,
+        };
+        // A panic while a lane was held leaves nothing half-done that matters here: the stream is still valid.
+        Ok((g, m.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+
+    /// Issues the plan's runs to the copy engine on `lane`'s stream.
+    fn copy_runs(&self, lane: &Lane, plan: &Plan, src: u64, dst: u64, from: Location, to: Location) -> Result<(), DeviceError> {
+        let runs = plan.runs();
+        let s = lane.stream.raw();
+        if runs.len() > 1 && self.batch_copy.load(Ordering::Relaxed) {
+            let mut dsts: Vec<sys::CUdeviceptr> = runs.iter().map(|r| dst + r.dst_offset).collect();
+            let mut srcs: Vec<sys::CUdeviceptr> = runs.iter().map(|r| src + r.src_offset).collect();
+            let mut sizes: Vec<usize> = runs.iter().map(|r| r.len as usize).collect();
+            // SAFETY: zero is a valid value of this plain C struct; the fields that matter are set below.
+            let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+            attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+            attr.srcLocHint = loc_hint(from);
+            attr.dstLocHint = loc_hint(to);
+            let mut attr_idx: usize = 0;
+            // SAFETY: the arrays hold `runs.len()` entries and outlive the call (the driver copies the
+            // descriptors before returning); every range lies inside a mapped arena (the plan was checked).
+            let r = unsafe {
+                cu!(cuMemcpyBatchAsync_v2(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    runs.len(),
+                    &mut attr,
+                    &mut attr_idx,
+                    1,
+                    s
+                ))
+            };
+            match r {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cuMemcpyBatchAsync_v2 refused the batch; issuing one copy per run from now on");
+                    self.batch_copy.store(false, Ordering::Relaxed);
+                }
+            }
+        }
+        for r in runs {
+            // SAFETY: both ranges lie inside mapped arenas (the plan was checked against their lengths).
+            unsafe { cu!(cuMemcpyAsync(dst + r.dst_offset, src + r.src_offset, r.len as usize, s))? };
+        }
+        Ok(())
+    }
+
+    /// Uploads the page index lists and launches the kernel on `lane`'s stream. Returns the host copy of the
+    /// lists, which the transfer keeps until it completes.
+    fn launch_kernel(&self, g: &GpuLanes, lane: &mut Lane, plan: &Plan, src: u64, dst: u64) -> Result<Vec<u32>, DeviceError> {
+        let layout = plan.kernel_layout(self.config.sm_blocks);
+        let n = layout.src_frames.len();
+        let mut indices = Vec::with_capacity(2 * n);
+        indices.extend_from_slice(&layout.src_frames);
+        indices.extend_from_slice(&layout.dst_frames);
+        let bytes = indices.len() * std::mem::size_of::<u32>();
+        let buf = lane.reserve_indices(bytes)?;
+        // SAFETY: `buf` holds at least `bytes`; `indices` stays alive in the transfer until the stream has
+        // passed this copy.
+        unsafe { cu!(cuMemcpyHtoDAsync_v2(buf, indices.as_ptr() as *const c_void, bytes, lane.stream.raw()))? };
+        let mut p_src: u64 = src;
+        let mut p_dst: u64 = dst;
+        let mut p_sf: u64 = buf;
+        let mut p_df: u64 = buf + (n * std::mem::size_of::<u32>()) as u64;
+        let mut p_items: u64 = layout.items;
+        let mut p_cpp: u32 = layout.chunks_per_page;
+        let mut p_wpc: u32 = layout.words_per_chunk;
+        let mut params: [*mut c_void; 7] = [
+            &mut p_src as *mut u64 as *mut c_void,
+            &mut p_dst as *mut u64 as *mut c_void,
+            &mut p_sf as *mut u64 as *mut c_void,
+            &mut p_df as *mut u64 as *mut c_void,
+            &mut p_items as *mut u64 as *mut c_void,
+            &mut p_cpp as *mut u32 as *mut c_void,
+            &mut p_wpc as *mut u32 as *mut c_void,
+        ];
+        // SAFETY: the parameters match `vf_page_copy(const uint4*, uint4*, const u32*, const u32*, u64, u32, u32)`;
+        // every frame is inside its arena (the plan was checked), and the arenas are kept alive by the transfer.
+        unsafe { g.kernel.launch(layout.grid, self.config.threads_per_block, &lane.stream, &mut params)? };
+        Ok(indices)
+    }
+}
+
+fn loc_hint(l: Location) -> sys::CUmemLocation {
+    match l {
+        Location::Gpu(g) => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: i32::from(g) },
+        Location::Host => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 },
+    }
+}
+
+/// Checks that an arena belongs to the CUDA device layer.
+fn is_cuda_arena(a: &dyn Arena) -> bool {
+    a.as_any().is::<GpuArena>() || a.as_any().is::<HostArena>()
+}
+
+impl Mover for CudaMover {
+    fn submit(&self, src: &Arc<dyn Arena>, dst: &Arc<dyn Arena>, batch: &PageBatch, engine: EngineChoice) -> Result<Transfer, MoveError> {
+        for a in [src, dst] {
+            if !is_cuda_arena(a.as_ref()) {
+                return Err(MoveError::ForeignArena(a.location()));
+            }
+        }
+        let same = src.device_ptr() == dst.device_ptr();
+        let plan = batch.plan(src.len(), dst.len(), same)?;
+        let exec = plan_execution(&plan, src.location(), dst.location(), engine, &self.config)?;
+        if usize::from(exec.gpu) >= self.node.gpus.len() {
+            return Err(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.node.gpus.len() }.into());
+        }
+        let (g, mut lane) = self.lane(&exec)?;
+        g.ctx.bind()?;
+        let start = Event::new(Arc::clone(&g.ctx), true)?;
+        let end = Event::new(Arc::clone(&g.ctx), true)?;
+        start.record(&lane.stream)?;
+        let mut indices = Vec::new();
+        if plan.pages() > 0 {
+            match exec.engine {
+                Engine::CopyEngine => self.copy_runs(&lane, &plan, src.device_ptr(), dst.device_ptr(), src.location(), dst.location())?,
+                Engine::SmKernel => indices = self.launch_kernel(g, &mut lane, &plan, src.device_ptr(), dst.device_ptr())?,
+            }
+        }
+        end.record(&lane.stream)?;
+        drop(lane);
+        let pending = CudaPending { start, end, _arenas: [Arc::clone(src), Arc::clone(dst)], _indices: indices, done: false };
+        Ok(Transfer::new(Box::new(pending), exec, &plan))
+    }
+
+    fn config(&self) -> &MoverConfig {
+        &self.config
+    }
+}
+
+/// A batch queued on a stream: its two timing events, and what must stay alive until it is done.
+struct CudaPending {
+    start: Event,
+    end: Event,
+    _arenas: [Arc<dyn Arena>; 2],
+    _indices: Vec<u32>,
+    done: bool,
+}
+
+impl Pending for CudaPending {
+    fn wait(&mut self) -> Result<Option<Duration>, MoveError> {
+        self.end.synchronize()?;
+        self.done = true;
+        Ok(Some(self.end.elapsed_since(&self.start)?))
+    }
+
+    fn poll(&mut self) -> Result<bool, MoveError> {
+        if !self.done {
+            self.done = self.end.is_done()?;
+        }
+        Ok(self.done)
+    }
+}
+
+impl Drop for CudaPending {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Err(e) = self.end.synchronize() {
+                tracing::warn!(error = %e, "waiting for a dropped transfer failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Emulated arenas: page-aligned host allocations.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::error::DeviceError;
+use crate::hal::{check_bounds, Arena};
+use crate::location::Location;
+
+/// Memory charged to an emulated GPU: its counters, which GPU, how many bytes.
+pub(crate) type Charge = (Arc<Vec<AtomicU64>>, usize, u64);
+
+/// An arena of host memory standing in for GPU or pinned host memory.
+pub struct EmulatedArena {
+    ptr: *mut u8,
+    layout: Layout,
+    location: Location,
+    charge: Option<Charge>,
+}
+
+// SAFETY: the memory is owned by the arena and reached through raw pointers; as on a GPU, callers must not let
+// two transfers write the same bytes at once, and the movers only read and write inside checked bounds.
+unsafe impl Send for EmulatedArena {}
+// SAFETY: as above.
+unsafe impl Sync for EmulatedArena {}
+
+impl std::fmt::Debug for EmulatedArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatedArena").field("location", &self.location).field("len", &self.layout.size()).finish()
+    }
+}
+
+impl EmulatedArena {
+    pub(crate) fn new(location: Location, bytes: u64, charge: Option<Charge>) -> Result<Self, DeviceError> {
+        let size = usize::try_from(bytes).map_err(|_| DeviceError::HostAllocFailed { bytes })?;
+        let layout = Layout::from_size_align(size, 4096).map_err(|_| DeviceError::HostAllocFailed { bytes })?;
+        // SAFETY: `layout` has a non-zero size (the node rejects empty arenas).
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(DeviceError::HostAllocFailed { bytes });
+        }
+        Ok(EmulatedArena { ptr, layout, location, charge })
+    }
+
+    /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`.
+    ///
+    /// # Safety
+    /// Both ranges must lie inside their arenas and must not overlap.
+    pub(crate) unsafe fn copy(src: &EmulatedArena, src_off: u64, dst: &EmulatedArena, dst_off: u64, len: u64) {
+        std::ptr::copy_nonoverlapping(src.ptr.add(src_off as usize), dst.ptr.add(dst_off as usize), len as usize);
+    }
+}
+
+impl Drop for EmulatedArena {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { dealloc(self.ptr, self.layout) };
+        if let Some((used, g, bytes)) = &self.charge {
+            used[*g].fetch_sub(*bytes, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Arena for EmulatedArena {
+    fn location(&self) -> Location {
+        self.location
+    }
+
+    fn len(&self) -> u64 {
+        self.layout.size() as u64
+    }
+
+    fn device_ptr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        check_bounds(self.location, self.len(), offset, data.len() as u64)?;
+        // SAFETY: in bounds (checked); `data` cannot alias the arena's private allocation.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len()) };
+        Ok(())
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        check_bounds(self.location, self.len(), offset, out.len() as u64)?;
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset as usize), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {
+        check_bounds(self.location, self.len(), offset, len)?;
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::write_bytes(self.ptr.add(offset as usize), byte, len as usize) };
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,186 @@
+//! The emulated mover: one worker thread per queue, copying with `memcpy`.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::arena::EmulatedArena;
+use crate::batch::{KernelLayout, PageBatch, Plan};
+use crate::error::{DeviceError, MoveError};
+use crate::hal::Arena;
+use crate::mover::{plan_execution, Engine, EngineChoice, Mover, MoverConfig, Pending, Transfer, Way};
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One queue: a thread that runs jobs in order.
+struct Worker {
+    tx: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn spawn(name: String) -> Result<Self, DeviceError> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .map_err(|e| DeviceError::Os { call: "spawning a mover thread", source: e })?;
+        Ok(Worker { tx: Some(tx), thread: Some(thread) })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Moves pages between emulated arenas.
+pub struct EmulatedMover {
+    config: MoverConfig,
+    workers: HashMap<(u16, bool), Mutex<Worker>>,
+    gpus: usize,
+}
+
+impl EmulatedMover {
+    pub(crate) fn new(gpus: usize, config: MoverConfig) -> Result<Self, DeviceError> {
+        if config.sm_blocks == 0 {
+            return Err(DeviceError::InvalidArgument("mover needs sm_blocks >= 1".into()));
+        }
+        let mut workers = HashMap::new();
+        for g in 0..gpus.max(1) as u16 {
+            for inbound in [false, true] {
+                let name = format!("vf-emu-gpu{g}-{}", if inbound { "in" } else { "out" });
+                workers.insert((g, inbound), Mutex::new(Worker::spawn(name)?));
+            }
+        }
+        Ok(EmulatedMover { config, workers, gpus })
+    }
+}
+
+/// Copies what the copy engine would: each run in one piece.
+fn run_copy_engine(src: &EmulatedArena, dst: &EmulatedArena, plan: &Plan) {
+    for r in plan.runs() {
+        // SAFETY: the plan was checked against both arenas' lengths, and a batch within one arena never reads
+        // a frame it writes.
+        unsafe { EmulatedArena::copy(src, r.src_offset, dst, r.dst_offset, r.len) };
+    }
+}
+
+/// Copies what `vf_page_copy` would, chunk by chunk in the kernel's item order.
+fn run_kernel(src: &EmulatedArena, dst: &EmulatedArena, page: u64, layout: &KernelLayout) {
+    let chunk = u64::from(layout.words_per_chunk) * 16;
+    let cpp = u64::from(layout.chunks_per_page);
+    for item in 0..layout.items {
+        let (p, c) = ((item / cpp) as usize, item % cpp);
+        let s = u64::from(layout.src_frames[p]) * page + c * chunk;
+        let d = u64::from(layout.dst_frames[p]) * page + c * chunk;
+        // SAFETY: as in `run_copy_engine`.
+        unsafe { EmulatedArena::copy(src, s, dst, d, chunk) };
+    }
+}
+
+type Slot = Arc<(Mutex<Option<Result<Duration, MoveError>>>, Condvar)>;
+
+impl Mover for EmulatedMover {
+    fn submit(&self, src: &Arc<dyn Arena>, dst: &Arc<dyn Arena>, batch: &PageBatch, engine: EngineChoice) -> Result<Transfer, MoveError> {
+        for a in [src, dst] {
+            if !a.as_any().is::<EmulatedArena>() {
+                return Err(MoveError::ForeignArena(a.location()));
+            }
+        }
+        let same = src.device_ptr() == dst.device_ptr();
+        let plan = batch.plan(src.len(), dst.len(), same)?;
+        let exec = plan_execution(&plan, src.location(), dst.location(), engine, &self.config)?;
+        let worker = self
+            .workers
+            .get(&(exec.gpu, exec.way == Way::Inbound))
+            .ok_or(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.gpus })?;
+        let slot: Slot = Arc::new((Mutex::new(None), Condvar::new()));
+        let (s, d, job_slot, job_plan) = (Arc::clone(src), Arc::clone(dst), Arc::clone(&slot), plan.clone());
+        let blocks = self.config.sm_blocks;
+        let job: Job = Box::new(move || {
+            let t = Instant::now();
+            let (sa, da) = match (s.as_any().downcast_ref::<EmulatedArena>(), d.as_any().downcast_ref::<EmulatedArena>()) {
+                (Some(a), Some(b)) => (a, b),
+                _ => return,
+            };
+            match exec.engine {
+                Engine::CopyEngine => run_copy_engine(sa, da, &job_plan),
+                Engine::SmKernel => run_kernel(sa, da, job_plan.page_size(), &job_plan.kernel_layout(blocks)),
+            }
+            let (m, cv) = &*job_slot;
+            *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(t.elapsed()));
+            cv.notify_all();
+        });
+        let sent = worker.lock().unwrap_or_else(|p| p.into_inner()).tx.as_ref().map(|tx| tx.send(job).is_ok());
+        if sent != Some(true) {
+            return Err(MoveError::WorkerGone);
+        }
+        Ok(Transfer::new(Box::new(EmulatedPending { slot, done: false }), exec, &plan))
+    }
+
+    fn config(&self) -> &MoverConfig {
+        &self.config
+    }
+}
+
+struct EmulatedPending {
+    slot: Slot,
+    done: bool,
+}
+
+impl EmulatedPending {
+    fn take(&mut self, block: bool) -> Result<Option<Duration>, MoveError> {
+        let (m, cv) = &*self.slot;
+        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = g.take() {
+                self.done = true;
+                return r.map(Some);
+            }
+            if self.done {
+                return Ok(None);
+            }
+            if !block {
+                return Ok(None);
+            }
+            // The worker always fills the slot, unless its job was dropped unrun (mover gone): then the Arc
+            // count tells, and waiting would never end.
+            if Arc::strong_count(&self.slot) == 1 {
+                return Err(MoveError::WorkerGone);
+            }
+            g = cv.wait_timeout(g, Duration::from_millis(50)).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+impl Pending for EmulatedPending {
+    fn wait(&mut self) -> Result<Option<Duration>, MoveError> {
+        self.take(true)
+    }
+
+    fn poll(&mut self) -> Result<bool, MoveError> {
+        if !self.done {
+            self.take(false)?;
+        }
+        Ok(self.done)
+    }
+}
+
+impl Drop for EmulatedPending {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.take(true);
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! Moving batches of pages between arenas: the engines, the policy that picks one, and completions.
+//!
+//! Two engines move pages. The copy engine (DMA, `cuMemcpyAsync` / `cuMemcpyBatchAsync`) leaves the SMs to the
+//! job's own kernels and reaches the link's rate on long contiguous runs, but pays a cost per call: page-sized
+//! copies over NVLink reach 232 GB/s at 2 MiB and 20-62 GB/s at 64 KiB on the H200s. The SM gather/scatter
+//! kernel reaches the link at any page size but occupies the SMs it is given while it runs. [`choose_engine`]
+//! picks per batch; [`MoverConfig`] bounds the SMs the kernel may take.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::batch::{PageBatch, Plan};
+use crate::error::MoveError;
+use crate::hal::Arena;
+use crate::location::Location;
+
+/// The engine that moves a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// DMA copy engines: one call per contiguous run (batched when there are many).
+    CopyEngine,
+    /// The SM gather/scatter copy kernel.
+    SmKernel,
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Engine::CopyEngine => "copy-engine",
+            Engine::SmKernel => "sm-kernel",
+        })
+    }
+}
+
+/// Which engine a caller asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineChoice {
+    /// The mover picks ([`choose_engine`]).
+    #[default]
+    Auto,
+    /// Always the copy engine.
+    CopyEngine,
+    /// Always the SM kernel.
+    SmKernel,
+}
+
+impl std::str::FromStr for EngineChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(EngineChoice::Auto),
+            "copy" | "copy-engine" | "ce" => Ok(EngineChoice::CopyEngine),
+            "kernel" | "sm" | "sm-kernel" => Ok(EngineChoice::SmKernel),
+            _ => Err(format!("`{s}` is not an engine: use auto, copy or kernel")),
+        }
+    }
+}
+
+impl std::fmt::Display for EngineChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineChoice::Auto => "auto",
+            EngineChoice::CopyEngine => "copy",
+            EngineChoice::SmKernel => "kernel",
+        })
+    }
+}
+
+/// Which GPU runs the kernel for a GPU-to-GPU move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelSide {
+    /// Pull with 16 blocks or more, push with fewer (what the H200 sweep showed to be faster).
+    #[default]
+    Auto,
+    /// The destination GPU reads from the source (peer loads).
+    Pull,
+    /// The source GPU writes to the destination (peer stores).
+    Push,
+}
+
+/// How a mover runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MoverConfig {
+    /// Blocks (one per SM) the kernel may take. On the H200s 16 blocks of 1024 threads pull 369 GB/s over
+    /// NVLink, as much as 132 do.
+    pub sm_blocks: u32,
+    /// Threads per block (at most 1024).
+    pub threads_per_block: u32,
+    /// Which GPU runs the kernel between two GPUs.
+    pub kernel_side: KernelSide,
+    /// Batches of at most this many contiguous runs go to the copy engine under [`EngineChoice::Auto`].
+    pub copy_engine_max_runs: usize,
+    /// Batches whose runs average at least this many bytes go to the copy engine under [`EngineChoice::Auto`].
+    pub copy_engine_min_run_bytes: u64,
+}
+
+impl Default for MoverConfig {
+    fn default() -> Self {
+        MoverConfig {
+            sm_blocks: 16,
+            threads_per_block: 1024,
+            kernel_side: KernelSide::Auto,
+            copy_engine_max_runs: 4,
+            copy_engine_min_run_bytes: 64 << 20,
+        }
+    }
+}
+
+/// The engine [`EngineChoice::Auto`] takes for a plan.
+///
+/// A few long runs go to the copy engine: it reaches the link (396 GB/s for one 1 GiB copy over NVLink against
+/// 364-372 for the kernel) and leaves the SMs free. Many short runs go to the kernel, whose rate does not depend
+/// on the run length. Host-to-host moves always take the copy engine (no GPU is involved to run a kernel).
+pub fn choose_engine(plan: &Plan, from: Location, to: Location, config: &MoverConfig) -> Engine {
+    let runs = plan.runs().len().max(1);
+    if from == Location::Host && to == Location::Host {
+        return Engine::CopyEngine;
+    }
+    if runs <= config.copy_engine_max_runs || plan.bytes() / runs as u64 >= config.copy_engine_min_run_bytes {
+        Engine::CopyEngine
+    } else {
+        Engine::SmKernel
+    }
+}
+
+/// Which way a move goes as seen from the GPU that executes it: each GPU has one queue (stream) per way, so a
+/// GPU sending and receiving at once runs both concurrently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Way {
+    /// The executing GPU is the destination (fetches, pulls).
+    Inbound,
+    /// The executing GPU is the source, or source and destination (evictions, pushes, compaction).
+    Outbound,
+}
+
+/// Where and how a batch runs: the engine, the GPU whose queue it goes on, and which of its queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Execution {
+    /// The engine.
+    pub engine: Engine,
+    /// The GPU that issues the copy or runs the kernel.
+    pub gpu: u16,
+    /// Which of that GPU's queues.
+    pub way: Way,
+}
+
+/// Decides the engine and the executing GPU for a move from `from` to `to`.
+pub fn plan_execution(
+    plan: &Plan,
+    from: Location,
+    to: Location,
+    choice: EngineChoice,
+    config: &MoverConfig,
+) -> Result<Execution, MoveError> {
+    let engine = match choice {
+        EngineChoice::Auto => choose_engine(plan, from, to, config),
+        EngineChoice::CopyEngine => Engine::CopyEngine,
+        EngineChoice::SmKernel => Engine::SmKernel,
+    };
+    let pull = match config.kernel_side {
+        KernelSide::Pull => true,
+        KernelSide::Push => false,
+        KernelSide::Auto => config.sm_blocks >= 16,
+    };
+    let (gpu, way) = match (from, to) {
+        (Location::Gpu(a), Location::Gpu(b)) if a == b => (a, Way::Outbound),
+        (Location::Gpu(a), Location::Gpu(b)) => match engine {
+            Engine::SmKernel if pull => (b, Way::Inbound),
+            _ => (a, Way::Outbound),
+        },
+        (Location::Gpu(a), Location::Host) => (a, Way::Outbound),
+        (Location::Host, Location::Gpu(b)) => (b, Way::Inbound),
+        (Location::Host, Location::Host) => {
+            if engine == Engine::SmKernel {
+                return Err(MoveError::EngineUnavailable {
+                    engine,
+                    from,
+                    to,
+                    reason: "no GPU takes part in a host-to-host move",
+                });
+            }
+            (0, Way::Outbound)
+        }
+    };
+    Ok(Execution { engine, gpu, way })
+}
+
+/// Moves batches of pages between arenas of one device layer.
+pub trait Mover: Send + Sync {
+    /// Starts moving `batch` from `src` to `dst` and returns at once; the returned [`Transfer`] completes when
+    /// every page has arrived. Batches submitted to the same pair of locations complete in submission order.
+    fn submit(
+        &self,
+        src: &Arc<dyn Arena>,
+        dst: &Arc<dyn Arena>,
+        batch: &PageBatch,
+        engine: EngineChoice,
+    ) -> Result<Transfer, MoveError>;
+
+    /// The configuration this mover runs with.
+    fn config(&self) -> &MoverConfig;
+}
+
+/// What a backend returns for a submitted batch: something to wait on.
+pub(crate) trait Pending: Send {
+    /// Blocks until the move is done; returns the time the device measured for it, if it measures.
+    fn wait(&mut self) -> Result<Option<Duration>, MoveError>;
+    /// Whether the move is done, without blocking.
+    fn poll(&mut self) -> Result<bool, MoveError>;
+}
+
+/// A batch in flight. Dropping it waits for the move to finish, so the arenas it keeps alive are never freed
+/// under a copy.
+pub struct Transfer {
+    pending: Box<dyn Pending>,
+    execution: Execution,
+    bytes: u64,
+    pages: usize,
+    runs: usize,
+}
+
+impl std::fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer")
+            .field("execution", &self.execution)
+            .field("bytes", &self.bytes)
+            .field("pages", &self.pages)
+            .field("runs", &self.runs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a completed transfer did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TransferReport {
+    /// The engine that moved it.
+    pub engine: Engine,
+    /// The GPU that ran it.
+    pub gpu: u16,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Pages moved.
+    pub pages: usize,
+    /// Contiguous runs the pages formed.
+    pub runs: usize,
+    /// Time between the start and the end of the move as the device measured it (CUDA events on the GPU; the
+    /// copy's own duration on the emulated device).
+    pub device_time: Option<Duration>,
+}
+
+impl TransferReport {
+    /// Bytes per second over the device-measured time, in GB/s (10^9 bytes).
+    pub fn gb_per_s(&self) -> Option<f64> {
+        self.device_time.filter(|t| !t.is_zero()).map(|t| self.bytes as f64 / t.as_secs_f64() / 1e9)
+    }
+}
+
+impl Transfer {
+    pub(crate) fn new(pending: Box<dyn Pending>, execution: Execution, plan: &Plan) -> Self {
+        Transfer { pending, execution, bytes: plan.bytes(), pages: plan.pages(), runs: plan.runs().len() }
+    }
+
+    /// The engine moving this batch.
+    pub fn engine(&self) -> Engine {
+        self.execution.engine
+    }
+
+    /// Bytes this transfer moves.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether every page has arrived, without blocking.
+    pub fn is_complete(&mut self) -> Result<bool, MoveError> {
+        self.pending.poll()
+    }
+
+    /// Blocks until every page has arrived.
+    pub fn wait(mut self) -> Result<TransferReport, MoveError> {
+        let device_time = self.pending.wait()?;
+        Ok(TransferReport {
+            engine: self.execution.engine,
+            gpu: self.execution.gpu,
+            bytes: self.bytes,
+            pages: self.pages,
+            runs: self.runs,
+            device_time,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(batch: PageBatch) -> Plan {
+        batch.plan(1 << 30, 1 << 30, false).unwrap()
+    }
+
+    #[test]
+    fn auto_picks_copy_engine_for_contiguous_and_kernel_for_scattered() {
+        let cfg = MoverConfig::default();
+        let contiguous = plan(PageBatch::contiguous(2 << 20, 0, 0, 512));
+        assert_eq!(choose_engine(&contiguous, Location::Gpu(0), Location::Gpu(1), &cfg), Engine::CopyEngine);
+        let mut scattered = PageBatch::new(64 << 10);
+        for i in 0..64 {
+            scattered.push(i * 2, i);
+        }
+        let scattered = plan(scattered);
+        assert_eq!(choose_engine(&scattered, Location::Gpu(0), Location::Gpu(1), &cfg), Engine::SmKernel);
+        assert_eq!(choose_engine(&scattered, Location::Host, Location::Host, &cfg), Engine::CopyEngine);
+    }
+
+    #[test]
+    fn execution_places_work_on_the_right_gpu_and_queue() {
+        let cfg = MoverConfig::default();
+        let p = plan(PageBatch::contiguous(64 << 10, 0, 0, 4));
+        let k = EngineChoice::SmKernel;
+        let e = plan_execution(&p, Location::Gpu(0), Location::Gpu(1), k, &cfg).unwrap();
+        assert_eq!((e.gpu, e.way), (1, Way::Inbound), "16 blocks pull on the destination");
+        let push = MoverConfig { sm_blocks: 8, ..cfg };
+        let e = plan_execution(&p, Location::Gpu(0), Location::Gpu(1), k, &push).unwrap();
+        assert_eq!((e.gpu, e.way), (0, Way::Outbound), "8 blocks push from the source");
+        let e = plan_execution(&p, Location::Host, Location::Gpu(1), EngineChoice::Auto, &cfg).unwrap();
+        assert_eq!((e.engine, e.gpu, e.way), (Engine::CopyEngine, 1, Way::Inbound));
+        let e = plan_execution(&p, Location::Gpu(1), Location::Host, EngineChoice::CopyEngine, &cfg).unwrap();
+        assert_eq!((e.gpu, e.way), (1, Way::Outbound));
+        assert!(matches!(
+            plan_execution(&p, Location::Host, Location::Host, k, &cfg),
+            Err(MoveError::EngineUnavailable { .. })
+        ));
+    }
+
+    #[test]
+    fn engine_choice_parses() {
+        assert_eq!("copy".parse::<EngineChoice>(), Ok(EngineChoice::CopyEngine));
+        assert_eq!("kernel".parse::<EngineChoice>(), Ok(EngineChoice::SmKernel));
+        assert!("dma".parse::<EngineChoice>().is_err());
+    }
+}
