@@ -18,9 +18,7 @@ pub const OFFSET_BITS: u32 = 48;
 pub const MAX_OFFSET: u64 = (1u64 << OFFSET_BITS) - 1;
 
 /// Identifies one node (host) of the fabric.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct NodeId(pub u16);
 
@@ -124,9 +122,7 @@ impl PageSize {
             return Err(AllocError::InvalidPageSize { bytes });
         }
         // Bounded by 2 MiB above, so it fits in u32.
-        u32::try_from(bytes)
-            .map(Self)
-            .map_err(|_| AllocError::InvalidPageSize { bytes })
+        u32::try_from(bytes).map(Self).map_err(|_| AllocError::InvalidPageSize { bytes })
     }
 
     /// The page size in bytes.
@@ -226,9 +222,7 @@ mod tests {
     fn offset_overflowing_48_bits_is_rejected() {
         assert_eq!(
             GlobalAddr::new(NodeId(1), MAX_OFFSET + 1),
-            Err(AllocError::InvalidAddress {
-                addr: MAX_OFFSET + 1
-            })
+            Err(AllocError::InvalidAddress { addr: MAX_OFFSET + 1 })
         );
         assert!(GlobalAddr::new(NodeId(1), u64::MAX).is_err());
     }
@@ -248,21 +242,8 @@ mod tests {
         assert_eq!(PageSize::new(64 * 1024).unwrap(), PageSize::KIB_64);
         assert_eq!(PageSize::new(2 * 1024 * 1024).unwrap(), PageSize::MIB_2);
         assert_eq!(PageSize::new(128 * 1024).unwrap().bytes(), 128 * 1024);
-        for bad in [
-            0,
-            1,
-            4096,
-            32 * 1024,
-            64 * 1024 + 1,
-            96 * 1024,
-            4 * 1024 * 1024,
-            u64::MAX,
-            1 << 40,
-        ] {
-            assert_eq!(
-                PageSize::new(bad),
-                Err(AllocError::InvalidPageSize { bytes: bad })
-            );
+        for bad in [0, 1, 4096, 32 * 1024, 64 * 1024 + 1, 96 * 1024, 4 * 1024 * 1024, u64::MAX, 1 << 40] {
+            assert_eq!(PageSize::new(bad), Err(AllocError::InvalidPageSize { bytes: bad }));
         }
         assert_eq!(PageSize::default(), PageSize::MIB_2);
         assert_eq!(PageSize::KIB_64.to_string(), "64 KiB");

@@ -57,9 +57,7 @@ pub enum AllocError {
 
     /// The address (or frame id, or unit) is outside the allocator, or does not name the
     /// start of anything the allocator handed out.
-    #[error(
-        "invalid address {addr:#x}: outside the allocator or not the start of a live allocation"
-    )]
+    #[error("invalid address {addr:#x}: outside the allocator or not the start of a live allocation")]
     InvalidAddress {
         /// The offending address, in the allocator's unit.
         addr: u64,
@@ -142,41 +140,18 @@ mod tests {
 
     #[test]
     fn messages_are_readable() {
-        let e = AllocError::OutOfMemory {
-            requested: 4,
-            available: 3,
-            largest_free: 2,
-        };
+        let e = AllocError::OutOfMemory { requested: 4, available: 3, largest_free: 2 };
+        assert_eq!(e.to_string(), "out of memory: requested 4 units, 3 available, largest free extent 2");
+        let e = AllocError::QuotaExceeded { tenant: TenantId(7), tier: Tier::Gpu, limit: 100, used: 90, requested: 20 };
+        assert_eq!(e.to_string(), "quota exceeded for tenant 7 on tier gpu: limit 100 bytes, 90 used, 20 requested");
         assert_eq!(
-            e.to_string(),
-            "out of memory: requested 4 units, 3 available, largest free extent 2"
-        );
-        let e = AllocError::QuotaExceeded {
-            tenant: TenantId(7),
-            tier: Tier::Gpu,
-            limit: 100,
-            used: 90,
-            requested: 20,
-        };
-        assert_eq!(
-            e.to_string(),
-            "quota exceeded for tenant 7 on tier gpu: limit 100 bytes, 90 used, 20 requested"
-        );
-        assert_eq!(
-            AllocError::Unaligned {
-                addr: 0x1001,
-                align: 0x1000
-            }
-            .to_string(),
+            AllocError::Unaligned { addr: 0x1001, align: 0x1000 }.to_string(),
             "address 0x1001 is not aligned to 0x1000"
         );
         assert_eq!(
             AllocError::InvalidPageSize { bytes: 3 }.to_string(),
             "invalid page size 3 bytes: must be a power of two from 64 KiB to 2 MiB"
         );
-        assert_eq!(
-            AllocError::FrameLeased { frame: 9 }.to_string(),
-            "frame 9 is leased and cannot be freed or moved"
-        );
+        assert_eq!(AllocError::FrameLeased { frame: 9 }.to_string(), "frame 9 is leased and cannot be freed or moved");
     }
 }

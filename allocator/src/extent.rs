@@ -57,12 +57,7 @@ impl FreeExtents {
 
     /// A space of `total` units, none free.
     pub fn new_all_used(total: u64) -> Self {
-        Self {
-            total,
-            free: 0,
-            by_start: BTreeMap::new(),
-            by_len: BTreeSet::new(),
-        }
+        Self { total, free: 0, by_start: BTreeMap::new(), by_len: BTreeSet::new() }
     }
 
     /// Size of the whole space.
@@ -118,11 +113,7 @@ impl FreeExtents {
             return None;
         }
         match fit {
-            Fit::FirstFit => self
-                .by_start
-                .iter()
-                .find(|&(_, &l)| l >= len)
-                .map(|(&s, _)| s),
+            Fit::FirstFit => self.by_start.iter().find(|&(_, &l)| l >= len).map(|(&s, _)| s),
             // The (len, start) order makes the first entry at or after (len, 0) the
             // smallest sufficient extent, lowest address among equals.
             Fit::BestFit => self.by_len.range((len, 0)..).next().map(|&(_, s)| s),
@@ -210,21 +201,14 @@ impl FreeExtents {
             free_units: self.free,
             free_ranges: self.free_ranges(),
             largest_free: largest,
-            ratio: if self.free == 0 {
-                1.0
-            } else {
-                largest as f64 / self.free as f64
-            },
+            ratio: if self.free == 0 { 1.0 } else { largest as f64 / self.free as f64 },
         }
     }
 
     /// Validates a non-empty range inside `[0, total)` and returns its end.
     fn check_range(&self, start: u64, len: u64) -> Result<u64, AllocError> {
         if len == 0 {
-            return Err(AllocError::InvalidSize {
-                size: 0,
-                reason: "an extent must be at least one unit long",
-            });
+            return Err(AllocError::InvalidSize { size: 0, reason: "an extent must be at least one unit long" });
         }
         if start >= self.total {
             return Err(AllocError::InvalidAddress { addr: start });
@@ -335,22 +319,10 @@ mod tests {
         assert_eq!(f.give_back(12, 1), Err(AllocError::DoubleFree { addr: 12 }));
         assert_eq!(f.give_back(5, 10), Err(AllocError::DoubleFree { addr: 10 }));
         assert_eq!(f.give_back(14, 3), Err(AllocError::DoubleFree { addr: 14 }));
-        assert_eq!(
-            f.give_back(30, 1),
-            Err(AllocError::InvalidAddress { addr: 30 })
-        );
-        assert_eq!(
-            f.give_back(25, 6),
-            Err(AllocError::InvalidAddress { addr: 30 })
-        );
-        assert_eq!(
-            f.give_back(25, u64::MAX),
-            Err(AllocError::InvalidAddress { addr: 30 })
-        );
-        assert!(matches!(
-            f.give_back(0, 0),
-            Err(AllocError::InvalidSize { size: 0, .. })
-        ));
+        assert_eq!(f.give_back(30, 1), Err(AllocError::InvalidAddress { addr: 30 }));
+        assert_eq!(f.give_back(25, 6), Err(AllocError::InvalidAddress { addr: 30 }));
+        assert_eq!(f.give_back(25, u64::MAX), Err(AllocError::InvalidAddress { addr: 30 }));
+        assert!(matches!(f.give_back(0, 0), Err(AllocError::InvalidSize { size: 0, .. })));
         assert_eq!(f, before);
     }
 
@@ -362,18 +334,9 @@ mod tests {
         let before = f.clone();
         assert_eq!(f.take_exact(5, 1), Err(AllocError::InUse { addr: 5 }));
         assert_eq!(f.take_exact(3, 4), Err(AllocError::InUse { addr: 5 }));
-        assert_eq!(
-            f.take_exact(18, 3),
-            Err(AllocError::InvalidAddress { addr: 20 })
-        );
-        assert_eq!(
-            f.take_exact(20, 1),
-            Err(AllocError::InvalidAddress { addr: 20 })
-        );
-        assert!(matches!(
-            f.take_exact(0, 0),
-            Err(AllocError::InvalidSize { .. })
-        ));
+        assert_eq!(f.take_exact(18, 3), Err(AllocError::InvalidAddress { addr: 20 }));
+        assert_eq!(f.take_exact(20, 1), Err(AllocError::InvalidAddress { addr: 20 }));
+        assert!(matches!(f.take_exact(0, 0), Err(AllocError::InvalidSize { .. })));
         assert_eq!(f, before);
         f.take_exact(0, 5).unwrap();
         f.take_exact(10, 10).unwrap();

@@ -7,9 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Which free extent a request is carved from.
 ///
 /// Named `"first-fit"` / `"best-fit"` in configuration files.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fit {
     /// The lowest-addressed extent that is large enough. Keeps allocations packed towards

@@ -155,9 +155,7 @@ impl FrameAlloc {
 
     /// Number of frames (saturating at `u32::MAX` for hand-built values).
     pub fn len(&self) -> u32 {
-        self.runs
-            .iter()
-            .fold(0u32, |acc, r| acc.saturating_add(r.len))
+        self.runs.iter().fold(0u32, |acc, r| acc.saturating_add(r.len))
     }
 
     /// Whether it holds no frame.
@@ -243,27 +241,17 @@ impl FrameArena {
     /// mistake in a configuration), or when the arena would hold `u32::MAX` frames or more.
     pub fn new(cfg: FrameArenaConfig) -> Result<Self, AllocError> {
         if cfg.headroom_percent > 100 {
-            return Err(AllocError::InvalidConfig {
-                reason: "headroom_percent must be at most 100",
-            });
+            return Err(AllocError::InvalidConfig { reason: "headroom_percent must be at most 100" });
         }
-        let bytes = cfg
-            .budget_bytes
-            .map_or(cfg.capacity_bytes, |b| b.min(cfg.capacity_bytes));
+        let bytes = cfg.budget_bytes.map_or(cfg.capacity_bytes, |b| b.min(cfg.capacity_bytes));
         let frames = bytes / cfg.frame_size.bytes();
         if frames == 0 {
-            return Err(AllocError::InvalidConfig {
-                reason: "capacity or budget is smaller than one frame",
-            });
+            return Err(AllocError::InvalidConfig { reason: "capacity or budget is smaller than one frame" });
         }
         // Frame ids are u32 and `end()` of a run must fit too, so u32::MAX itself is excluded.
         let frames = match u32::try_from(frames) {
             Ok(f) if f < u32::MAX => f,
-            _ => {
-                return Err(AllocError::InvalidConfig {
-                    reason: "arena would hold u32::MAX frames or more",
-                })
-            }
+            _ => return Err(AllocError::InvalidConfig { reason: "arena would hold u32::MAX frames or more" }),
         };
         let reserved = (u64::from(frames) * u64::from(cfg.headroom_percent)).div_ceil(100);
         // headroom <= 100%, so reserved <= frames.
@@ -296,10 +284,7 @@ impl FrameArena {
         quotas: &mut QuotaBook,
     ) -> Result<FrameAlloc, AllocError> {
         if n == 0 {
-            return Err(AllocError::InvalidSize {
-                size: 0,
-                reason: "cannot allocate zero frames",
-            });
+            return Err(AllocError::InvalidSize { size: 0, reason: "cannot allocate zero frames" });
         }
         let bytes = self.bytes_for(n);
         quotas.charge(tenant, self.cfg.tier, bytes)?;
@@ -327,33 +312,23 @@ impl FrameArena {
         quotas: &mut QuotaBook,
     ) -> Result<FrameAlloc, AllocError> {
         if run.len == 0 {
-            return Err(AllocError::InvalidSize {
-                size: 0,
-                reason: "cannot allocate an empty run",
-            });
+            return Err(AllocError::InvalidSize { size: 0, reason: "cannot allocate an empty run" });
         }
         let (start, len) = (u64::from(run.start), u64::from(run.len));
         if run.start >= self.frames {
             return Err(AllocError::InvalidAddress { addr: start });
         }
         if start + len > u64::from(self.frames) {
-            return Err(AllocError::InvalidAddress {
-                addr: u64::from(self.frames),
-            });
+            return Err(AllocError::InvalidAddress { addr: u64::from(self.frames) });
         }
         if let Some(used) = run.iter().find(|&f| self.slot(f).owner.is_some()) {
-            return Err(AllocError::InUse {
-                addr: u64::from(used),
-            });
+            return Err(AllocError::InUse { addr: u64::from(used) });
         }
         let bytes = self.bytes_for(run.len);
         quotas.charge(tenant, self.cfg.tier, bytes)?;
         let available = self.available(class);
-        let placed = if run.len > available {
-            Err(self.oom(run.len, available))
-        } else {
-            self.free.take_exact(start, len)
-        };
+        let placed =
+            if run.len > available { Err(self.oom(run.len, available)) } else { self.free.take_exact(start, len) };
         if let Err(e) = placed {
             quotas.credit(tenant, self.cfg.tier, bytes);
             return Err(e);
@@ -387,9 +362,7 @@ impl FrameArena {
         }
         list.sort_unstable();
         if let Some((&dup, _)) = list.iter().zip(list.iter().skip(1)).find(|(a, b)| a == b) {
-            return Err(AllocError::DoubleFree {
-                addr: u64::from(dup),
-            });
+            return Err(AllocError::DoubleFree { addr: u64::from(dup) });
         }
 
         // Return maximal runs rather than single frames: fewer extent-map operations.
@@ -428,15 +401,10 @@ impl FrameArena {
     pub fn lease(&mut self, frame: u32) -> Result<u32, AllocError> {
         let slot = self.check_frame(frame)?;
         if slot.owner.is_none() {
-            return Err(AllocError::DoubleFree {
-                addr: u64::from(frame),
-            });
+            return Err(AllocError::DoubleFree { addr: u64::from(frame) });
         }
         let Some(leases) = slot.leases.checked_add(1) else {
-            return Err(AllocError::InvalidSize {
-                size: u64::from(u32::MAX),
-                reason: "lease count would overflow",
-            });
+            return Err(AllocError::InvalidSize { size: u64::from(u32::MAX), reason: "lease count would overflow" });
         };
         if leases == 1 {
             self.leased += 1;
@@ -455,9 +423,7 @@ impl FrameArena {
     pub fn unlease(&mut self, frame: u32) -> Result<u32, AllocError> {
         let slot = self.check_frame(frame)?;
         if slot.owner.is_none() {
-            return Err(AllocError::DoubleFree {
-                addr: u64::from(frame),
-            });
+            return Err(AllocError::DoubleFree { addr: u64::from(frame) });
         }
         if slot.leases == 0 {
             return Err(AllocError::NotLeased { frame });
@@ -498,27 +464,15 @@ impl FrameArena {
     /// [`CompactionImpossible`](AllocError::CompactionImpossible) when `n` exceeds the arena
     /// or its free frames, or when every window of `n` frames holds a leased frame.
     pub fn compaction_plan(&self, n: u32) -> Result<CompactionPlan, AllocError> {
-        let impossible = |reason| AllocError::CompactionImpossible {
-            frames: u64::from(n),
-            reason,
-        };
+        let impossible = |reason| AllocError::CompactionImpossible { frames: u64::from(n), reason };
         if n == 0 {
-            return Err(AllocError::InvalidSize {
-                size: 0,
-                reason: "cannot compact for an empty run",
-            });
+            return Err(AllocError::InvalidSize { size: 0, reason: "cannot compact for an empty run" });
         }
         if n > self.frames {
             return Err(impossible("the run is larger than the arena"));
         }
         if let Some(start) = self.free.find(self.cfg.fit, u64::from(n)) {
-            return Ok(CompactionPlan {
-                target: FrameRun {
-                    start: start as u32,
-                    len: n,
-                },
-                moves: Vec::new(),
-            });
+            return Ok(CompactionPlan { target: FrameRun { start: start as u32, len: n }, moves: Vec::new() });
         }
         // Moving pages only permutes used and free frames, so a window can be emptied
         // exactly when the used frames inside it fit in the free frames outside it:
@@ -531,11 +485,8 @@ impl FrameArena {
         let n_us = n as usize;
         let is_used = |s: &Slot| u32::from(s.owner.is_some());
         let is_leased = |s: &Slot| u32::from(s.leases > 0);
-        let (mut used, mut leased) = self
-            .slots
-            .iter()
-            .take(n_us)
-            .fold((0u32, 0u32), |(u, l), s| (u + is_used(s), l + is_leased(s)));
+        let (mut used, mut leased) =
+            self.slots.iter().take(n_us).fold((0u32, 0u32), |(u, l), s| (u + is_used(s), l + is_leased(s)));
         let mut best: Option<(u32, usize)> = (leased == 0).then_some((used, 0));
         // Slot `i` leaves the window as slot `i + n` enters it; the window then starts at
         // `i + 1`.
@@ -549,15 +500,10 @@ impl FrameArena {
             }
         }
         let Some((_, start)) = best else {
-            return Err(impossible(
-                "every window of that many frames holds a leased frame",
-            ));
+            return Err(impossible("every window of that many frames holds a leased frame"));
         };
 
-        let target = FrameRun {
-            start: start as u32,
-            len: n,
-        };
+        let target = FrameRun { start: start as u32, len: n };
         let sources = target.iter().filter(|&f| self.slot(f).owner.is_some());
         let destinations = self
             .free
@@ -566,10 +512,7 @@ impl FrameArena {
             // Free extents lie in [0, frames), so every unit is a valid frame id.
             .map(|f| f as u32)
             .filter(|&f| !target.contains(f));
-        let moves = sources
-            .zip(destinations)
-            .map(|(from, to)| FrameMove { from, to })
-            .collect();
+        let moves = sources.zip(destinations).map(|(from, to)| FrameMove { from, to }).collect();
         Ok(CompactionPlan { target, moves })
     }
 
@@ -653,10 +596,7 @@ impl FrameArena {
 
     /// The free runs in address order.
     pub fn free_runs(&self) -> impl Iterator<Item = FrameRun> + '_ {
-        self.free.iter().map(|(s, l)| FrameRun {
-            start: s as u32,
-            len: l as u32,
-        })
+        self.free.iter().map(|(s, l)| FrameRun { start: s as u32, len: l as u32 })
     }
 
     /// The configuration the arena was built from.
@@ -688,12 +628,7 @@ impl FrameArena {
     }
 
     /// Takes `n` frames for `tenant` after the quota was charged.
-    fn place(
-        &mut self,
-        n: u32,
-        tenant: TenantId,
-        class: AllocClass,
-    ) -> Result<FrameAlloc, AllocError> {
+    fn place(&mut self, n: u32, tenant: TenantId, class: AllocClass) -> Result<FrameAlloc, AllocError> {
         let available = self.available(class);
         if n > available {
             return Err(self.oom(n, available));
@@ -716,10 +651,7 @@ impl FrameArena {
                 }
                 return Err(self.oom(n, available));
             };
-            runs.push(FrameRun {
-                start: start as u32,
-                len: len as u32,
-            });
+            runs.push(FrameRun { start: start as u32, len: len as u32 });
             remaining -= len;
         }
         runs.sort_unstable();
@@ -732,21 +664,12 @@ impl FrameArena {
     }
 
     fn check_frame(&self, frame: u32) -> Result<Slot, AllocError> {
-        self.slots
-            .get(frame as usize)
-            .copied()
-            .ok_or(AllocError::InvalidAddress {
-                addr: u64::from(frame),
-            })
+        self.slots.get(frame as usize).copied().ok_or(AllocError::InvalidAddress { addr: u64::from(frame) })
     }
 
     /// The owner `mv.to` would get, or why the move is refused, given simulated owners of
     /// frames already touched by earlier moves of the same plan (those have no leases).
-    fn check_move(
-        &self,
-        mv: FrameMove,
-        overlay: &BTreeMap<u32, Option<TenantId>>,
-    ) -> Result<TenantId, AllocError> {
+    fn check_move(&self, mv: FrameMove, overlay: &BTreeMap<u32, Option<TenantId>>) -> Result<TenantId, AllocError> {
         let view = |f: u32| -> Result<Slot, AllocError> {
             let real = self.check_frame(f)?;
             Ok(match overlay.get(&f) {
@@ -757,17 +680,13 @@ impl FrameArena {
         let from = view(mv.from)?;
         let to = view(mv.to)?;
         let Some(tenant) = from.owner else {
-            return Err(AllocError::DoubleFree {
-                addr: u64::from(mv.from),
-            });
+            return Err(AllocError::DoubleFree { addr: u64::from(mv.from) });
         };
         if from.leases > 0 {
             return Err(AllocError::FrameLeased { frame: mv.from });
         }
         if to.owner.is_some() {
-            return Err(AllocError::InUse {
-                addr: u64::from(mv.to),
-            });
+            return Err(AllocError::InUse { addr: u64::from(mv.to) });
         }
         Ok(tenant)
     }
@@ -801,10 +720,7 @@ mod tests {
     const R: AllocClass = AllocClass::Reserved;
 
     fn arena(frames: u64, headroom: u8) -> FrameArena {
-        FrameArena::new(
-            FrameArenaConfig::new(Tier::Gpu, PageSize::KIB_64, frames * F).with_headroom(headroom),
-        )
-        .unwrap()
+        FrameArena::new(FrameArenaConfig::new(Tier::Gpu, PageSize::KIB_64, frames * F).with_headroom(headroom)).unwrap()
     }
 
     fn owners(a: &FrameArena) -> Vec<Option<TenantId>> {
@@ -842,10 +758,7 @@ mod tests {
     #[test]
     fn invalid_configs() {
         let cfg = FrameArenaConfig::new(Tier::Host, PageSize::MIB_2, 1 << 30);
-        assert!(matches!(
-            FrameArena::new(cfg.with_headroom(101)),
-            Err(AllocError::InvalidConfig { .. })
-        ));
+        assert!(matches!(FrameArena::new(cfg.with_headroom(101)), Err(AllocError::InvalidConfig { .. })));
         assert!(matches!(
             FrameArena::new(cfg.with_budget(PageSize::MIB_2.bytes() - 1)),
             Err(AllocError::InvalidConfig { .. })
@@ -855,11 +768,7 @@ mod tests {
             Err(AllocError::InvalidConfig { .. })
         ));
         assert!(matches!(
-            FrameArena::new(FrameArenaConfig::new(
-                Tier::Nvme,
-                PageSize::KIB_64,
-                u64::MAX
-            )),
+            FrameArena::new(FrameArenaConfig::new(Tier::Nvme, PageSize::KIB_64, u64::MAX)),
             Err(AllocError::InvalidConfig { .. })
         ));
     }
@@ -890,11 +799,7 @@ mod tests {
         assert_eq!(x.runs, vec![FrameRun { start: 0, len: 8 }]);
         assert_eq!(
             a.alloc(1, T1, R, &mut q),
-            Err(AllocError::OutOfMemory {
-                requested: 1,
-                available: 0,
-                largest_free: 0
-            })
+            Err(AllocError::OutOfMemory { requested: 1, available: 0, largest_free: 0 })
         );
         assert_eq!(q.used(T1, Tier::Gpu), 8 * F);
     }
@@ -911,10 +816,7 @@ mod tests {
         assert_eq!(a.free_frames(), 10);
         let y = a.alloc(7, T2, N, &mut q).unwrap();
         // Largest first (5), then the rest (2) by first-fit.
-        assert_eq!(
-            y.runs,
-            vec![FrameRun { start: 1, len: 2 }, FrameRun { start: 5, len: 5 }]
-        );
+        assert_eq!(y.runs, vec![FrameRun { start: 1, len: 2 }, FrameRun { start: 5, len: 5 }]);
         assert!(!y.is_contiguous());
         assert_eq!(q.used(T2, Tier::Gpu), 7 * F);
         assert_eq!(x.len(), 20);
@@ -928,11 +830,7 @@ mod tests {
         assert_eq!(a.available(N), 0);
         assert_eq!(
             a.alloc(1, T1, N, &mut q),
-            Err(AllocError::OutOfMemory {
-                requested: 1,
-                available: 0,
-                largest_free: 2
-            })
+            Err(AllocError::OutOfMemory { requested: 1, available: 0, largest_free: 2 })
         );
         // The failed attempt was not charged.
         assert_eq!(q.used(T1, Tier::Gpu), 8 * F);
@@ -953,10 +851,7 @@ mod tests {
     fn headroom_100_blocks_all_normal_allocations() {
         let mut a = arena(4, 100);
         let mut q = QuotaBook::new();
-        assert!(matches!(
-            a.alloc(1, T1, N, &mut q),
-            Err(AllocError::OutOfMemory { .. })
-        ));
+        assert!(matches!(a.alloc(1, T1, N, &mut q), Err(AllocError::OutOfMemory { .. })));
         a.alloc(4, T1, R, &mut q).unwrap();
     }
 
@@ -968,21 +863,12 @@ mod tests {
         a.alloc(3, T1, N, &mut q).unwrap();
         assert_eq!(
             a.alloc(2, T1, N, &mut q),
-            Err(AllocError::QuotaExceeded {
-                tenant: T1,
-                tier: Tier::Gpu,
-                limit: 4 * F,
-                used: 3 * F,
-                requested: 2 * F
-            })
+            Err(AllocError::QuotaExceeded { tenant: T1, tier: Tier::Gpu, limit: 4 * F, used: 3 * F, requested: 2 * F })
         );
         assert_eq!(a.used_frames(), 3);
         assert_eq!(q.used(T1, Tier::Gpu), 3 * F);
         // Quota applies to the reserved class as well.
-        assert!(matches!(
-            a.alloc(2, T1, R, &mut q),
-            Err(AllocError::QuotaExceeded { .. })
-        ));
+        assert!(matches!(a.alloc(2, T1, R, &mut q), Err(AllocError::QuotaExceeded { .. })));
         a.alloc(1, T1, N, &mut q).unwrap();
         // Another tenant is unaffected.
         a.alloc(6, T2, N, &mut q).unwrap();
@@ -992,57 +878,29 @@ mod tests {
     fn zero_frames_is_invalid() {
         let mut a = arena(4, 0);
         let mut q = QuotaBook::new();
-        assert!(matches!(
-            a.alloc(0, T1, N, &mut q),
-            Err(AllocError::InvalidSize { size: 0, .. })
-        ));
+        assert!(matches!(a.alloc(0, T1, N, &mut q), Err(AllocError::InvalidSize { size: 0, .. })));
         assert!(matches!(
             a.alloc_at(FrameRun { start: 0, len: 0 }, T1, N, &mut q),
             Err(AllocError::InvalidSize { size: 0, .. })
         ));
-        assert!(matches!(
-            a.compaction_plan(0),
-            Err(AllocError::InvalidSize { size: 0, .. })
-        ));
+        assert!(matches!(a.compaction_plan(0), Err(AllocError::InvalidSize { size: 0, .. })));
     }
 
     #[test]
     fn alloc_at_errors() {
         let mut a = arena(10, 20);
         let mut q = QuotaBook::new();
-        a.alloc_at(FrameRun { start: 2, len: 2 }, T1, N, &mut q)
-            .unwrap();
+        a.alloc_at(FrameRun { start: 2, len: 2 }, T1, N, &mut q).unwrap();
         assert_eq!(a.state(2), Some(FrameState::Used { tenant: T1 }));
         let run = |start, len| FrameRun { start, len };
-        assert_eq!(
-            a.alloc_at(run(10, 1), T1, N, &mut q),
-            Err(AllocError::InvalidAddress { addr: 10 })
-        );
-        assert_eq!(
-            a.alloc_at(run(8, 3), T1, N, &mut q),
-            Err(AllocError::InvalidAddress { addr: 10 })
-        );
-        assert_eq!(
-            a.alloc_at(run(8, u32::MAX), T1, N, &mut q),
-            Err(AllocError::InvalidAddress { addr: 10 })
-        );
-        assert_eq!(
-            a.alloc_at(run(0, 4), T1, N, &mut q),
-            Err(AllocError::InUse { addr: 2 })
-        );
-        assert_eq!(
-            a.alloc_at(run(4, 7), T1, N, &mut q),
-            Err(AllocError::InvalidAddress { addr: 10 })
-        );
-        assert_eq!(
-            a.alloc_at(run(3, 7), T1, N, &mut q),
-            Err(AllocError::InUse { addr: 3 })
-        );
+        assert_eq!(a.alloc_at(run(10, 1), T1, N, &mut q), Err(AllocError::InvalidAddress { addr: 10 }));
+        assert_eq!(a.alloc_at(run(8, 3), T1, N, &mut q), Err(AllocError::InvalidAddress { addr: 10 }));
+        assert_eq!(a.alloc_at(run(8, u32::MAX), T1, N, &mut q), Err(AllocError::InvalidAddress { addr: 10 }));
+        assert_eq!(a.alloc_at(run(0, 4), T1, N, &mut q), Err(AllocError::InUse { addr: 2 }));
+        assert_eq!(a.alloc_at(run(4, 7), T1, N, &mut q), Err(AllocError::InvalidAddress { addr: 10 }));
+        assert_eq!(a.alloc_at(run(3, 7), T1, N, &mut q), Err(AllocError::InUse { addr: 3 }));
         q.set_limit(T2, Tier::Gpu, Some(F));
-        assert!(matches!(
-            a.alloc_at(run(4, 2), T2, N, &mut q),
-            Err(AllocError::QuotaExceeded { .. })
-        ));
+        assert!(matches!(a.alloc_at(run(4, 2), T2, N, &mut q), Err(AllocError::QuotaExceeded { .. })));
         assert_eq!(q.used(T2, Tier::Gpu), 0);
         assert_eq!(a.used_frames(), 2);
         assert_eq!(q.used(T1, Tier::Gpu), 2 * F);
@@ -1055,11 +913,7 @@ mod tests {
         let run = FrameRun { start: 0, len: 9 };
         assert_eq!(
             a.alloc_at(run, T1, N, &mut q),
-            Err(AllocError::OutOfMemory {
-                requested: 9,
-                available: 8,
-                largest_free: 10
-            })
+            Err(AllocError::OutOfMemory { requested: 9, available: 8, largest_free: 10 })
         );
         assert_eq!(q.used(T1, Tier::Gpu), 0);
         a.alloc_at(run, T1, R, &mut q).unwrap();
@@ -1074,22 +928,10 @@ mod tests {
         a.alloc(2, T2, N, &mut q).unwrap();
         a.lease(1).unwrap();
         let before = owners(&a);
-        assert_eq!(
-            a.free([0, 10], &mut q),
-            Err(AllocError::InvalidAddress { addr: 10 })
-        );
-        assert_eq!(
-            a.free([0, 7], &mut q),
-            Err(AllocError::DoubleFree { addr: 7 })
-        );
-        assert_eq!(
-            a.free([0, 1], &mut q),
-            Err(AllocError::FrameLeased { frame: 1 })
-        );
-        assert_eq!(
-            a.free([2, 3, 2], &mut q),
-            Err(AllocError::DoubleFree { addr: 2 })
-        );
+        assert_eq!(a.free([0, 10], &mut q), Err(AllocError::InvalidAddress { addr: 10 }));
+        assert_eq!(a.free([0, 7], &mut q), Err(AllocError::DoubleFree { addr: 7 }));
+        assert_eq!(a.free([0, 1], &mut q), Err(AllocError::FrameLeased { frame: 1 }));
+        assert_eq!(a.free([2, 3, 2], &mut q), Err(AllocError::DoubleFree { addr: 2 }));
         assert_eq!(owners(&a), before);
         assert_eq!(q.used(T1, Tier::Gpu), 4 * F);
         // Several tenants in one call; each is credited.
@@ -1124,10 +966,7 @@ mod tests {
         assert_eq!(a.unlease(0), Err(AllocError::NotLeased { frame: 0 }));
         assert_eq!(a.leased_frames(), 1);
         assert_eq!(a.free([0], &mut q), Ok(1));
-        assert_eq!(
-            a.free([1], &mut q),
-            Err(AllocError::FrameLeased { frame: 1 })
-        );
+        assert_eq!(a.free([1], &mut q), Err(AllocError::FrameLeased { frame: 1 }));
         a.unlease(1).unwrap();
         assert_eq!(a.leased_frames(), 0);
         a.free([1], &mut q).unwrap();
@@ -1159,10 +998,7 @@ mod tests {
         assert_eq!(plan.target, FrameRun { start: 4, len: 3 });
         assert_eq!(plan.moves, vec![FrameMove { from: 5, to: 8 }]);
         a.apply_plan(&plan).unwrap();
-        assert!(plan
-            .target
-            .iter()
-            .all(|f| a.state(f) == Some(FrameState::Free)));
+        assert!(plan.target.iter().all(|f| a.state(f) == Some(FrameState::Free)));
         assert_eq!(a.state(8), Some(FrameState::Used { tenant: T1 }));
         // Moves leave quotas alone.
         assert_eq!(q.used(T1, Tier::Gpu), 6 * F);
@@ -1176,14 +1012,8 @@ mod tests {
         let plan = a.compaction_plan(4).unwrap();
         assert_eq!(plan.target, FrameRun { start: 6, len: 4 });
         assert_eq!(plan.moves, vec![FrameMove { from: 7, to: 4 }]);
-        assert!(matches!(
-            a.compaction_plan(5),
-            Err(AllocError::CompactionImpossible { frames: 5, .. })
-        ));
-        assert!(matches!(
-            a.compaction_plan(11),
-            Err(AllocError::CompactionImpossible { frames: 11, .. })
-        ));
+        assert!(matches!(a.compaction_plan(5), Err(AllocError::CompactionImpossible { frames: 5, .. })));
+        assert!(matches!(a.compaction_plan(11), Err(AllocError::CompactionImpossible { frames: 11, .. })));
         let mut b = a.clone();
         b.apply_plan(&plan).unwrap();
         assert_eq!(b.largest_free_run(), 4);
@@ -1208,25 +1038,16 @@ mod tests {
         let plan = a.compaction_plan(4).unwrap();
         // Windows holding frame 7 are excluded; [3, 7) holds the fewest used frames (3, 5).
         assert_eq!(plan.target, FrameRun { start: 3, len: 4 });
-        assert_eq!(
-            plan.moves,
-            vec![FrameMove { from: 3, to: 8 }, FrameMove { from: 5, to: 9 }]
-        );
+        assert_eq!(plan.moves, vec![FrameMove { from: 3, to: 8 }, FrameMove { from: 5, to: 9 }]);
         a.lease(3).unwrap();
         a.lease(5).unwrap();
-        assert!(matches!(
-            a.compaction_plan(4),
-            Err(AllocError::CompactionImpossible { frames: 4, .. })
-        ));
+        assert!(matches!(a.compaction_plan(4), Err(AllocError::CompactionImpossible { frames: 4, .. })));
         // A plan made before a lease is refused when applied.
         a.unlease(3).unwrap();
         a.unlease(5).unwrap();
         let plan = a.compaction_plan(4).unwrap();
         a.lease(5).unwrap();
-        assert_eq!(
-            a.apply_plan(&plan),
-            Err(AllocError::FrameLeased { frame: 5 })
-        );
+        assert_eq!(a.apply_plan(&plan), Err(AllocError::FrameLeased { frame: 5 }));
         assert_eq!(a.state(8), Some(FrameState::Free));
     }
 
@@ -1234,25 +1055,13 @@ mod tests {
     fn apply_move_errors() {
         let (mut a, _) = layout();
         let mv = |from, to| FrameMove { from, to };
-        assert_eq!(
-            a.apply_move(mv(10, 4)),
-            Err(AllocError::InvalidAddress { addr: 10 })
-        );
-        assert_eq!(
-            a.apply_move(mv(0, 10)),
-            Err(AllocError::InvalidAddress { addr: 10 })
-        );
-        assert_eq!(
-            a.apply_move(mv(4, 6)),
-            Err(AllocError::DoubleFree { addr: 4 })
-        );
+        assert_eq!(a.apply_move(mv(10, 4)), Err(AllocError::InvalidAddress { addr: 10 }));
+        assert_eq!(a.apply_move(mv(0, 10)), Err(AllocError::InvalidAddress { addr: 10 }));
+        assert_eq!(a.apply_move(mv(4, 6)), Err(AllocError::DoubleFree { addr: 4 }));
         assert_eq!(a.apply_move(mv(0, 1)), Err(AllocError::InUse { addr: 1 }));
         assert_eq!(a.apply_move(mv(0, 0)), Err(AllocError::InUse { addr: 0 }));
         a.lease(0).unwrap();
-        assert_eq!(
-            a.apply_move(mv(0, 4)),
-            Err(AllocError::FrameLeased { frame: 0 })
-        );
+        assert_eq!(a.apply_move(mv(0, 4)), Err(AllocError::FrameLeased { frame: 0 }));
         a.unlease(0).unwrap();
         a.apply_move(mv(0, 4)).unwrap();
         assert_eq!(a.state(0), Some(FrameState::Free));
@@ -1293,20 +1102,9 @@ mod tests {
         assert!(r.contains(4));
         assert!(!r.contains(5));
         assert_eq!(r.into_iter().collect::<Vec<_>>(), vec![3, 4]);
-        let huge = FrameRun {
-            start: u32::MAX - 1,
-            len: 10,
-        };
+        let huge = FrameRun { start: u32::MAX - 1, len: 10 };
         assert_eq!(huge.end(), u32::MAX);
-        let a = FrameAlloc {
-            runs: vec![
-                FrameRun {
-                    start: 0,
-                    len: u32::MAX - 1
-                };
-                2
-            ],
-        };
+        let a = FrameAlloc { runs: vec![FrameRun { start: 0, len: u32::MAX - 1 }; 2] };
         assert_eq!(a.len(), u32::MAX);
         assert!(FrameAlloc::default().is_empty());
     }

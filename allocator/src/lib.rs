@@ -68,8 +68,8 @@ pub use error::AllocError;
 pub use extent::{Fragmentation, FreeExtents};
 pub use fit::Fit;
 pub use frames::{
-    AllocClass, CompactionPlan, FrameAlloc, FrameArena, FrameArenaConfig, FrameMove, FrameRun,
-    FrameState, DEFAULT_HEADROOM_PERCENT,
+    AllocClass, CompactionPlan, FrameAlloc, FrameArena, FrameArenaConfig, FrameMove, FrameRun, FrameState,
+    DEFAULT_HEADROOM_PERCENT,
 };
 pub use quota::{QuotaBook, TenantId, Tier};
 pub use range::{Range, RangeAllocator};

@@ -8,9 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::AllocError;
 
 /// Identifies a tenant (a job or user sharing the fabric). Tenant 0 is the default.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TenantId(pub u32);
 
@@ -94,11 +92,7 @@ impl QuotaBook {
     /// Bytes the tenant may still charge on `tier` (`None` = unlimited). 0 when usage is at
     /// or above the limit.
     pub fn remaining(&self, tenant: TenantId, tier: Tier) -> Option<u64> {
-        let acct = self
-            .accounts
-            .get(&(tenant, tier))
-            .copied()
-            .unwrap_or_default();
+        let acct = self.accounts.get(&(tenant, tier)).copied().unwrap_or_default();
         acct.limit.map(|l| l.saturating_sub(acct.used))
     }
 
@@ -135,39 +129,23 @@ impl QuotaBook {
     /// Every `(tenant, tier)` with a limit or non-zero usage, as `(tenant, tier, limit,
     /// used)`, in tenant then tier order.
     pub fn iter(&self) -> impl Iterator<Item = (TenantId, Tier, Option<u64>, u64)> + '_ {
-        self.accounts
-            .iter()
-            .map(|(&(t, tier), a)| (t, tier, a.limit, a.used))
+        self.accounts.iter().map(|(&(t, tier), a)| (t, tier, a.limit, a.used))
     }
 
     /// The usage after charging `bytes`, or the error `charge` would return.
     fn check(&self, tenant: TenantId, tier: Tier, bytes: u64) -> Result<u64, AllocError> {
-        let acct = self
-            .accounts
-            .get(&(tenant, tier))
-            .copied()
-            .unwrap_or_default();
+        let acct = self.accounts.get(&(tenant, tier)).copied().unwrap_or_default();
         let limit = acct.limit.unwrap_or(u64::MAX);
         match acct.used.checked_add(bytes) {
             Some(new_used) if new_used <= limit => Ok(new_used),
-            _ => Err(AllocError::QuotaExceeded {
-                tenant,
-                tier,
-                limit,
-                used: acct.used,
-                requested: bytes,
-            }),
+            _ => Err(AllocError::QuotaExceeded { tenant, tier, limit, used: acct.used, requested: bytes }),
         }
     }
 
     /// Drops an account that carries no information, so the book does not grow with every
     /// tenant that ever touched it.
     fn prune(&mut self, key: (TenantId, Tier)) {
-        if self
-            .accounts
-            .get(&key)
-            .is_some_and(|a| a.limit.is_none() && a.used == 0)
-        {
+        if self.accounts.get(&key).is_some_and(|a| a.limit.is_none() && a.used == 0) {
             self.accounts.remove(&key);
         }
     }
@@ -203,13 +181,7 @@ mod tests {
         assert_eq!(q.remaining(T, Tier::Gpu), Some(40));
         assert_eq!(
             q.charge(T, Tier::Gpu, 41),
-            Err(AllocError::QuotaExceeded {
-                tenant: T,
-                tier: Tier::Gpu,
-                limit: 100,
-                used: 60,
-                requested: 41
-            })
+            Err(AllocError::QuotaExceeded { tenant: T, tier: Tier::Gpu, limit: 100, used: 60, requested: 41 })
         );
         assert_eq!(q.used(T, Tier::Gpu), 60);
         q.charge(T, Tier::Gpu, 40).unwrap();

@@ -52,22 +52,14 @@ impl RangeAllocator {
     /// fails), which keeps a node with no memory in a tier representable.
     pub fn new(capacity: u64, align: u64, fit: Fit) -> Result<Self, AllocError> {
         if !align.is_power_of_two() {
-            return Err(AllocError::InvalidConfig {
-                reason: "range alignment must be a power of two",
-            });
+            return Err(AllocError::InvalidConfig { reason: "range alignment must be a power of two" });
         }
         if capacity % align != 0 {
             return Err(AllocError::InvalidConfig {
                 reason: "range allocator capacity must be a multiple of its alignment",
             });
         }
-        Ok(Self {
-            capacity,
-            align,
-            fit,
-            free: FreeExtents::new_all_free(capacity),
-            live: BTreeMap::new(),
-        })
+        Ok(Self { capacity, align, fit, free: FreeExtents::new_all_free(capacity), live: BTreeMap::new() })
     }
 
     /// Allocates `size` bytes rounded up to the alignment.
@@ -78,10 +70,7 @@ impl RangeAllocator {
     /// and in the largest extent).
     pub fn alloc(&mut self, size: u64) -> Result<Range, AllocError> {
         if size == 0 {
-            return Err(AllocError::InvalidSize {
-                size,
-                reason: "cannot allocate zero bytes",
-            });
+            return Err(AllocError::InvalidSize { size, reason: "cannot allocate zero bytes" });
         }
         let Some(len) = size.checked_next_multiple_of(self.align) else {
             return Err(self.oom(size));
@@ -105,10 +94,7 @@ impl RangeAllocator {
             return Err(AllocError::InvalidAddress { addr: start });
         }
         if start % self.align != 0 {
-            return Err(AllocError::Unaligned {
-                addr: start,
-                align: self.align,
-            });
+            return Err(AllocError::Unaligned { addr: start, align: self.align });
         }
         let Some(&len) = self.live.get(&start) else {
             return Err(if self.free.containing(start).is_some() {
@@ -182,11 +168,7 @@ impl RangeAllocator {
     }
 
     fn oom(&self, requested: u64) -> AllocError {
-        AllocError::OutOfMemory {
-            requested,
-            available: self.free.free_units(),
-            largest_free: self.free.largest(),
-        }
+        AllocError::OutOfMemory { requested, available: self.free.free_units(), largest_free: self.free.largest() }
     }
 }
 
@@ -200,18 +182,9 @@ mod tests {
     fn new_validates() {
         assert!(RangeAllocator::new(10 * P, P, Fit::FirstFit).is_ok());
         assert!(RangeAllocator::new(0, P, Fit::FirstFit).is_ok());
-        assert!(matches!(
-            RangeAllocator::new(10 * P, 3, Fit::FirstFit),
-            Err(AllocError::InvalidConfig { .. })
-        ));
-        assert!(matches!(
-            RangeAllocator::new(10 * P, 0, Fit::FirstFit),
-            Err(AllocError::InvalidConfig { .. })
-        ));
-        assert!(matches!(
-            RangeAllocator::new(10 * P + 1, P, Fit::FirstFit),
-            Err(AllocError::InvalidConfig { .. })
-        ));
+        assert!(matches!(RangeAllocator::new(10 * P, 3, Fit::FirstFit), Err(AllocError::InvalidConfig { .. })));
+        assert!(matches!(RangeAllocator::new(10 * P, 0, Fit::FirstFit), Err(AllocError::InvalidConfig { .. })));
+        assert!(matches!(RangeAllocator::new(10 * P + 1, P, Fit::FirstFit), Err(AllocError::InvalidConfig { .. })));
     }
 
     #[test]
@@ -220,13 +193,7 @@ mod tests {
         let r = a.alloc(1).unwrap();
         assert_eq!(r, Range { start: 0, len: P });
         let r2 = a.alloc(P + 1).unwrap();
-        assert_eq!(
-            r2,
-            Range {
-                start: P,
-                len: 2 * P
-            }
-        );
+        assert_eq!(r2, Range { start: P, len: 2 * P });
         assert_eq!(r2.end(), 3 * P);
         assert_eq!(a.used(), 3 * P);
         assert_eq!(a.live_count(), 2);
@@ -244,22 +211,9 @@ mod tests {
     fn exact_fit_and_full_arena() {
         let mut a = RangeAllocator::new(4 * P, P, Fit::BestFit).unwrap();
         let r = a.alloc(4 * P).unwrap();
-        assert_eq!(
-            r,
-            Range {
-                start: 0,
-                len: 4 * P
-            }
-        );
+        assert_eq!(r, Range { start: 0, len: 4 * P });
         assert_eq!(a.free_bytes(), 0);
-        assert_eq!(
-            a.alloc(1),
-            Err(AllocError::OutOfMemory {
-                requested: P,
-                available: 0,
-                largest_free: 0
-            })
-        );
+        assert_eq!(a.alloc(1), Err(AllocError::OutOfMemory { requested: P, available: 0, largest_free: 0 }));
         a.free(0).unwrap();
         assert_eq!(a.fragmentation().ratio, 1.0);
         assert_eq!(a.free_extents().collect::<Vec<_>>(), vec![(0, 4 * P)]);
@@ -273,41 +227,25 @@ mod tests {
         a.free(rs[2].start).unwrap();
         assert_eq!(
             a.alloc(2 * P),
-            Err(AllocError::OutOfMemory {
-                requested: 2 * P,
-                available: 2 * P,
-                largest_free: P
-            })
+            Err(AllocError::OutOfMemory { requested: 2 * P, available: 2 * P, largest_free: P })
         );
         let f = a.fragmentation();
         assert_eq!(f.free_ranges, 2);
         assert!((f.ratio - 0.5).abs() < 1e-12);
-        assert!(matches!(
-            a.alloc(u64::MAX),
-            Err(AllocError::OutOfMemory {
-                requested: u64::MAX,
-                ..
-            })
-        ));
+        assert!(matches!(a.alloc(u64::MAX), Err(AllocError::OutOfMemory { requested: u64::MAX, .. })));
     }
 
     #[test]
     fn zero_size_is_invalid() {
         let mut a = RangeAllocator::new(4 * P, P, Fit::FirstFit).unwrap();
-        assert!(matches!(
-            a.alloc(0),
-            Err(AllocError::InvalidSize { size: 0, .. })
-        ));
+        assert!(matches!(a.alloc(0), Err(AllocError::InvalidSize { size: 0, .. })));
     }
 
     #[test]
     fn free_errors() {
         let mut a = RangeAllocator::new(8 * P, P, Fit::FirstFit).unwrap();
         let r = a.alloc(2 * P).unwrap();
-        assert_eq!(
-            a.free(8 * P),
-            Err(AllocError::InvalidAddress { addr: 8 * P })
-        );
+        assert_eq!(a.free(8 * P), Err(AllocError::InvalidAddress { addr: 8 * P }));
         assert_eq!(a.free(1), Err(AllocError::Unaligned { addr: 1, align: P }));
         // Inside a live range but not its start.
         assert_eq!(a.free(P), Err(AllocError::InvalidAddress { addr: P }));
@@ -322,18 +260,12 @@ mod tests {
     #[test]
     fn best_fit_prefers_the_smallest_hole() {
         let mut a = RangeAllocator::new(10 * P, P, Fit::BestFit).unwrap();
-        let r: Vec<_> = [3, 1, 1, 1, 4]
-            .iter()
-            .map(|&n| a.alloc(n * P).unwrap())
-            .collect();
+        let r: Vec<_> = [3, 1, 1, 1, 4].iter().map(|&n| a.alloc(n * P).unwrap()).collect();
         a.free(r[0].start).unwrap(); // hole of 3 at 0
         a.free(r[2].start).unwrap(); // hole of 1 at 4
         assert_eq!(a.alloc(P).unwrap().start, 4 * P);
         let mut f = RangeAllocator::new(10 * P, P, Fit::FirstFit).unwrap();
-        let r: Vec<_> = [3, 1, 1, 1, 4]
-            .iter()
-            .map(|&n| f.alloc(n * P).unwrap())
-            .collect();
+        let r: Vec<_> = [3, 1, 1, 1, 4].iter().map(|&n| f.alloc(n * P).unwrap()).collect();
         f.free(r[0].start).unwrap();
         f.free(r[2].start).unwrap();
         assert_eq!(f.alloc(P).unwrap().start, 0);

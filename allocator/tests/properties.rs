@@ -8,16 +8,12 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use vfabric_allocator::{
-    AllocClass, AllocError, CompactionPlan, Fit, FrameArena, FrameArenaConfig, FrameRun,
-    FrameState, FreeExtents, GlobalAddr, NodeId, PageSize, QuotaBook, Range, RangeAllocator,
-    TenantId, Tier, MAX_OFFSET,
+    AllocClass, AllocError, CompactionPlan, Fit, FrameArena, FrameArenaConfig, FrameRun, FrameState, FreeExtents,
+    GlobalAddr, NodeId, PageSize, QuotaBook, Range, RangeAllocator, TenantId, Tier, MAX_OFFSET,
 };
 
 fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: 256,
-        ..ProptestConfig::default()
-    }
+    ProptestConfig { cases: 256, ..ProptestConfig::default() }
 }
 
 fn fit() -> impl Strategy<Value = Fit> {
@@ -48,11 +44,7 @@ fn model_find(free: &[bool], fit: Fit, len: u64) -> Option<u64> {
     let rs = runs(free);
     match fit {
         Fit::FirstFit => rs.iter().find(|r| r.1 >= len).map(|r| r.0),
-        Fit::BestFit => rs
-            .iter()
-            .filter(|r| r.1 >= len)
-            .min_by_key(|r| (r.1, r.0))
-            .map(|r| r.0),
+        Fit::BestFit => rs.iter().filter(|r| r.1 >= len).min_by_key(|r| (r.1, r.0)).map(|r| r.0),
     }
 }
 
@@ -104,10 +96,7 @@ fn check_extents(f: &FreeExtents, model: &[bool]) {
 /// that range checks report.
 fn model_range(total: u64, start: u64, len: u64) -> Result<u64, AllocError> {
     if len == 0 {
-        return Err(AllocError::InvalidSize {
-            size: 0,
-            reason: "",
-        });
+        return Err(AllocError::InvalidSize { size: 0, reason: "" });
     }
     if start >= total {
         return Err(AllocError::InvalidAddress { addr: start });
@@ -121,21 +110,15 @@ fn model_range(total: u64, start: u64, len: u64) -> Result<u64, AllocError> {
 /// Compares errors, ignoring the free-text `reason` of `InvalidSize`.
 fn same_err(a: &AllocError, b: &AllocError) -> bool {
     match (a, b) {
-        (AllocError::InvalidSize { size: x, .. }, AllocError::InvalidSize { size: y, .. }) => {
+        (AllocError::InvalidSize { size: x, .. }, AllocError::InvalidSize { size: y, .. }) => x == y,
+        (AllocError::CompactionImpossible { frames: x, .. }, AllocError::CompactionImpossible { frames: y, .. }) => {
             x == y
         }
-        (
-            AllocError::CompactionImpossible { frames: x, .. },
-            AllocError::CompactionImpossible { frames: y, .. },
-        ) => x == y,
         _ => a == b,
     }
 }
 
-fn assert_result<T: std::fmt::Debug>(
-    actual: &Result<T, AllocError>,
-    expected: &Result<(), AllocError>,
-) {
+fn assert_result<T: std::fmt::Debug>(actual: &Result<T, AllocError>, expected: &Result<(), AllocError>) {
     match (actual, expected) {
         (Ok(_), Ok(())) => {}
         (Err(a), Err(e)) => assert!(same_err(a, e), "got {a:?}, expected {e:?}"),
@@ -371,17 +354,8 @@ const TENANTS: u32 = 4;
 
 #[derive(Debug, Clone)]
 enum FOp {
-    Alloc {
-        n: u32,
-        tenant: u32,
-        reserved: bool,
-    },
-    AllocAt {
-        start: u32,
-        len: u32,
-        tenant: u32,
-        reserved: bool,
-    },
+    Alloc { n: u32, tenant: u32, reserved: bool },
+    AllocAt { start: u32, len: u32, tenant: u32, reserved: bool },
     FreeAlloc(Index),
     FreeFrames(Vec<u32>),
     Lease(Index, Index),
@@ -389,10 +363,7 @@ enum FOp {
     Unlease(Index),
     UnleaseRaw(u32),
     Compact(u32),
-    SetLimit {
-        tenant: u32,
-        frames: Option<u32>,
-    },
+    SetLimit { tenant: u32, frames: Option<u32> },
 }
 
 fn fop() -> impl Strategy<Value = FOp> {
@@ -447,13 +418,7 @@ impl FModel {
         let used = self.used_by(t);
         if let Some(&limit) = self.limits.get(&t) {
             if used + requested > limit {
-                return Err(AllocError::QuotaExceeded {
-                    tenant: t,
-                    tier: Tier::Gpu,
-                    limit,
-                    used,
-                    requested,
-                });
+                return Err(AllocError::QuotaExceeded { tenant: t, tier: Tier::Gpu, limit, used, requested });
             }
         }
         let available = self.available(class);
@@ -468,10 +433,7 @@ impl FModel {
     }
     fn take(&mut self, t: TenantId, frames: Vec<u32>) {
         for &f in &frames {
-            assert!(
-                self.owner[f as usize].is_none(),
-                "frame {f} handed out twice"
-            );
+            assert!(self.owner[f as usize].is_none(), "frame {f} handed out twice");
             self.owner[f as usize] = Some(t);
         }
         self.allocs.push((t, frames));
@@ -502,9 +464,7 @@ impl FModel {
         let mut sorted = frames.to_vec();
         sorted.sort_unstable();
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(AllocError::DoubleFree {
-                addr: u64::from(w[0]),
-            });
+            return Err(AllocError::DoubleFree { addr: u64::from(w[0]) });
         }
         Ok(())
     }
@@ -519,22 +479,13 @@ impl FModel {
     }
     /// The plan the arena must produce, computed the slow way.
     fn plan(&self, n: u32) -> Result<CompactionPlan, AllocError> {
-        let impossible = AllocError::CompactionImpossible {
-            frames: u64::from(n),
-            reason: "",
-        };
+        let impossible = AllocError::CompactionImpossible { frames: u64::from(n), reason: "" };
         if n > self.frames {
             return Err(impossible);
         }
         let free = self.free_map();
         if let Some(s) = model_find(&free, self.fit, u64::from(n)) {
-            return Ok(CompactionPlan {
-                target: FrameRun {
-                    start: s as u32,
-                    len: n,
-                },
-                moves: vec![],
-            });
+            return Ok(CompactionPlan { target: FrameRun { start: s as u32, len: n }, moves: vec![] });
         }
         if n > self.frames - self.used() {
             return Err(impossible);
@@ -548,10 +499,7 @@ impl FModel {
         let target = FrameRun { start: s, len: n };
         let sources = (s..s + n).filter(|&f| !free[f as usize]);
         let dests = (0..self.frames).filter(|&f| free[f as usize] && !target.contains(f));
-        let moves = sources
-            .zip(dests)
-            .map(|(from, to)| vfabric_allocator::FrameMove { from, to })
-            .collect();
+        let moves = sources.zip(dests).map(|(from, to)| vfabric_allocator::FrameMove { from, to }).collect();
         Ok(CompactionPlan { target, moves })
     }
 }
@@ -568,24 +516,12 @@ fn check_arena(a: &FrameArena, m: &FModel, q: &QuotaBook) -> Result<(), TestCase
     prop_assert_eq!(a.state(m.frames), None);
     prop_assert_eq!(a.used_frames(), m.used());
     prop_assert_eq!(a.free_frames(), m.frames - m.used());
-    prop_assert_eq!(
-        a.leased_frames(),
-        m.leases.iter().filter(|&&l| l > 0).count() as u32
-    );
-    prop_assert_eq!(
-        a.available(AllocClass::Normal),
-        m.available(AllocClass::Normal)
-    );
-    prop_assert_eq!(
-        a.available(AllocClass::Reserved),
-        m.available(AllocClass::Reserved)
-    );
+    prop_assert_eq!(a.leased_frames(), m.leases.iter().filter(|&&l| l > 0).count() as u32);
+    prop_assert_eq!(a.available(AllocClass::Normal), m.available(AllocClass::Normal));
+    prop_assert_eq!(a.available(AllocClass::Reserved), m.available(AllocClass::Reserved));
     let free = m.free_map();
     prop_assert_eq!(u64::from(a.largest_free_run()), largest(&free));
-    let free_runs: Vec<_> = a
-        .free_runs()
-        .map(|r| (u64::from(r.start), u64::from(r.len)))
-        .collect();
+    let free_runs: Vec<_> = a.free_runs().map(|r| (u64::from(r.start), u64::from(r.len))).collect();
     prop_assert_eq!(free_runs, runs(&free));
     for t in 0..TENANTS {
         let t = TenantId(t);

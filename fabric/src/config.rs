@@ -153,8 +153,8 @@ pub struct NodeSection {
 impl ClusterConfig {
     /// Parses and checks a configuration; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let cfg: ClusterConfig =
-            toml::from_str(text).map_err(|e| ConfigError::Parse { origin: origin.to_string(), message: e.to_string() })?;
+        let cfg: ClusterConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { origin: origin.to_string(), message: e.to_string() })?;
         cfg.validate().map_err(|message| ConfigError::Invalid { origin: origin.to_string(), message })?;
         Ok(cfg)
     }
@@ -204,10 +204,7 @@ impl ClusterConfig {
         if m.host_arena.bytes() < m.page_size.bytes() {
             return Err(format!("memory.host_arena {} is smaller than one page", m.host_arena));
         }
-        let mv = &self.mover;
-        if mv.sm_blocks == 0 || mv.threads_per_block == 0 || mv.threads_per_block > 1024 {
-            return Err("mover.sm_blocks must be at least 1 and mover.threads_per_block 1..=1024".into());
-        }
+        self.mover.validate()?;
         if self.device.emulated_gpus == 0 {
             return Err("device.emulated_gpus must be at least 1".into());
         }
@@ -228,7 +225,8 @@ mod tests {
     fn shipped_configs_parse() {
         let local = ClusterConfig::from_toml(EMBEDDED_LOCAL, "local").expect("local.toml");
         assert_eq!(local.device.backend, Backend::Auto);
-        let h200 = ClusterConfig::from_toml(include_str!("../../cluster-configs/h200x2.toml"), "h200x2").expect("h200x2.toml");
+        let h200 =
+            ClusterConfig::from_toml(include_str!("../../cluster-configs/h200x2.toml"), "h200x2").expect("h200x2.toml");
         assert_eq!(h200.memory.gpu_budget, Some(ByteSize(8 << 30)));
         assert_eq!(h200.memory.gpu_arena_bytes(141 << 30), 8 << 30);
         assert_eq!(h200.nodes[0].gpus, Some(vec![0, 1]));

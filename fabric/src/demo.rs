@@ -66,7 +66,13 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, NodeE
     let device = layer.kind();
     let page = node.page_size();
     for (loc, _, frames) in node.usage() {
-        let _ = writeln!(out, "  {loc}: arena of {} ({} frames of {})", ByteSize(u64::from(frames) * page), frames, ByteSize(page));
+        let _ = writeln!(
+            out,
+            "  {loc}: arena of {} ({} frames of {})",
+            ByteSize(u64::from(frames) * page),
+            frames,
+            ByteSize(page)
+        );
     }
     let gpus: Vec<Location> = node.locations().into_iter().filter(|l| *l != Location::Host).collect();
     let first = gpus.first().copied().ok_or(NodeError::NoSuchLocation(Location::Gpu(0)))?;
@@ -124,7 +130,15 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, NodeE
         }
         check_bar.finish_and_clear();
         let seconds = report.device_time.map_or_else(|| started.elapsed().as_secs_f64(), |d| d.as_secs_f64());
-        steps.push(DemoStep { from, to, bytes: report.bytes, engine: report.engine, runs: report.runs, seconds, verified });
+        steps.push(DemoStep {
+            from,
+            to,
+            bytes: report.bytes,
+            engine: report.engine,
+            runs: report.runs,
+            seconds,
+            verified,
+        });
     }
     node.free(first, &frames)?;
 
@@ -157,7 +171,8 @@ fn print_table(r: &DemoReport, out: &mut dyn Write) {
     if r.device == DeviceKind::Emulated {
         let _ = writeln!(out, "(emulated device: times are host memcpy, not GPU figures)");
     }
-    let verdict = if r.all_verified() { "every byte verified after every move" } else { "DATA MISMATCH: see the table" };
+    let verdict =
+        if r.all_verified() { "every byte verified after every move" } else { "DATA MISMATCH: see the table" };
     let _ = writeln!(out, "{verdict}");
 }
 

@@ -8,7 +8,11 @@ use vfabric::{ClusterConfig, NodeMemory};
 use vfabric_transport::Backend;
 
 #[derive(Parser)]
-#[command(name = "vfabric", version, about = "A distributed GPU memory fabric: one address space over every GPU, host and drive")]
+#[command(
+    name = "vfabric",
+    version,
+    about = "A distributed GPU memory fabric: one address space over every GPU, host and drive"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -62,7 +66,8 @@ fn load(config: Option<PathBuf>, device: Option<Backend>) -> Result<ClusterConfi
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VFABRIC_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("VFABRIC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -85,7 +90,11 @@ fn main() -> ExitCode {
             println!("NCCL: {}", if node.layer().nccl_available() { "available" } else { "not found" });
             for (loc, _, frames) in node.usage() {
                 let bytes = u64::from(frames) * node.page_size();
-                println!("  {loc}: arena {} = {frames} frames of {}", vfabric::ByteSize(bytes), vfabric::ByteSize(node.page_size()));
+                println!(
+                    "  {loc}: arena {} = {frames} frames of {}",
+                    vfabric::ByteSize(bytes),
+                    vfabric::ByteSize(node.page_size())
+                );
             }
             Ok(())
         }),

@@ -101,7 +101,8 @@ impl NodeMemory {
         locations.push((Location::Host, cfg.memory.host_arena.bytes()));
         for (location, bytes) in locations {
             let bytes = bytes / page_size * page_size;
-            let arena = layer.create_arena(&ArenaSpec { location, bytes, chunk_bytes: cfg.memory.chunk_size.bytes() })?;
+            let arena =
+                layer.create_arena(&ArenaSpec { location, bytes, chunk_bytes: cfg.memory.chunk_size.bytes() })?;
             let tier = if location == Location::Host { Tier::Host } else { Tier::Gpu };
             let frames = FrameArena::new(
                 FrameArenaConfig::new(tier, page, arena.len())
@@ -152,16 +153,24 @@ impl NodeMemory {
     }
 
     /// Allocates `n` frames at `location` for `tenant`.
-    pub fn alloc(&mut self, location: Location, n: u32, tenant: TenantId, class: AllocClass) -> Result<Vec<u32>, NodeError> {
+    pub fn alloc(
+        &mut self,
+        location: Location,
+        n: u32,
+        tenant: TenantId,
+        class: AllocClass,
+    ) -> Result<Vec<u32>, NodeError> {
         let quotas = &mut self.quotas;
-        let dev = self.devices.iter_mut().find(|d| d.location == location).ok_or(NodeError::NoSuchLocation(location))?;
+        let dev =
+            self.devices.iter_mut().find(|d| d.location == location).ok_or(NodeError::NoSuchLocation(location))?;
         Ok(dev.frames.alloc(n, tenant, class, quotas)?.frames().collect())
     }
 
     /// Frees frames at `location`.
     pub fn free(&mut self, location: Location, frames: &[u32]) -> Result<(), NodeError> {
         let quotas = &mut self.quotas;
-        let dev = self.devices.iter_mut().find(|d| d.location == location).ok_or(NodeError::NoSuchLocation(location))?;
+        let dev =
+            self.devices.iter_mut().find(|d| d.location == location).ok_or(NodeError::NoSuchLocation(location))?;
         dev.frames.free(frames.iter().copied(), quotas)?;
         Ok(())
     }

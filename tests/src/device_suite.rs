@@ -76,10 +76,7 @@ pub fn arena_lifecycle(layer: &dyn DeviceLayer, scale: Scale) {
         let a = arena(layer, Location::Gpu(0), scale.arena_bytes, scale.arena_bytes);
         drop(a);
     }
-    assert!(matches!(
-        layer.create_arena(&ArenaSpec::new(Location::Gpu(0), 0)),
-        Err(DeviceError::InvalidArgument(_))
-    ));
+    assert!(matches!(layer.create_arena(&ArenaSpec::new(Location::Gpu(0), 0)), Err(DeviceError::InvalidArgument(_))));
 }
 
 /// Arenas bigger than a GPU, and GPUs the node does not have, are typed errors that leave other arenas intact.
@@ -90,7 +87,10 @@ pub fn arena_errors(layer: &dyn DeviceLayer, scale: Scale) {
     let too_big = layer.create_arena(&ArenaSpec { location: Location::Gpu(0), bytes: total * 2, chunk_bytes: 1 << 30 });
     assert!(matches!(too_big, Err(DeviceError::OutOfDeviceMemory { .. })), "arena of twice the GPU: {too_big:?}");
     let n = layer.gpus().len() as u16;
-    assert!(matches!(layer.create_arena(&ArenaSpec::new(Location::Gpu(n), 1 << 20)), Err(DeviceError::NoSuchGpu { .. })));
+    assert!(matches!(
+        layer.create_arena(&ArenaSpec::new(Location::Gpu(n), 1 << 20)),
+        Err(DeviceError::NoSuchGpu { .. })
+    ));
     let mut back = vec![0u8; keep.len() as usize];
     keep.read(0, &mut back).expect("read");
     assert_eq!(pattern::first_mismatch(3, 0, &back), None, "a failed arena creation disturbed another arena");
@@ -131,23 +131,24 @@ pub fn batch(page: u64, pages: u32, frames: u32, layout: Layout, seed: u64) -> P
 }
 
 /// Checks that `dst` holds, for every move of `batch`, the source pattern of its source frame, and that frames
-/// outside the batch still hold `poison`.
+/// outside the batch still hold `poison`. Reads the whole arena once.
 pub fn verify_batch(dst: &dyn Arena, batch: &PageBatch, seed: u64, poison: u8, what: &str) {
     let page = batch.page_size();
-    let frames = dst.len() / page;
-    let mut written = vec![false; frames as usize];
-    let mut buf = vec![0u8; page as usize];
+    let frames = (dst.len() / page) as usize;
+    let mut src_of: Vec<Option<u32>> = vec![None; frames];
     for m in batch.moves() {
-        written[m.dst as usize] = true;
-        dst.read(u64::from(m.dst) * page, &mut buf).expect("read back");
-        if let Some(at) = pattern::first_mismatch(seed, u64::from(m.src) * page, &buf) {
-            panic!("{what}: page from frame {} to frame {} differs at byte {at}", m.src, m.dst);
-        }
+        src_of[m.dst as usize] = Some(m.src);
     }
-    for (f, w) in written.iter().enumerate() {
-        if !w {
-            dst.read(f as u64 * page, &mut buf).expect("read back");
-            assert!(buf.iter().all(|&b| b == poison), "{what}: frame {f} outside the batch was written");
+    let mut all = vec![0u8; frames * page as usize];
+    dst.read(0, &mut all).expect("read back");
+    for (f, bytes) in all.chunks_exact(page as usize).enumerate() {
+        match src_of[f] {
+            Some(src) => {
+                if let Some(at) = pattern::first_mismatch(seed, u64::from(src) * page, bytes) {
+                    panic!("{what}: page from frame {src} to frame {f} differs at byte {at}");
+                }
+            }
+            None => assert!(bytes.iter().all(|&b| b == poison), "{what}: frame {f} outside the batch was written"),
         }
     }
 }
@@ -213,13 +214,22 @@ pub fn moves_within_one_arena(layer: &dyn DeviceLayer, scale: Scale) {
         let frames = (a.len() / page) as u32;
         // The upper half's frames move down into the lower half, scattered.
         let order = shuffled(frames / 2, 5);
-        let b = PageBatch::from_moves(page, (0..frames / 2).map(|i| PageMove { src: frames / 2 + i, dst: order[i as usize] }).collect());
+        let b = PageBatch::from_moves(
+            page,
+            (0..frames / 2).map(|i| PageMove { src: frames / 2 + i, dst: order[i as usize] }).collect(),
+        );
         let engine = if loc == Location::Host { EngineChoice::CopyEngine } else { EngineChoice::SmKernel };
         mover.submit(&a, &a, &b, engine).expect("submit").wait().expect("wait");
         let mut buf = vec![0u8; page as usize];
         for m in b.moves() {
             a.read(u64::from(m.dst) * page, &mut buf).expect("read");
-            assert_eq!(pattern::first_mismatch(11, u64::from(m.src) * page, &buf), None, "{loc}: frame {} -> {}", m.src, m.dst);
+            assert_eq!(
+                pattern::first_mismatch(11, u64::from(m.src) * page, &buf),
+                None,
+                "{loc}: frame {} -> {}",
+                m.src,
+                m.dst
+            );
         }
     }
 }
@@ -306,16 +316,34 @@ pub fn batch_errors(layer: &dyn DeviceLayer, scale: Scale) {
     let page = 64u64 << 10;
     let frames = (scale.arena_bytes / page) as u32;
     let auto = EngineChoice::Auto;
-    let err = |r: Result<vfabric_transport::Transfer, MoveError>| r.err().expect("the batch should be refused");
-    assert!(matches!(err(mover.submit(&a, &h, &PageBatch::contiguous(page, frames - 1, 0, 2), auto)), MoveError::FrameOutOfRange { .. }));
-    assert!(matches!(err(mover.submit(&a, &h, &PageBatch::contiguous(page, 0, frames, 1), auto)), MoveError::FrameOutOfRange { .. }));
+    let err = |r: Result<vfabric_transport::Transfer, MoveError>| r.expect_err("the batch should be refused");
+    assert!(matches!(
+        err(mover.submit(&a, &h, &PageBatch::contiguous(page, frames - 1, 0, 2), auto)),
+        MoveError::FrameOutOfRange { .. }
+    ));
+    assert!(matches!(
+        err(mover.submit(&a, &h, &PageBatch::contiguous(page, 0, frames, 1), auto)),
+        MoveError::FrameOutOfRange { .. }
+    ));
     let dup = PageBatch::from_moves(page, vec![PageMove { src: 0, dst: 1 }, PageMove { src: 2, dst: 1 }]);
     assert!(matches!(err(mover.submit(&a, &h, &dup, auto)), MoveError::DuplicateDestination(1)));
-    assert!(matches!(err(mover.submit(&a, &a, &PageBatch::contiguous(page, 0, 1, 2), auto)), MoveError::OverlappingFrames(_)));
-    assert!(matches!(err(mover.submit(&a, &h, &PageBatch::contiguous(100, 0, 0, 1), auto)), MoveError::BadPageSize(100)));
+    assert!(matches!(
+        err(mover.submit(&a, &a, &PageBatch::contiguous(page, 0, 1, 2), auto)),
+        MoveError::OverlappingFrames(_)
+    ));
+    assert!(matches!(
+        err(mover.submit(&a, &h, &PageBatch::contiguous(100, 0, 0, 1), auto)),
+        MoveError::BadPageSize(100)
+    ));
     let foreign: Arc<dyn Arena> = Arc::new(ForeignArena);
-    assert!(matches!(err(mover.submit(&foreign, &h, &PageBatch::contiguous(page, 0, 0, 1), auto)), MoveError::ForeignArena(_)));
-    assert!(matches!(err(mover.submit(&a, &foreign, &PageBatch::contiguous(page, 0, 0, 1), auto)), MoveError::ForeignArena(_)));
+    assert!(matches!(
+        err(mover.submit(&foreign, &h, &PageBatch::contiguous(page, 0, 0, 1), auto)),
+        MoveError::ForeignArena(_)
+    ));
+    assert!(matches!(
+        err(mover.submit(&a, &foreign, &PageBatch::contiguous(page, 0, 0, 1), auto)),
+        MoveError::ForeignArena(_)
+    ));
     assert!(matches!(
         err(mover.submit(&h, &h, &PageBatch::contiguous(page, 0, 1, 1), EngineChoice::SmKernel)),
         MoveError::EngineUnavailable { .. }

@@ -54,7 +54,10 @@ fn cuda_without_driver_is_an_error_not_a_panic() {
         return assert!(cuda::CudaNode::open().is_ok() || auto.fallback_reason.is_some());
     }
     assert!(matches!(cuda::CudaNode::open(), Err(DeviceError::DriverMissing)));
-    assert!(matches!(open(&OpenOptions { backend: Backend::Cuda, ..OpenOptions::default() }), Err(DeviceError::DriverMissing)));
+    assert!(matches!(
+        open(&OpenOptions { backend: Backend::Cuda, ..OpenOptions::default() }),
+        Err(DeviceError::DriverMissing)
+    ));
     assert_eq!(auto.layer.kind(), DeviceKind::Emulated);
     assert!(matches!(auto.fallback_reason, Some(DeviceError::DriverMissing)));
     assert!(!auto.layer.nccl_available());

@@ -48,7 +48,9 @@ fn batch_errors() {
 fn chunk_export_and_import() {
     let node = node();
     for gpu in node.gpus().iter().map(|g| g.index) {
-        let a = node.create_arena(&ArenaSpec { location: Location::Gpu(gpu), bytes: 256 << 20, chunk_bytes: 64 << 20 }).expect("arena");
+        let a = node
+            .create_arena(&ArenaSpec { location: Location::Gpu(gpu), bytes: 256 << 20, chunk_bytes: 64 << 20 })
+            .expect("arena");
         let ga = a.as_any().downcast_ref::<GpuArena>().expect("a CUDA arena");
         assert_eq!(ga.chunk_count(), 4);
         let len = ga.chunk_len(1).expect("chunk 1");
@@ -64,7 +66,10 @@ fn chunk_export_and_import() {
         a.read(len, &mut head).expect("read through the exporter");
         assert!(head.iter().all(|&b| b == 0x42), "gpu{gpu}: the exporter sees writes through the import");
         assert!(matches!(ga.export_chunk(9), Err(DeviceError::InvalidArgument(_))));
-        assert!(matches!(node.import_chunk(std::os::fd::AsFd::as_fd(&fd), gpu, 12345), Err(DeviceError::InvalidArgument(_))));
+        assert!(matches!(
+            node.import_chunk(std::os::fd::AsFd::as_fd(&fd), gpu, 12345),
+            Err(DeviceError::InvalidArgument(_))
+        ));
         drop(imported);
         // A descriptor that is not an exported chunk (/dev/null) is refused by the driver.
         let devnull = std::fs::File::open("/dev/null").expect("/dev/null");

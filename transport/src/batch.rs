@@ -239,19 +239,31 @@ mod tests {
 
     #[test]
     fn scattered_pages_stay_separate_and_sorted() {
-        let b = PageBatch::from_moves(P, vec![PageMove { src: 5, dst: 1 }, PageMove { src: 2, dst: 7 }, PageMove { src: 3, dst: 8 }]);
+        let b = PageBatch::from_moves(
+            P,
+            vec![PageMove { src: 5, dst: 1 }, PageMove { src: 2, dst: 7 }, PageMove { src: 3, dst: 8 }],
+        );
         let plan = b.plan(16 * P, 16 * P, false).unwrap();
         assert_eq!(
             plan.runs(),
-            &[CopyRun { src_offset: 2 * P, dst_offset: 7 * P, len: 2 * P }, CopyRun { src_offset: 5 * P, dst_offset: P, len: P }]
+            &[
+                CopyRun { src_offset: 2 * P, dst_offset: 7 * P, len: 2 * P },
+                CopyRun { src_offset: 5 * P, dst_offset: P, len: P }
+            ]
         );
     }
 
     #[test]
     fn rejects_bad_batches() {
         let ok_len = 8 * P;
-        assert!(matches!(PageBatch::contiguous(0, 0, 0, 1).plan(ok_len, ok_len, false), Err(MoveError::BadPageSize(0))));
-        assert!(matches!(PageBatch::contiguous(24, 0, 0, 1).plan(ok_len, ok_len, false), Err(MoveError::BadPageSize(24))));
+        assert!(matches!(
+            PageBatch::contiguous(0, 0, 0, 1).plan(ok_len, ok_len, false),
+            Err(MoveError::BadPageSize(0))
+        ));
+        assert!(matches!(
+            PageBatch::contiguous(24, 0, 0, 1).plan(ok_len, ok_len, false),
+            Err(MoveError::BadPageSize(24))
+        ));
         assert!(matches!(
             PageBatch::contiguous(P, 7, 0, 2).plan(ok_len, ok_len, false),
             Err(MoveError::FrameOutOfRange { side: Side::Source, frame: 8, frames: 8 })

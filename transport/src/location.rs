@@ -39,10 +39,7 @@ impl std::str::FromStr for Location {
             return Ok(Location::Host);
         }
         let digits = t.strip_prefix("gpu").unwrap_or(&t);
-        digits
-            .parse::<u16>()
-            .map(Location::Gpu)
-            .map_err(|_| format!("`{s}` is not a location: use gpuN, N or host"))
+        digits.parse::<u16>().map(Location::Gpu).map_err(|_| format!("`{s}` is not a location: use gpuN, N or host"))
     }
 }
 

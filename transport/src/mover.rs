@@ -71,7 +71,7 @@ impl std::fmt::Display for EngineChoice {
 }
 
 /// Which GPU runs the kernel for a GPU-to-GPU move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KernelSide {
     /// Pull with 16 blocks or more, push with fewer (what the H200 sweep showed to be faster).
@@ -84,45 +84,79 @@ pub enum KernelSide {
 }
 
 /// How a mover runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct MoverConfig {
     /// Blocks (one per SM) the kernel may take. On the H200s 16 blocks of 1024 threads pull 369 GB/s over
     /// NVLink, as much as 132 do.
     pub sm_blocks: u32,
+    /// Blocks the kernel takes for moves to or from host memory: PCIe is saturated by far fewer SMs than NVLink
+    /// (2 blocks moved 50-52 GB/s over PCIe on the H200s, as many as 132 did).
+    pub host_sm_blocks: u32,
     /// Threads per block (at most 1024).
     pub threads_per_block: u32,
     /// Which GPU runs the kernel between two GPUs.
     pub kernel_side: KernelSide,
     /// Batches of at most this many contiguous runs go to the copy engine under [`EngineChoice::Auto`].
     pub copy_engine_max_runs: usize,
-    /// Batches whose runs average at least this many bytes go to the copy engine under [`EngineChoice::Auto`].
+    /// Batches between two GPUs whose runs average at least this many bytes go to the copy engine under
+    /// [`EngineChoice::Auto`].
     pub copy_engine_min_run_bytes: u64,
+    /// The same for batches to or from host memory. Over PCIe the copy engine keeps up with the kernel at far
+    /// shorter runs: scattered 2 MiB pages moved at 52-54 GB/s by the copy engine against 50-52 by the kernel on
+    /// the H200s, while 64 KiB pages moved at 32-35 against 50-52.
+    pub host_copy_engine_min_run_bytes: u64,
 }
 
 impl Default for MoverConfig {
     fn default() -> Self {
         MoverConfig {
             sm_blocks: 16,
+            host_sm_blocks: 4,
             threads_per_block: 1024,
             kernel_side: KernelSide::Auto,
             copy_engine_max_runs: 4,
             copy_engine_min_run_bytes: 64 << 20,
+            host_copy_engine_min_run_bytes: 1 << 20,
         }
+    }
+}
+
+impl MoverConfig {
+    /// Checks the values a mover cannot run with.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sm_blocks == 0 || self.host_sm_blocks == 0 {
+            return Err(format!(
+                "mover.sm_blocks ({}) and mover.host_sm_blocks ({}) must be at least 1",
+                self.sm_blocks, self.host_sm_blocks
+            ));
+        }
+        if self.threads_per_block == 0 || self.threads_per_block > 1024 {
+            return Err(format!("mover.threads_per_block ({}) must be 1..=1024", self.threads_per_block));
+        }
+        Ok(())
     }
 }
 
 /// The engine [`EngineChoice::Auto`] takes for a plan.
 ///
-/// A few long runs go to the copy engine: it reaches the link (396 GB/s for one 1 GiB copy over NVLink against
-/// 364-372 for the kernel) and leaves the SMs free. Many short runs go to the kernel, whose rate does not depend
-/// on the run length. Host-to-host moves always take the copy engine (no GPU is involved to run a kernel).
+/// A few long runs go to the copy engine: it reaches the link (393 GB/s for one copy over NVLink against 364 for
+/// the kernel) and leaves the SMs free. Many short runs go to the kernel, whose rate does not depend on the run
+/// length: scattered 2 MiB pages over NVLink moved at 332 GB/s by the copy engine (one batched call) and 365 by
+/// the kernel. To or from host memory the copy engine wins from runs of about 1 MiB
+/// ([`MoverConfig::host_copy_engine_min_run_bytes`]). Host-to-host moves always take the copy engine (no GPU is
+/// involved to run a kernel).
 pub fn choose_engine(plan: &Plan, from: Location, to: Location, config: &MoverConfig) -> Engine {
     let runs = plan.runs().len().max(1);
     if from == Location::Host && to == Location::Host {
         return Engine::CopyEngine;
     }
-    if runs <= config.copy_engine_max_runs || plan.bytes() / runs as u64 >= config.copy_engine_min_run_bytes {
+    let min_run = if from == Location::Host || to == Location::Host {
+        config.host_copy_engine_min_run_bytes
+    } else {
+        config.copy_engine_min_run_bytes
+    };
+    if runs <= config.copy_engine_max_runs || plan.bytes() / runs as u64 >= min_run {
         Engine::CopyEngine
     } else {
         Engine::SmKernel
@@ -148,6 +182,8 @@ pub struct Execution {
     pub gpu: u16,
     /// Which of that GPU's queues.
     pub way: Way,
+    /// Blocks (SMs) the kernel takes, if the engine is the kernel.
+    pub blocks: u32,
 }
 
 /// Decides the engine and the executing GPU for a move from `from` to `to`.
@@ -188,7 +224,12 @@ pub fn plan_execution(
             (0, Way::Outbound)
         }
     };
-    Ok(Execution { engine, gpu, way })
+    let blocks = if from == Location::Host || to == Location::Host {
+        config.sm_blocks.min(config.host_sm_blocks)
+    } else {
+        config.sm_blocks
+    };
+    Ok(Execution { engine, gpu, way, blocks })
 }
 
 /// Moves batches of pages between arenas of one device layer.
@@ -249,6 +290,8 @@ pub struct TransferReport {
     pub pages: usize,
     /// Contiguous runs the pages formed.
     pub runs: usize,
+    /// The kernel's SM budget (blocks) for this move; 0 when the copy engine moved the batch.
+    pub blocks: u32,
     /// Time between the start and the end of the move as the device measured it (CUDA events on the GPU; the
     /// copy's own duration on the emulated device).
     pub device_time: Option<Duration>,
@@ -290,6 +333,7 @@ impl Transfer {
             bytes: self.bytes,
             pages: self.pages,
             runs: self.runs,
+            blocks: if self.execution.engine == Engine::SmKernel { self.execution.blocks } else { 0 },
             device_time,
         })
     }
@@ -315,6 +359,14 @@ mod tests {
         let scattered = plan(scattered);
         assert_eq!(choose_engine(&scattered, Location::Gpu(0), Location::Gpu(1), &cfg), Engine::SmKernel);
         assert_eq!(choose_engine(&scattered, Location::Host, Location::Host, &cfg), Engine::CopyEngine);
+        assert_eq!(choose_engine(&scattered, Location::Gpu(0), Location::Host, &cfg), Engine::SmKernel);
+        let mut big = PageBatch::new(2 << 20);
+        for i in 0..64 {
+            big.push(i * 2, i);
+        }
+        let big = plan(big);
+        assert_eq!(choose_engine(&big, Location::Gpu(0), Location::Gpu(1), &cfg), Engine::SmKernel);
+        assert_eq!(choose_engine(&big, Location::Gpu(0), Location::Host, &cfg), Engine::CopyEngine);
     }
 
     #[test]
@@ -331,6 +383,13 @@ mod tests {
         assert_eq!((e.engine, e.gpu, e.way), (Engine::CopyEngine, 1, Way::Inbound));
         let e = plan_execution(&p, Location::Gpu(1), Location::Host, EngineChoice::CopyEngine, &cfg).unwrap();
         assert_eq!((e.gpu, e.way), (1, Way::Outbound));
+        let e = plan_execution(&p, Location::Gpu(1), Location::Host, k, &cfg).unwrap();
+        assert_eq!(e.blocks, 4, "PCIe needs few SMs");
+        let e = plan_execution(&p, Location::Gpu(1), Location::Gpu(0), k, &cfg).unwrap();
+        assert_eq!(e.blocks, 16);
+        assert!(MoverConfig { host_sm_blocks: 0, ..cfg }.validate().is_err());
+        assert!(MoverConfig { threads_per_block: 2048, ..cfg }.validate().is_err());
+        assert!(cfg.validate().is_ok());
         assert!(matches!(
             plan_execution(&p, Location::Host, Location::Host, k, &cfg),
             Err(MoveError::EngineUnavailable { .. })

@@ -86,7 +86,6 @@ impl GpuArena {
     pub fn gpu(&self) -> u16 {
         self.gpu
     }
-
 }
 
 /// Maps the driver's out-of-memory error on chunk creation to the typed error.
@@ -127,7 +126,9 @@ impl Arena for GpuArena {
         check_bounds(self.location(), self.len(), offset, out.len() as u64)?;
         self.ctx.bind()?;
         // SAFETY: the source range is inside the mapped arena (checked); `out` is valid for its length.
-        unsafe { cu!(cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut std::ffi::c_void, self.range.base() + offset, out.len())) }
+        unsafe {
+            cu!(cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut std::ffi::c_void, self.range.base() + offset, out.len()))
+        }
     }
 
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {

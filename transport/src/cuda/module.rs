@@ -25,7 +25,8 @@ unsafe impl Sync for Module {}
 impl Module {
     /// JIT-compiles and loads PTX text on the context's GPU.
     pub fn load_ptx(ctx: Arc<GpuContext>, ptx: &str) -> Result<Arc<Self>, DeviceError> {
-        let image = CString::new(ptx).map_err(|_| DeviceError::InvalidArgument("PTX text contains a NUL byte".into()))?;
+        let image =
+            CString::new(ptx).map_err(|_| DeviceError::InvalidArgument("PTX text contains a NUL byte".into()))?;
         ctx.bind()?;
         // SAFETY: `image` is a NUL-terminated PTX image that outlives the call.
         let raw = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
@@ -38,7 +39,8 @@ impl Module {
         let cname = CString::new(name).map_err(|_| DeviceError::InvalidArgument(format!("kernel name {name:?}")))?;
         self.ctx.bind()?;
         // SAFETY: the module is live.
-        let raw = unsafe { result::module::get_function(self.raw, cname) }.map_err(from_result("cuModuleGetFunction"))?;
+        let raw =
+            unsafe { result::module::get_function(self.raw, cname) }.map_err(from_result("cuModuleGetFunction"))?;
         Ok(Kernel { raw, _module: Arc::clone(self) })
     }
 }
@@ -71,7 +73,25 @@ impl Kernel {
     /// # Safety
     /// `params` must point at values whose types and order match the kernel's signature, and every pointer the
     /// kernel dereferences must stay valid until the launch completes.
-    pub unsafe fn launch(&self, grid: u32, block: u32, stream: &Stream, params: &mut [*mut c_void]) -> Result<(), DeviceError> {
-        cu!(cuLaunchKernel(self.raw, grid, 1, 1, block, 1, 1, 0, stream.raw(), params.as_mut_ptr(), std::ptr::null_mut()))
+    pub unsafe fn launch(
+        &self,
+        grid: u32,
+        block: u32,
+        stream: &Stream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), DeviceError> {
+        cu!(cuLaunchKernel(
+            self.raw,
+            grid,
+            1,
+            1,
+            block,
+            1,
+            1,
+            0,
+            stream.raw(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut()
+        ))
     }
 }

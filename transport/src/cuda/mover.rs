@@ -84,19 +84,19 @@ pub struct CudaMover {
 
 impl CudaMover {
     pub(crate) fn new(node: Arc<NodeInner>, config: MoverConfig) -> Result<Self, DeviceError> {
-        if config.sm_blocks == 0 || config.threads_per_block == 0 || config.threads_per_block > 1024 {
-            return Err(DeviceError::InvalidArgument(format!(
-                "mover needs sm_blocks >= 1 and 1..=1024 threads per block (got {} and {})",
-                config.sm_blocks, config.threads_per_block
-            )));
-        }
+        config.validate().map_err(DeviceError::InvalidArgument)?;
         let mut gpus = Vec::new();
         for ctx in &node.contexts {
             let module = Module::load_ptx(Arc::clone(ctx), PAGE_COPY_PTX)?;
             let lane = || -> Result<Mutex<Lane>, DeviceError> {
                 Ok(Mutex::new(Lane { stream: Stream::new(Arc::clone(ctx))?, index_buf: 0, index_cap: 0 }))
             };
-            gpus.push(GpuLanes { ctx: Arc::clone(ctx), inbound: lane()?, outbound: lane()?, kernel: module.kernel(PAGE_COPY_KERNEL)? });
+            gpus.push(GpuLanes {
+                ctx: Arc::clone(ctx),
+                inbound: lane()?,
+                outbound: lane()?,
+                kernel: module.kernel(PAGE_COPY_KERNEL)?,
+            });
         }
         let batch_copy = has_symbol("cuMemcpyBatchAsync_v2");
         if !batch_copy {
@@ -106,7 +106,10 @@ impl CudaMover {
     }
 
     fn lane(&self, exec: &Execution) -> Result<(&GpuLanes, MutexGuard<'_, Lane>), MoveError> {
-        let g = self.gpus.get(usize::from(exec.gpu)).ok_or(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.gpus.len() })?;
+        let g = self
+            .gpus
+            .get(usize::from(exec.gpu))
+            .ok_or(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.gpus.len() })?;
         let m = match exec.way {
             Way::Inbound => &g.inbound,
             Way::Outbound => &g.outbound,
@@ -116,7 +119,15 @@ impl CudaMover {
     }
 
     /// Issues the plan's runs to the copy engine on `lane`'s stream.
-    fn copy_runs(&self, lane: &Lane, plan: &Plan, src: u64, dst: u64, from: Location, to: Location) -> Result<(), DeviceError> {
+    fn copy_runs(
+        &self,
+        lane: &Lane,
+        plan: &Plan,
+        src: u64,
+        dst: u64,
+        from: Location,
+        to: Location,
+    ) -> Result<(), DeviceError> {
         let runs = plan.runs();
         let s = lane.stream.raw();
         if runs.len() > 1 && self.batch_copy.load(Ordering::Relaxed) {
@@ -160,8 +171,16 @@ impl CudaMover {
 
     /// Uploads the page index lists and launches the kernel on `lane`'s stream. Returns the host copy of the
     /// lists, which the transfer keeps until it completes.
-    fn launch_kernel(&self, g: &GpuLanes, lane: &mut Lane, plan: &Plan, src: u64, dst: u64) -> Result<Vec<u32>, DeviceError> {
-        let layout = plan.kernel_layout(self.config.sm_blocks);
+    fn launch_kernel(
+        &self,
+        g: &GpuLanes,
+        lane: &mut Lane,
+        plan: &Plan,
+        blocks: u32,
+        src: u64,
+        dst: u64,
+    ) -> Result<Vec<u32>, DeviceError> {
+        let layout = plan.kernel_layout(blocks);
         let n = layout.src_frames.len();
         let mut indices = Vec::with_capacity(2 * n);
         indices.extend_from_slice(&layout.src_frames);
@@ -196,7 +215,9 @@ impl CudaMover {
 
 fn loc_hint(l: Location) -> sys::CUmemLocation {
     match l {
-        Location::Gpu(g) => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: i32::from(g) },
+        Location::Gpu(g) => {
+            sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: i32::from(g) }
+        }
         Location::Host => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 },
     }
 }
@@ -207,7 +228,13 @@ fn is_cuda_arena(a: &dyn Arena) -> bool {
 }
 
 impl Mover for CudaMover {
-    fn submit(&self, src: &Arc<dyn Arena>, dst: &Arc<dyn Arena>, batch: &PageBatch, engine: EngineChoice) -> Result<Transfer, MoveError> {
+    fn submit(
+        &self,
+        src: &Arc<dyn Arena>,
+        dst: &Arc<dyn Arena>,
+        batch: &PageBatch,
+        engine: EngineChoice,
+    ) -> Result<Transfer, MoveError> {
         for a in [src, dst] {
             if !is_cuda_arena(a.as_ref()) {
                 return Err(MoveError::ForeignArena(a.location()));
@@ -227,13 +254,19 @@ impl Mover for CudaMover {
         let mut indices = Vec::new();
         if plan.pages() > 0 {
             match exec.engine {
-                Engine::CopyEngine => self.copy_runs(&lane, &plan, src.device_ptr(), dst.device_ptr(), src.location(), dst.location())?,
-                Engine::SmKernel => indices = self.launch_kernel(g, &mut lane, &plan, src.device_ptr(), dst.device_ptr())?,
+                Engine::CopyEngine => {
+                    self.copy_runs(&lane, &plan, src.device_ptr(), dst.device_ptr(), src.location(), dst.location())?
+                }
+                Engine::SmKernel => {
+                    indices =
+                        self.launch_kernel(g, &mut lane, &plan, exec.blocks, src.device_ptr(), dst.device_ptr())?
+                }
             }
         }
         end.record(&lane.stream)?;
         drop(lane);
-        let pending = CudaPending { start, end, _arenas: [Arc::clone(src), Arc::clone(dst)], _indices: indices, done: false };
+        let pending =
+            CudaPending { start, end, _arenas: [Arc::clone(src), Arc::clone(dst)], _indices: indices, done: false };
         Ok(Transfer::new(Box::new(pending), exec, &plan))
     }
 

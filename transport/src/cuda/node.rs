@@ -79,7 +79,11 @@ impl CudaNode {
                 let mut ok: std::ffi::c_int = 0;
                 // SAFETY: both ordinals are valid devices.
                 unsafe {
-                    driver::cu!(cuDeviceCanAccessPeer(&mut ok, contexts[usize::from(b)].device(), contexts[usize::from(a)].device()))?
+                    driver::cu!(cuDeviceCanAccessPeer(
+                        &mut ok,
+                        contexts[usize::from(b)].device(),
+                        contexts[usize::from(a)].device()
+                    ))?
                 };
                 if ok == 1 {
                     can.push(b);
@@ -159,14 +163,24 @@ impl DeviceLayer for CudaNode {
                 let t = std::time::Instant::now();
                 let arena =
                     GpuArena::build(ctx, bytes, chunk, gran, info.fd_export, &self.inner.peers[usize::from(g)], None)?;
-                tracing::debug!(gpu = g, bytes, chunks = arena.chunk_count(), ms = t.elapsed().as_secs_f64() * 1e3, "GPU arena mapped");
+                tracing::debug!(
+                    gpu = g,
+                    bytes,
+                    chunks = arena.chunk_count(),
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    "GPU arena mapped"
+                );
                 Ok(Arc::new(arena))
             }
             Location::Host => {
                 let ctx = Arc::clone(self.inner.context(0)?);
                 let mem = PinnedHostMemory::alloc(ctx, spec.bytes).map_err(|e| match e {
                     DeviceError::Cuda { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => {
-                        DeviceError::OutOfDeviceMemory { location: Location::Host, requested: spec.bytes, detail: e.to_string() }
+                        DeviceError::OutOfDeviceMemory {
+                            location: Location::Host,
+                            requested: spec.bytes,
+                            detail: e.to_string(),
+                        }
                     }
                     other => other,
                 })?;

@@ -122,7 +122,10 @@ impl PhysicalChunk {
     /// Exports the chunk as a POSIX file descriptor that another process can import (sent over a Unix socket).
     pub fn export_fd(&self) -> Result<OwnedFd, DeviceError> {
         if !self.exportable {
-            return Err(DeviceError::Unsupported { gpu: self.gpu, feature: "exporting this chunk as a file descriptor" });
+            return Err(DeviceError::Unsupported {
+                gpu: self.gpu,
+                feature: "exporting this chunk as a file descriptor",
+            });
         }
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: `fd` is a valid out location of the size the POSIX handle type writes.
@@ -197,7 +200,10 @@ pub fn set_access(ptr: u64, len: u64, gpus: &[u16]) -> Result<(), DeviceError> {
     let descs: Vec<sys::CUmemAccessDesc> = gpus
         .iter()
         .map(|&g| sys::CUmemAccessDesc {
-            location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: i32::from(g) },
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: i32::from(g),
+            },
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         })
         .collect();

@@ -67,7 +67,8 @@ impl DeviceLayer for EmulatedNode {
         let bytes = spec.bytes.div_ceil(Self::GRANULARITY) * Self::GRANULARITY;
         let charge = match spec.location {
             Location::Gpu(g) => {
-                let info = self.gpus.get(usize::from(g)).ok_or(DeviceError::NoSuchGpu { gpu: g, count: self.gpus.len() })?;
+                let info =
+                    self.gpus.get(usize::from(g)).ok_or(DeviceError::NoSuchGpu { gpu: g, count: self.gpus.len() })?;
                 let used = &self.used[usize::from(g)];
                 let mut cur = used.load(Ordering::Acquire);
                 loop {

@@ -53,9 +53,7 @@ pub struct EmulatedMover {
 
 impl EmulatedMover {
     pub(crate) fn new(gpus: usize, config: MoverConfig) -> Result<Self, DeviceError> {
-        if config.sm_blocks == 0 {
-            return Err(DeviceError::InvalidArgument("mover needs sm_blocks >= 1".into()));
-        }
+        config.validate().map_err(DeviceError::InvalidArgument)?;
         let mut workers = HashMap::new();
         for g in 0..gpus.max(1) as u16 {
             for inbound in [false, true] {
@@ -92,7 +90,13 @@ fn run_kernel(src: &EmulatedArena, dst: &EmulatedArena, page: u64, layout: &Kern
 type Slot = Arc<(Mutex<Option<Result<Duration, MoveError>>>, Condvar)>;
 
 impl Mover for EmulatedMover {
-    fn submit(&self, src: &Arc<dyn Arena>, dst: &Arc<dyn Arena>, batch: &PageBatch, engine: EngineChoice) -> Result<Transfer, MoveError> {
+    fn submit(
+        &self,
+        src: &Arc<dyn Arena>,
+        dst: &Arc<dyn Arena>,
+        batch: &PageBatch,
+        engine: EngineChoice,
+    ) -> Result<Transfer, MoveError> {
         for a in [src, dst] {
             if !a.as_any().is::<EmulatedArena>() {
                 return Err(MoveError::ForeignArena(a.location()));
@@ -107,13 +111,14 @@ impl Mover for EmulatedMover {
             .ok_or(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.gpus })?;
         let slot: Slot = Arc::new((Mutex::new(None), Condvar::new()));
         let (s, d, job_slot, job_plan) = (Arc::clone(src), Arc::clone(dst), Arc::clone(&slot), plan.clone());
-        let blocks = self.config.sm_blocks;
+        let blocks = exec.blocks;
         let job: Job = Box::new(move || {
             let t = Instant::now();
-            let (sa, da) = match (s.as_any().downcast_ref::<EmulatedArena>(), d.as_any().downcast_ref::<EmulatedArena>()) {
-                (Some(a), Some(b)) => (a, b),
-                _ => return,
-            };
+            let (sa, da) =
+                match (s.as_any().downcast_ref::<EmulatedArena>(), d.as_any().downcast_ref::<EmulatedArena>()) {
+                    (Some(a), Some(b)) => (a, b),
+                    _ => return,
+                };
             match exec.engine {
                 Engine::CopyEngine => run_copy_engine(sa, da, &job_plan),
                 Engine::SmKernel => run_kernel(sa, da, job_plan.page_size(), &job_plan.kernel_layout(blocks)),

@@ -1,0 +1,59 @@
+//! `vfabric-bench migrate` end to end on the emulated device: it writes its JSON and Markdown, verifies every
+//! case, and reports a baseline and a ratio for each.
+
+use std::process::Command;
+
+#[test]
+fn migrate_on_the_emulated_device_writes_verified_results() {
+    let dir = std::env::temp_dir().join(format!("vfabric-bench-cli-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args([
+            "migrate",
+            "--device",
+            "emulated",
+            "--size",
+            "8MiB",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--sweep",
+            "--sm-sweep",
+            "--name",
+            "t",
+        ])
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .expect("run vfabric-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("emulated device"), "says it is the emulated device: {stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("t.json")).expect("json")).expect("valid json");
+    let rows = json["rows"].as_array().expect("rows");
+    for suite in ["main", "sm-sweep", "size-sweep"] {
+        assert!(rows.iter().any(|r| r["suite"] == suite), "suite {suite} present");
+    }
+    for r in rows {
+        assert_eq!(r["bad_pages"], 0, "{r}");
+        assert!(r["gb_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+        assert!(r["baseline_gb_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+    }
+    let both = rows.iter().find(|r| r["direction"] == "gpu0<->gpu1").expect("both directions at once");
+    assert_eq!(both["bytes"], 8 << 20);
+    let md = std::fs::read_to_string(dir.join("t.md")).expect("markdown");
+    assert!(md.contains("| direction |") && md.contains("fewest blocks within 90%"), "{md}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_vfabric-bench")).args(args).output().expect("run");
+    let o = run(&["migrate", "--device", "emulated", "--size", "8MiB", "--pages", "3MiB"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("page size"));
+    let o = run(&["migrate", "--device", "emulated", "--directions", "gpu0>gpu7"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("GPU"));
+}

@@ -1,0 +1,34 @@
+//! The `vfabric` command as a new user runs it.
+
+use std::process::Command;
+
+#[test]
+fn demo_on_the_emulated_device_verifies_every_byte() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["demo", "--device", "emulated"])
+        .output()
+        .expect("run vfabric");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("every byte verified after every move"), "{stdout}");
+    assert!(stdout.contains("gpu0 -> gpu1"), "{stdout}");
+}
+
+#[test]
+fn a_bad_config_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("vfabric-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "[cluster]\nname = \"x\"\n[memory]\npage_size = \"3MiB\"\n").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric")).arg("check-config").arg(&path).output().expect("run vfabric");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("page_size"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["demo", "--config", "/nonexistent.toml"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

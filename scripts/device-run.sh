@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, with .device-bin/ carried (scripts/device-build.sh made it):
+# the GPU tests, the demo, the PyTorch and NCCL baselines and vfabric-bench, in one call. Everything goes to
+# $OUT/device-run.log; the benchmark's JSON and Markdown and the rebuilt PTX go beside it. A summary comes last.
+#
+#   VFABRIC_BENCH_ARGS   extra arguments for vfabric-bench migrate (default: --sweep --sm-sweep)
+#   VFABRIC_BENCH_NAME   name of the benchmark's result files (default: migrate-h200x2)
+#   VFABRIC_STEPS        steps to run (default: all): machine ptx tests info demo torch nccl migrate
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/vfabric-out}
+mkdir -p "$OUT"
+B=.device-bin
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+LOG="$OUT/device-run.log"
+: > "$LOG"
+STEPS=${VFABRIC_STEPS:-machine ptx tests info demo torch nccl migrate}
+CONFIG=cluster-configs/h200x2.toml
+summary=()
+
+step() {
+    local name=$1
+    shift
+    case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
+    echo "===== $name: $*" | tee -a "$LOG"
+    local t0=$SECONDS
+    "$@" > "$W/$name.log" 2>&1
+    local rc=$?
+    cat "$W/$name.log" >> "$LOG"
+    summary+=("$(printf '%-8s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
+    echo "===== $name: rc=$rc in $((SECONDS - t0))s" | tee -a "$LOG"
+}
+
+machine() {
+    nvidia-smi -L
+    nvidia-smi topo -m
+    nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,clocks.mem,power.draw --format=csv
+    nvcc --version | tail -2
+    nproc
+    uname -r
+}
+
+ptx() {
+    nvcc -ptx -arch=compute_90 transport/kernels/page_copy.cu -o "$OUT/page_copy.ptx" || return 1
+    nvcc -cubin -arch=sm_90 -Xptxas -v transport/kernels/page_copy.cu -o "$W/page_copy.cubin" 2>&1 | grep -E "Compiling|Used|spill"
+    if cmp -s "$OUT/page_copy.ptx" transport/kernels/page_copy.ptx; then
+        echo "PTX matches the committed transport/kernels/page_copy.ptx"
+    else
+        echo "PTX DIFFERS from the committed one: commit \$OUT/page_copy.ptx"
+        return 1
+    fi
+}
+
+step machine machine
+step ptx ptx
+step tests "$B/gpu-tests" --test-threads=1
+step info "$B/vfabric" info --config "$CONFIG"
+step demo "$B/vfabric" demo --config "$CONFIG"
+step torch env OUT="$W" python3 "$B/torch_ceilings.py"
+[ -f "$W/probe.json" ] && cp "$W/probe.json" "$OUT/torch-probe.json"
+step nccl python3 "$B/nccl_baseline.py"
+# shellcheck disable=SC2086
+step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:---sweep --sm-sweep} \
+    --out "$OUT" --name "${VFABRIC_BENCH_NAME:-migrate-h200x2}" --torch-json "$W/probe.json" --nccl-log "$W/nccl.log"
+
+echo
+echo "===== summary" | tee -a "$LOG"
+grep -E "^test result|^test .*FAILED" "$W/tests.log" 2>/dev/null | tee -a "$LOG"
+grep -E "verified|DATA" "$W/demo.log" 2>/dev/null | tee -a "$LOG"
+for s in "${summary[@]}"; do echo "$s" | tee -a "$LOG"; done
