@@ -29,13 +29,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VFABRIC_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    vfabric::logging::init();
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let cli = Cli::parse();
     let result = match &cli.command {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vfabric::pattern;
+use vfabric::pattern::{self, shuffled};
 use vfabric_transport::cuda::{BaselineCopier, CudaNode, PlainCopy};
 use vfabric_transport::{
     Arena, ArenaSpec, DeviceLayer, EngineChoice, Location, Mover, MoverConfig, PageBatch, PageMove, TransferReport,
@@ -91,19 +91,6 @@ impl std::fmt::Display for Layout {
             Layout::Scattered => "scattered",
         })
     }
-}
-
-/// A deterministic shuffle of `0..n`.
-fn shuffled(n: u32, seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
-    let mut x = seed | 1;
-    for i in (1..v.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    v
 }
 
 fn seed_of(l: Location) -> u64 {

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod demo;
+pub mod logging;
 pub mod memory;
 pub mod pattern;
 pub mod units;

@@ -64,13 +64,7 @@ fn load(config: Option<PathBuf>, device: Option<Backend>) -> Result<ClusterConfi
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VFABRIC_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    vfabric::logging::init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { config, device } => load(config, device).and_then(|cfg| {

@@ -35,6 +35,20 @@ pub fn first_mismatch(seed: u64, offset: u64, got: &[u8]) -> Option<usize> {
         .map(|(i, _)| i * 8)
 }
 
+/// A deterministic shuffle of `0..n` (Fisher-Yates over xorshift64): "scattered" frames that are the same on
+/// every run, so a failing case can be run again.
+pub fn shuffled(n: u32, seed: u64) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n).collect();
+    let mut x = seed | 1;
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,5 +60,14 @@ mod tests {
         assert_eq!(first_mismatch(1, 8, &a), Some(0));
         assert_eq!(first_mismatch(2, 0, &a), Some(0));
         assert_eq!(first_mismatch(1, 0, &[0u8; 64]), Some(0));
+    }
+
+    #[test]
+    fn shuffles_are_permutations() {
+        let mut s = shuffled(1000, 7);
+        assert_ne!(s, (0..1000).collect::<Vec<_>>());
+        assert_eq!(shuffled(1000, 7), s);
+        s.sort_unstable();
+        assert_eq!(s, (0..1000).collect::<Vec<_>>());
     }
 }

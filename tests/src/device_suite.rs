@@ -11,7 +11,7 @@ use vfabric_transport::{
     PageMove,
 };
 
-use crate::pattern;
+use crate::pattern::{self, shuffled};
 
 /// Sizes the suite works with: small on the emulated device, larger on GPUs.
 #[derive(Debug, Clone, Copy)]
@@ -94,19 +94,6 @@ pub fn arena_errors(layer: &dyn DeviceLayer, scale: Scale) {
     let mut back = vec![0u8; keep.len() as usize];
     keep.read(0, &mut back).expect("read");
     assert_eq!(pattern::first_mismatch(3, 0, &back), None, "a failed arena creation disturbed another arena");
-}
-
-/// A deterministic shuffle of `0..n` (xorshift), so "scattered" means the same frames on every run.
-pub fn shuffled(n: u32, seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
-    let mut x = seed | 1;
-    for i in (1..v.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    v
 }
 
 /// How a batch's frames are laid out.

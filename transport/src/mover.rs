@@ -232,6 +232,27 @@ pub fn plan_execution(
     Ok(Execution { engine, gpu, way, blocks })
 }
 
+/// The checks every mover makes before it queues anything: both arenas belong to it (`ours`), the batch fits
+/// both, and where it runs.
+pub(crate) fn prepare(
+    src: &dyn Arena,
+    dst: &dyn Arena,
+    batch: &PageBatch,
+    engine: EngineChoice,
+    config: &MoverConfig,
+    ours: fn(&dyn Arena) -> bool,
+) -> Result<(Plan, Execution), MoveError> {
+    for a in [src, dst] {
+        if !ours(a) {
+            return Err(MoveError::ForeignArena(a.location()));
+        }
+    }
+    let same = src.device_ptr() == dst.device_ptr();
+    let plan = batch.plan(src.len(), dst.len(), same)?;
+    let exec = plan_execution(&plan, src.location(), dst.location(), engine, config)?;
+    Ok((plan, exec))
+}
+
 /// Moves batches of pages between arenas of one device layer.
 pub trait Mover: Send + Sync {
     /// Starts moving `batch` from `src` to `dst` and returns at once; the returned [`Transfer`] completes when

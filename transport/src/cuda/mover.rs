@@ -17,7 +17,7 @@ use crate::batch::{PageBatch, Plan};
 use crate::error::{DeviceError, MoveError};
 use crate::hal::Arena;
 use crate::location::Location;
-use crate::mover::{plan_execution, Engine, EngineChoice, Execution, Mover, MoverConfig, Pending, Transfer, Way};
+use crate::mover::{prepare, Engine, EngineChoice, Execution, Mover, MoverConfig, Pending, Transfer, Way};
 
 /// The page copy kernels, built from `kernels/page_copy.cu` with `nvcc -ptx -arch=compute_90` on the GPU machine.
 pub const PAGE_COPY_PTX: &str = include_str!("../../kernels/page_copy.ptx");
@@ -235,14 +235,7 @@ impl Mover for CudaMover {
         batch: &PageBatch,
         engine: EngineChoice,
     ) -> Result<Transfer, MoveError> {
-        for a in [src, dst] {
-            if !is_cuda_arena(a.as_ref()) {
-                return Err(MoveError::ForeignArena(a.location()));
-            }
-        }
-        let same = src.device_ptr() == dst.device_ptr();
-        let plan = batch.plan(src.len(), dst.len(), same)?;
-        let exec = plan_execution(&plan, src.location(), dst.location(), engine, &self.config)?;
+        let (plan, exec) = prepare(src.as_ref(), dst.as_ref(), batch, engine, &self.config, is_cuda_arena)?;
         if usize::from(exec.gpu) >= self.node.gpus.len() {
             return Err(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.node.gpus.len() }.into());
         }

@@ -10,7 +10,7 @@ use super::arena::EmulatedArena;
 use crate::batch::{KernelLayout, PageBatch, Plan};
 use crate::error::{DeviceError, MoveError};
 use crate::hal::Arena;
-use crate::mover::{plan_execution, Engine, EngineChoice, Mover, MoverConfig, Pending, Transfer, Way};
+use crate::mover::{prepare, Engine, EngineChoice, Mover, MoverConfig, Pending, Transfer, Way};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -97,14 +97,8 @@ impl Mover for EmulatedMover {
         batch: &PageBatch,
         engine: EngineChoice,
     ) -> Result<Transfer, MoveError> {
-        for a in [src, dst] {
-            if !a.as_any().is::<EmulatedArena>() {
-                return Err(MoveError::ForeignArena(a.location()));
-            }
-        }
-        let same = src.device_ptr() == dst.device_ptr();
-        let plan = batch.plan(src.len(), dst.len(), same)?;
-        let exec = plan_execution(&plan, src.location(), dst.location(), engine, &self.config)?;
+        let ours: fn(&dyn Arena) -> bool = |a| a.as_any().is::<EmulatedArena>();
+        let (plan, exec) = prepare(src.as_ref(), dst.as_ref(), batch, engine, &self.config, ours)?;
         let worker = self
             .workers
             .get(&(exec.gpu, exec.way == Way::Inbound))
