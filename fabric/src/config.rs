@@ -108,6 +108,10 @@ pub struct MemorySection {
     pub chunk_size: ByteSize,
     /// How frames are placed: `first-fit` or `best-fit`.
     pub fit: Fit,
+    /// Eviction starts when a GPU's used frames would pass this share (percent) of its ordinary frames...
+    pub high_watermark_percent: u8,
+    /// ...and goes on until they are at or under this share.
+    pub low_watermark_percent: u8,
 }
 
 impl Default for MemorySection {
@@ -119,6 +123,8 @@ impl Default for MemorySection {
             host_arena: ByteSize(1 << 30),
             chunk_size: ByteSize(1 << 30),
             fit: Fit::FirstFit,
+            high_watermark_percent: 90,
+            low_watermark_percent: 75,
         }
     }
 }
@@ -192,6 +198,12 @@ impl ClusterConfig {
         if m.headroom_percent >= 100 {
             return Err(format!("memory.headroom_percent is {}: it must be below 100", m.headroom_percent));
         }
+        if m.low_watermark_percent > m.high_watermark_percent || m.high_watermark_percent > 100 {
+            return Err(format!(
+                "memory.low_watermark_percent ({}) must be at most memory.high_watermark_percent ({}), which is at most 100",
+                m.low_watermark_percent, m.high_watermark_percent
+            ));
+        }
         let chunk = m.chunk_size.bytes();
         if !chunk.is_power_of_two() || chunk < (2 << 20) {
             return Err(format!("memory.chunk_size {} must be a power of two of at least 2MiB", m.chunk_size));
@@ -239,6 +251,7 @@ mod tests {
         assert!(bad("[memory]\npage_size = \"3MiB\"\n").contains("page_size"));
         assert!(bad("[memory]\nheadroom_percent = 100\n").contains("headroom"));
         assert!(bad("[memory]\nchunk_size = \"1MiB\"\n").contains("chunk_size"));
+        assert!(bad("[memory]\nlow_watermark_percent = 95\n").contains("watermark"));
         assert!(bad("[memory]\npage_sise = \"2MiB\"\n").contains("unknown field"));
         assert!(bad("[mover]\nthreads_per_block = 2048\n").contains("threads_per_block"));
         assert!(bad("[[node]]\nname = \"a\"\n[[node]]\nname = \"a\"\n").contains("twice"));

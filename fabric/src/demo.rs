@@ -1,170 +1,256 @@
 //! `vfabric demo`: the README's first command.
 //!
-//! Opens the node's devices (the GPUs, or the emulated device when there are none, and says so), writes a
-//! region of pages into GPU 0's arena, moves it GPU 0 -> GPU 1 -> host -> GPU 0 through the mover, verifies every
-//! byte after every move, and prints a table of what moved where and how fast.
+//! Runs the embedded fabric on this node's GPUs (or the emulated device, saying so): allocates a region half as
+//! large again as GPU 0's arena, writes it (the GPU fills up and pages spill to host memory), reads it back,
+//! acquires it piece by piece on GPU 0 (fetching evicted pages, evicting others), migrates it to GPU 1, writes
+//! through a lease there, and verifies every byte after every step, on the device copies the leases point to as
+//! well as through host reads. Prints a table of what moved where and how fast.
 
 use std::io::Write;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use vfabric_allocator::{AllocClass, TenantId};
-use vfabric_transport::{DeviceKind, EngineChoice, Location};
+use vfabric_transport::{DeviceKind, Location};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::ClusterConfig;
-use crate::memory::{NodeError, NodeMemory};
+use crate::error::FabricError;
+use crate::fabric::{Fabric, Lease, Region, Traffic};
 use crate::pattern;
 use crate::units::ByteSize;
+use crate::{Mode, Placement};
 
 /// What the demo did, step by step.
 #[derive(Debug, Clone)]
 pub struct DemoReport {
     /// The device layer it ran on.
     pub device: DeviceKind,
-    /// Pages in the region.
-    pub pages: usize,
-    /// One row per move.
+    /// Bytes in the region.
+    pub region_bytes: u64,
+    /// One row per step.
     pub steps: Vec<DemoStep>,
 }
 
-/// One move of the whole region.
+/// One step.
 #[derive(Debug, Clone)]
 pub struct DemoStep {
-    /// Where the pages were.
-    pub from: Location,
-    /// Where they went.
-    pub to: Location,
-    /// Bytes moved.
-    pub bytes: u64,
-    /// The engine the mover chose.
-    pub engine: vfabric_transport::Engine,
-    /// Contiguous runs the pages formed.
-    pub runs: usize,
-    /// Device time of the move, in seconds.
+    /// What the step did.
+    pub what: String,
+    /// Bytes the fabric moved during it, by kind.
+    pub traffic: Traffic,
+    /// Wall time of the step's fabric calls (verification not included), seconds.
     pub seconds: f64,
-    /// Pages whose bytes matched after the move.
-    pub verified: usize,
+    /// Bytes the step handled (written, read, acquired, migrated).
+    pub bytes: u64,
+    /// Pages checked after it, and how many matched.
+    pub checked: (u64, u64),
 }
 
 impl DemoReport {
-    /// Whether every page of every step arrived intact.
+    /// Whether every check of every step matched.
     pub fn all_verified(&self) -> bool {
-        self.steps.iter().all(|s| s.verified == self.pages)
+        self.steps.iter().all(|s| s.checked.0 == s.checked.1)
     }
 }
 
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let b = ProgressBar::new(len);
+    b.set_style(
+        ProgressStyle::with_template("  {msg:<34} [{bar:30}] {pos}/{len}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    b.set_message(what.to_string());
+    b
+}
+
+/// The demo's data and its page hashes, version by version.
+struct Truth {
+    page: u64,
+    hashes: Vec<u64>,
+}
+
+impl Truth {
+    fn bytes(&self, seed: u64, offset: u64, len: usize) -> Vec<u8> {
+        pattern::bytes(seed, offset, len)
+    }
+}
+
+/// Checks the device copies under a lease against the expected page hashes.
+fn check_lease(fabric: &Fabric, lease: &Lease, truth: &Truth) -> Result<(u64, u64), FabricError> {
+    let arena = fabric.arena(lease.device())?;
+    let first = lease.offset() / truth.page;
+    let mut buf = vec![0u8; truth.page as usize];
+    let mut ok = 0;
+    for (i, &f) in lease.frames().iter().enumerate() {
+        arena.read(u64::from(f) * truth.page, &mut buf)?;
+        if xxh3_64(&buf) == truth.hashes[first as usize + i] {
+            ok += 1;
+        }
+    }
+    Ok((lease.frames().len() as u64, ok))
+}
+
+/// Reads the whole region through the fabric (host reads) and checks every page.
+fn check_region(fabric: &Fabric, region: &Region, truth: &Truth) -> Result<(u64, u64), FabricError> {
+    let mut buf = vec![0u8; truth.page as usize];
+    let mut ok = 0;
+    let pages = region.len / truth.page;
+    for p in 0..pages {
+        fabric.read(region, p * truth.page, &mut buf)?;
+        if xxh3_64(&buf) == truth.hashes[p as usize] {
+            ok += 1;
+        }
+    }
+    Ok((pages, ok))
+}
+
 /// Runs the demo on `cfg`, writing progress and the table to `out` (progress bars go to the terminal only).
-pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, NodeError> {
-    let mut node = NodeMemory::open(cfg)?;
-    let layer = node.layer();
+pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, FabricError> {
+    let fabric = Fabric::embedded(cfg)?;
     let _ = writeln!(out, "vfabric demo: cluster `{}`", cfg.cluster.name);
-    if let Some(why) = node.fallback_reason() {
+    if let Some(why) = fabric.fallback_reason() {
         let _ = writeln!(out, "no usable GPU ({why}): running on the emulated device (host memory stands in for GPUs)");
     }
-    let _ = writeln!(out, "{}", layer.describe());
-    let device = layer.kind();
-    let page = node.page_size();
-    for (loc, _, frames) in node.usage() {
+    let _ = writeln!(out, "{}", fabric.layer().describe());
+    let page = fabric.page_size();
+    let stats = fabric.stats();
+    for d in &stats.directory.devices {
         let _ = writeln!(
             out,
-            "  {loc}: arena of {} ({} frames of {})",
-            ByteSize(u64::from(frames) * page),
-            frames,
+            "  {}: arena of {} ({} frames of {})",
+            d.location,
+            ByteSize(u64::from(d.frames) * page),
+            d.frames,
             ByteSize(page)
         );
     }
-    let gpus: Vec<Location> = node.locations().into_iter().filter(|l| *l != Location::Host).collect();
-    let first = gpus.first().copied().ok_or(NodeError::NoSuchLocation(Location::Gpu(0)))?;
-    let mut route = vec![first];
-    if let Some(second) = gpus.get(1) {
-        route.push(*second);
-    }
-    route.push(Location::Host);
-    route.push(first);
-    // A region of three quarters of the smallest arena's ordinary frames, so every hop has room.
-    let mut pages = u32::MAX;
-    for l in &route {
-        pages = pages.min(node.available(*l)?);
-    }
-    let pages = (pages / 4 * 3).max(1);
-    let tenant = TenantId(1);
-    let mut frames = node.alloc(first, pages, tenant, AllocClass::Normal)?;
-
-    let bar = |len: u64, what: &str| {
-        let b = ProgressBar::new(len);
-        b.set_style(
-            ProgressStyle::with_template("  {msg:<28} [{bar:30}] {pos}/{len}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        b.set_message(what.to_string());
-        b
-    };
-    let _ = writeln!(out, "writing a region of {pages} pages ({}) into {first}", ByteSize(u64::from(pages) * page));
-    let write_bar = bar(u64::from(pages), "writing pages");
-    let mut hashes = Vec::with_capacity(pages as usize);
-    let mut buf = vec![0u8; page as usize];
-    for (i, &f) in frames.iter().enumerate() {
-        pattern::fill(0xDE30, i as u64 * page, &mut buf);
-        hashes.push(xxh3_64(&buf));
-        node.write_pages(first, &[f], &buf)?;
-        write_bar.inc(1);
-    }
-    write_bar.finish_and_clear();
+    let gpus: Vec<Location> = fabric.devices().into_iter().filter(|l| *l != Location::Host).collect();
+    let g0 = *gpus.first().ok_or(FabricError::DeviceUnavailable(Location::Gpu(0)))?;
+    let g1 = gpus.get(1).copied().unwrap_or(g0);
+    let gpu_frames = stats.directory.devices[0].frames;
+    let host_frames = stats.directory.devices.last().map_or(0, |d| d.frames);
+    // Half as large again as GPU 0's arena, and no more than host memory can hold.
+    let pages = (u64::from(gpu_frames) * 3 / 2).min(u64::from(host_frames) * 9 / 10).max(1);
+    let region_bytes = pages * page;
+    let region = fabric.alloc(region_bytes, Placement::on(g0))?;
+    let _ = writeln!(out, "region {} of {} ({pages} pages), placed on {g0}", region, ByteSize(region_bytes));
 
     let mut steps = Vec::new();
-    for hop in route.windows(2) {
-        let (from, to) = (hop[0], hop[1]);
-        let started = Instant::now();
-        let (new_frames, report) = node.migrate(from, &frames, to, EngineChoice::Auto)?;
-        frames = new_frames;
-        let check_bar = bar(u64::from(pages), &format!("verifying {from} -> {to}"));
-        let mut verified = 0;
-        for (i, &f) in frames.iter().enumerate() {
-            node.read_pages(to, &[f], &mut buf)?;
-            if xxh3_64(&buf) == hashes[i] {
-                verified += 1;
-            }
-            check_bar.inc(1);
-        }
-        check_bar.finish_and_clear();
-        let seconds = report.device_time.map_or_else(|| started.elapsed().as_secs_f64(), |d| d.as_secs_f64());
-        steps.push(DemoStep {
-            from,
-            to,
-            bytes: report.bytes,
-            engine: report.engine,
-            runs: report.runs,
-            seconds,
-            verified,
-        });
-    }
-    node.free(first, &frames)?;
+    let mut truth = Truth { page, hashes: Vec::with_capacity(pages as usize) };
+    let seed = 0xDE30;
 
-    let report = DemoReport { device, pages: pages as usize, steps };
+    // 1. Write it from host buffers: the GPU fills up, pages spill to host memory.
+    let chunk_pages = (16u64 << 20).div_ceil(page).max(1);
+    let t0 = fabric.traffic();
+    let mut busy = 0.0;
+    let b = bar(pages, &format!("writing {}", ByteSize(region_bytes)));
+    let mut p = 0;
+    while p < pages {
+        let n = chunk_pages.min(pages - p);
+        let data = truth.bytes(seed, p * page, (n * page) as usize);
+        truth.hashes.extend(data.chunks_exact(page as usize).map(xxh3_64));
+        let t = Instant::now();
+        fabric.write(&region, p * page, &data)?;
+        busy += t.elapsed().as_secs_f64();
+        p += n;
+        b.inc(n);
+    }
+    b.finish_and_clear();
+    let checked = check_region(&fabric, &region, &truth)?;
+    steps.push(DemoStep {
+        what: format!("write {} from host into {g0}", ByteSize(region_bytes)),
+        traffic: fabric.traffic().since(&t0),
+        seconds: busy,
+        bytes: region_bytes,
+        checked,
+    });
+
+    // 2. Acquire it on GPU 0, a quarter of the GPU at a time: evicted pages come back, others leave.
+    let quarter = (u64::from(gpu_frames) / 4).max(1) * page;
+    let acquire_all = |device: Location, label: String, truth: &Truth| -> Result<DemoStep, FabricError> {
+        let t0 = fabric.traffic();
+        let mut busy = 0.0;
+        let mut checked = (0, 0);
+        let b = bar(region_bytes / page, &label);
+        let mut off = 0;
+        while off < region_bytes {
+            let end = (off + quarter).min(region_bytes);
+            let t = Instant::now();
+            let lease = fabric.acquire(&region, off..end, device, Mode::Read)?;
+            busy += t.elapsed().as_secs_f64();
+            let (n, ok) = check_lease(&fabric, &lease, truth)?;
+            checked = (checked.0 + n, checked.1 + ok);
+            fabric.release(lease)?;
+            b.inc((end - off) / page);
+            off = end;
+        }
+        b.finish_and_clear();
+        Ok(DemoStep { what: label, traffic: fabric.traffic().since(&t0), seconds: busy, bytes: region_bytes, checked })
+    };
+    steps.push(acquire_all(g0, format!("acquire all on {g0}, {} at a time", ByteSize(quarter)), &truth)?);
+
+    // 3. Migrate it to GPU 1: its pages on GPU 0 move over (NVLink on the H200s); the rest stay in host memory.
+    let t0 = fabric.traffic();
+    let t = Instant::now();
+    fabric.migrate(&region, g1)?;
+    let secs = t.elapsed().as_secs_f64();
+    let traffic = fabric.traffic().since(&t0);
+    let checked = check_region(&fabric, &region, &truth)?;
+    steps.push(DemoStep { what: format!("migrate to {g1}"), traffic, seconds: secs, bytes: traffic.migrated, checked });
+    steps.push(acquire_all(g1, format!("acquire all on {g1}, {} at a time", ByteSize(quarter)), &truth)?);
+
+    // 4. Write through a lease on GPU 1 (as a kernel would), release: the new bytes are the region's, and the
+    //    old copies elsewhere are gone.
+    let n = (quarter / page).min(pages);
+    let t0 = fabric.traffic();
+    let t = Instant::now();
+    let lease = fabric.acquire(&region, 0..n * page, g1, Mode::Write)?;
+    let mut secs = t.elapsed().as_secs_f64();
+    let arena = fabric.arena(g1)?;
+    for (i, &f) in lease.frames().iter().enumerate() {
+        let data = truth.bytes(seed ^ 0xFFFF, i as u64 * page, page as usize);
+        truth.hashes[i] = xxh3_64(&data);
+        arena.write(u64::from(f) * page, &data)?;
+    }
+    let t = Instant::now();
+    fabric.release(lease)?;
+    secs += t.elapsed().as_secs_f64();
+    let traffic = fabric.traffic().since(&t0);
+    let checked = check_region(&fabric, &region, &truth)?;
+    steps.push(DemoStep {
+        what: format!("write {} through a lease on {g1}", ByteSize(n * page)),
+        traffic,
+        seconds: secs,
+        bytes: n * page,
+        checked,
+    });
+    fabric.free(&region)?;
+
+    let report = DemoReport { device: fabric.layer().kind(), region_bytes, steps };
     print_table(&report, out);
     Ok(report)
 }
 
 fn print_table(r: &DemoReport, out: &mut dyn Write) {
     let _ = writeln!(out);
-    let _ = writeln!(out, "| move | bytes | engine | runs | time | GB/s | verified |");
+    let _ = writeln!(out, "| step | fetched | evicted | migrated | time | GB/s | pages verified |");
     let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for s in &r.steps {
-        let gbs = if s.seconds > 0.0 { s.bytes as f64 / s.seconds / 1e9 } else { 0.0 };
+        let moved = s.traffic.fetched + s.traffic.evicted + s.traffic.migrated + s.traffic.compacted;
+        let base = s.bytes.max(moved);
+        let gbs = if s.seconds > 0.0 { base as f64 / s.seconds / 1e9 } else { 0.0 };
         let _ = writeln!(
             out,
-            "| {} -> {} | {} | {} | {} | {:.3} ms | {:.1} | {}/{} |",
-            s.from,
-            s.to,
-            ByteSize(s.bytes),
-            s.engine,
-            s.runs,
+            "| {} | {} | {} | {} | {:.1} ms | {:.1} | {}/{} |",
+            s.what,
+            ByteSize(s.traffic.fetched),
+            ByteSize(s.traffic.evicted),
+            ByteSize(s.traffic.migrated),
             s.seconds * 1e3,
             gbs,
-            s.verified,
-            r.pages
+            s.checked.1,
+            s.checked.0
         );
     }
     let _ = writeln!(out);
@@ -172,7 +258,7 @@ fn print_table(r: &DemoReport, out: &mut dyn Write) {
         let _ = writeln!(out, "(emulated device: times are host memcpy, not GPU figures)");
     }
     let verdict =
-        if r.all_verified() { "every byte verified after every move" } else { "DATA MISMATCH: see the table" };
+        if r.all_verified() { "every byte verified after every step" } else { "DATA MISMATCH: see the table" };
     let _ = writeln!(out, "{verdict}");
 }
 
@@ -185,13 +271,17 @@ mod tests {
         let mut cfg = ClusterConfig::embedded_local();
         cfg.device.backend = vfabric_transport::Backend::Emulated;
         cfg.memory.gpu_budget = Some(ByteSize(32 << 20));
-        cfg.memory.host_arena = ByteSize(32 << 20);
+        cfg.memory.host_arena = ByteSize(64 << 20);
         let mut out = Vec::new();
         let r = run(&cfg, &mut out).expect("demo");
         let text = String::from_utf8_lossy(&out);
         assert!(r.all_verified(), "{text}");
-        assert_eq!(r.steps.len(), 3, "gpu0 -> gpu1 -> host -> gpu0");
         assert_eq!(r.device, DeviceKind::Emulated);
+        assert!(r.region_bytes > 32 << 20, "larger than the GPU");
+        let evicted: u64 = r.steps.iter().map(|s| s.traffic.evicted).sum();
+        let fetched: u64 = r.steps.iter().map(|s| s.traffic.fetched).sum();
+        let migrated: u64 = r.steps.iter().map(|s| s.traffic.migrated).sum();
+        assert!(evicted > 0 && fetched > 0 && migrated > 0, "{text}");
         assert!(text.contains("every byte verified"), "{text}");
         assert!(text.contains("emulated device"), "{text}");
     }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use vfabric::{ClusterConfig, NodeMemory};
+use vfabric::{ClusterConfig, Fabric};
 use vfabric_transport::Backend;
 
 #[derive(Parser)]
@@ -76,18 +76,21 @@ fn main() -> ExitCode {
             }
         }),
         Command::Info { config, device } => load(config, device).and_then(|cfg| {
-            let node = NodeMemory::open(&cfg).map_err(|e| e.to_string())?;
-            if let Some(why) = node.fallback_reason() {
+            let fabric = Fabric::embedded(&cfg).map_err(|e| e.to_string())?;
+            if let Some(why) = fabric.fallback_reason() {
                 println!("no usable GPU ({why}): the emulated device stands in");
             }
-            println!("{}", node.layer().describe());
-            println!("NCCL: {}", if node.layer().nccl_available() { "available" } else { "not found" });
-            for (loc, _, frames) in node.usage() {
-                let bytes = u64::from(frames) * node.page_size();
+            println!("{}", fabric.layer().describe());
+            println!("NCCL: {}", if fabric.layer().nccl_available() { "available" } else { "not found" });
+            let ps = fabric.page_size();
+            for d in fabric.stats().directory.devices {
+                let bytes = u64::from(d.frames) * ps;
                 println!(
-                    "  {loc}: arena {} = {frames} frames of {}",
+                    "  {}: arena {} = {} frames of {}",
+                    d.location,
                     vfabric::ByteSize(bytes),
-                    vfabric::ByteSize(node.page_size())
+                    d.frames,
+                    vfabric::ByteSize(ps)
                 );
             }
             Ok(())

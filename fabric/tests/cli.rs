@@ -10,8 +10,9 @@ fn demo_on_the_emulated_device_verifies_every_byte() {
         .expect("run vfabric");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("every byte verified after every move"), "{stdout}");
-    assert!(stdout.contains("gpu0 -> gpu1"), "{stdout}");
+    assert!(stdout.contains("every byte verified after every step"), "{stdout}");
+    assert!(stdout.contains("migrate to gpu1"), "{stdout}");
+    assert!(stdout.contains("emulated device"), "{stdout}");
 }
 
 #[test]

@@ -1,0 +1,95 @@
+//! The errors of the fabric's API. Every failing call leaves every other region as it was.
+
+use vfabric_allocator::{AllocError, TenantId, Tier};
+use vfabric_transport::{DeviceError, Location, MoveError};
+
+/// Why a fabric call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricError {
+    /// A device has no room: not enough frames even after evicting every page that may be evicted.
+    #[error("{location} is out of memory: {needed} frames needed, {available} can be made free")]
+    OutOfMemory {
+        /// The device.
+        location: Location,
+        /// Frames the call needed there.
+        needed: u64,
+        /// Frames that are free or could be freed by eviction.
+        available: u64,
+    },
+    /// A tenant's quota on a tier would be exceeded.
+    #[error("tenant {tenant} would exceed its {tier:?} quota: {used} of {limit} bytes used, {requested} more asked")]
+    QuotaExceeded {
+        /// The tenant.
+        tenant: TenantId,
+        /// The tier.
+        tier: Tier,
+        /// Its limit in bytes.
+        limit: u64,
+        /// Bytes in use.
+        used: u64,
+        /// Bytes asked for.
+        requested: u64,
+    },
+    /// A size of zero, or a size or page size the fabric cannot use.
+    #[error("invalid size: {0}")]
+    InvalidSize(String),
+    /// An address that names no region of this fabric.
+    #[error("no region at {0}")]
+    InvalidAddress(String),
+    /// A range beyond the end of its region.
+    #[error("{offset:#x}+{len:#x} is outside the region of {region_len:#x} bytes")]
+    OutOfBounds {
+        /// Start of the range.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// A region freed twice.
+    #[error("region {0} was already freed")]
+    DoubleFree(String),
+    /// A region used after it was freed.
+    #[error("region {0} was freed and cannot be used")]
+    UseAfterFree(String),
+    /// A page is leased in a way that excludes this call (written elsewhere, or read while a write is asked).
+    #[error("page {page} of region {region} is leased {how}")]
+    LeasedElsewhere {
+        /// The region.
+        region: String,
+        /// The page index in the region.
+        page: u64,
+        /// "for writing on gpu1", "for reading by 2 leases", ...
+        how: String,
+    },
+    /// A device this node does not have (or that failed).
+    #[error("{0} is not available on this node")]
+    DeviceUnavailable(Location),
+    /// A lease that is not (or no longer) held.
+    #[error("lease {0} is not held")]
+    UnknownLease(u64),
+    /// The device layer failed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A page move failed.
+    #[error(transparent)]
+    Move(#[from] MoveError),
+    /// The configuration is not usable.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}
+
+impl FabricError {
+    /// Maps an allocator error met while placing pages on `location`.
+    pub(crate) fn from_alloc(e: AllocError, location: Location) -> FabricError {
+        match e {
+            AllocError::QuotaExceeded { tenant, tier, limit, used, requested } => {
+                FabricError::QuotaExceeded { tenant, tier, limit, used, requested }
+            }
+            AllocError::OutOfMemory { requested, available, .. } => {
+                FabricError::OutOfMemory { location, needed: requested, available }
+            }
+            other => FabricError::InvalidSize(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! The fabric as a Rust program on one node uses it: regions in one address space over the node's GPUs and
+//! host memory, placed on any GPU, evicted to host memory when a GPU is full and fetched back on use, with
+//! leases that give a kernel device pointers.
+//!
+//! [`Fabric`] is the I/O half of the directory (`crate::directory`, which is pure): it carries out the stages
+//! of copies the directory asks for through the node's mover, commits them, and hands out [`Lease`]s. Calls are
+//! serialised on the directory's lock; copies run while it is held, so one call's evictions and fetches never
+//! interleave with another's.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use vfabric_allocator::NodeId;
+use vfabric_transport::{
+    open, Arena, ArenaSpec, DeviceError, DeviceLayer, EngineChoice, Location, Mover, OpenOptions, PageBatch,
+};
+
+use crate::config::ClusterConfig;
+use crate::directory::{
+    AcquireRequest, DevIdx, Directory, DirectoryConfig, DirectoryStats, LeaseFrames, Mode, Placement, ReadSource,
+    RegionHandle, Stage, StageKind, Step,
+};
+use crate::error::FabricError;
+
+/// A region of the fabric's address space: a name, not memory (where its pages live is the directory's
+/// business). Cheap to copy; using it after [`Fabric::free`] is an error, never a crash.
+pub type Region = RegionHandle;
+
+/// Bytes the fabric moved, by why it moved them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Traffic {
+    /// Pages brought to a device for a lease (from host memory, a peer, or zero-filled).
+    pub fetched: u64,
+    /// Pages sent to host memory to make room.
+    pub evicted: u64,
+    /// Pages moved within a device to make a run of frames.
+    pub compacted: u64,
+    /// Pages moved by migrations.
+    pub migrated: u64,
+    /// Bytes written from and read into host buffers.
+    pub host_io: u64,
+    /// Stages of copies carried out.
+    pub stages: u64,
+}
+
+impl Traffic {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &Traffic) -> Traffic {
+        Traffic {
+            fetched: self.fetched - earlier.fetched,
+            evicted: self.evicted - earlier.evicted,
+            compacted: self.compacted - earlier.compacted,
+            migrated: self.migrated - earlier.migrated,
+            host_io: self.host_io - earlier.host_io,
+            stages: self.stages - earlier.stages,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    fetched: AtomicU64,
+    evicted: AtomicU64,
+    compacted: AtomicU64,
+    migrated: AtomicU64,
+    host_io: AtomicU64,
+    stages: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> Traffic {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Traffic {
+            fetched: l(&self.fetched),
+            evicted: l(&self.evicted),
+            compacted: l(&self.compacted),
+            migrated: l(&self.migrated),
+            host_io: l(&self.host_io),
+            stages: l(&self.stages),
+        }
+    }
+}
+
+/// Figures about the fabric.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stats {
+    /// The directory's figures.
+    pub directory: DirectoryStats,
+    /// Bytes moved since start.
+    pub traffic: Traffic,
+}
+
+struct Inner {
+    dir: Mutex<Directory>,
+    layer: Arc<dyn DeviceLayer>,
+    arenas: Vec<Arc<dyn Arena>>,
+    mover: Arc<dyn Mover>,
+    page_size: u64,
+    counters: Counters,
+    fallback: Option<DeviceError>,
+}
+
+/// The fabric of one node, in this process.
+#[derive(Clone)]
+pub struct Fabric {
+    inner: Arc<Inner>,
+}
+
+/// Where a lease's pages are on its device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeasePtr {
+    /// One device pointer over the whole range (the pages sit in one run of frames, in order).
+    Contiguous {
+        /// Device pointer to the first page.
+        ptr: u64,
+        /// Bytes (whole pages).
+        len: u64,
+    },
+    /// One device pointer per page, in page order (the device was too fragmented for one run).
+    Pages(Vec<u64>),
+}
+
+/// The right to use a range of a region on one device. Its pages stay on that device, at these addresses,
+/// until it is released ([`Fabric::release`], or dropping it). A `Write` lease's changes become the region's
+/// bytes when it is released.
+pub struct Lease {
+    inner: Arc<Inner>,
+    id: u64,
+    region: Region,
+    device: Location,
+    mode: Mode,
+    first_page: u32,
+    frames: Vec<u32>,
+    ptr: LeasePtr,
+    released: bool,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("id", &self.id)
+            .field("region", &self.region)
+            .field("device", &self.device)
+            .field("mode", &self.mode)
+            .field("ptr", &self.ptr)
+            .finish()
+    }
+}
+
+impl Lease {
+    /// Device pointers to the leased pages.
+    pub fn ptr(&self) -> &LeasePtr {
+        &self.ptr
+    }
+
+    /// The device.
+    pub fn device(&self) -> Location {
+        self.device
+    }
+
+    /// Read or write.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The region.
+    pub fn region(&self) -> Region {
+        self.region
+    }
+
+    /// Offset in the region of the first leased byte (the lease covers whole pages).
+    pub fn offset(&self) -> u64 {
+        u64::from(self.first_page) * self.region.page_size
+    }
+
+    /// Bytes covered (whole pages).
+    pub fn len(&self) -> u64 {
+        self.frames.len() as u64 * self.region.page_size
+    }
+
+    /// Whether it covers nothing (never: leases cover at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// The frames of the device's arena that hold the pages, in page order (for tools that move them with the
+    /// node's mover, such as the benchmarks).
+    pub fn frames(&self) -> &[u32] {
+        &self.frames
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.released {
+            let r = lock(&self.inner.dir).release(self.id);
+            if let Err(e) = r {
+                tracing::warn!(lease = self.id, error = %e, "releasing a dropped lease failed");
+            }
+        }
+    }
+}
+
+fn lock(m: &Mutex<Directory>) -> MutexGuard<'_, Directory> {
+    // A panic while the directory was held (a bug) leaves it as the last commit left it: consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Fabric {
+    /// Runs the fabric of one node in this process, on the devices the configuration names: the node's GPUs
+    /// (each with an arena of the configured budget) and pinned host memory. With `backend = "auto"` and no
+    /// usable GPU it runs on the emulated device ([`Fabric::fallback_reason`] says why).
+    pub fn embedded(config: &ClusterConfig) -> Result<Fabric, FabricError> {
+        let opened = open(&OpenOptions {
+            backend: config.device.backend,
+            emulated_gpus: config.device.emulated_gpus,
+            emulated_gpu_memory: config.device.emulated_gpu_memory.bytes(),
+        })?;
+        let layer = opened.layer;
+        let page = config.memory.page();
+        let ps = page.bytes();
+        let all: Vec<u16> = layer.gpus().iter().map(|g| g.index).collect();
+        let gpus = match config.nodes.first().and_then(|n| n.gpus.clone()) {
+            Some(wanted) => {
+                if let Some(&g) = wanted.iter().find(|g| !all.contains(g)) {
+                    return Err(FabricError::DeviceUnavailable(Location::Gpu(g)));
+                }
+                wanted
+            }
+            None => all,
+        };
+        let mut devices = Vec::new();
+        for &g in &gpus {
+            let total = layer.gpus()[usize::from(g)].total_memory;
+            devices.push((Location::Gpu(g), config.memory.gpu_arena_bytes(total) / ps * ps));
+        }
+        devices.push((Location::Host, config.memory.host_arena.bytes() / ps * ps));
+        let mut arenas = Vec::new();
+        for &(location, bytes) in &devices {
+            let t = Instant::now();
+            arenas.push(layer.create_arena(&ArenaSpec {
+                location,
+                bytes,
+                chunk_bytes: config.memory.chunk_size.bytes(),
+            })?);
+            tracing::info!(%location, bytes, ms = t.elapsed().as_secs_f64() * 1e3, "arena ready");
+        }
+        let dir = Directory::new(
+            DirectoryConfig {
+                node: NodeId(0),
+                page_size: page,
+                headroom_percent: config.memory.headroom_percent,
+                fit: config.memory.fit,
+                high_watermark_percent: config.memory.high_watermark_percent,
+                low_watermark_percent: config.memory.low_watermark_percent,
+            },
+            &devices,
+        )?;
+        let mover = layer.mover(config.mover)?;
+        Ok(Fabric {
+            inner: Arc::new(Inner {
+                dir: Mutex::new(dir),
+                layer,
+                arenas,
+                mover,
+                page_size: ps,
+                counters: Counters::default(),
+                fallback: opened.fallback_reason,
+            }),
+        })
+    }
+
+    /// The device layer.
+    pub fn layer(&self) -> &Arc<dyn DeviceLayer> {
+        &self.inner.layer
+    }
+
+    /// Why the emulated device runs although CUDA was wanted, if it does.
+    pub fn fallback_reason(&self) -> Option<&DeviceError> {
+        self.inner.fallback.as_ref()
+    }
+
+    /// The page size of this node's regions.
+    pub fn page_size(&self) -> u64 {
+        self.inner.page_size
+    }
+
+    /// The devices: the GPUs, then the host.
+    pub fn devices(&self) -> Vec<Location> {
+        lock(&self.inner.dir).locations()
+    }
+
+    /// The arena of a device (for tools that move leased pages with the node's mover).
+    pub fn arena(&self, location: Location) -> Result<Arc<dyn Arena>, FabricError> {
+        let i = lock(&self.inner.dir).dev(location)?;
+        Ok(Arc::clone(&self.inner.arenas[usize::from(i)]))
+    }
+
+    /// The node's mover.
+    pub fn mover(&self) -> &Arc<dyn Mover> {
+        &self.inner.mover
+    }
+
+    /// Allocates a region of `size` bytes (rounded up to whole pages). `placement` picks the device its pages
+    /// go to (a hint; by default the GPU with the most free memory). No memory is taken until pages are
+    /// written or acquired; a region may be larger than any GPU.
+    pub fn alloc(&self, size: u64, placement: Placement) -> Result<Region, FabricError> {
+        lock(&self.inner.dir).alloc(size, placement)
+    }
+
+    /// Frees a region and all its memory. Refused while any of its pages is leased.
+    pub fn free(&self, region: &Region) -> Result<(), FabricError> {
+        lock(&self.inner.dir).free(region)
+    }
+
+    /// Writes `data` into the region at `offset`. Pages never written get memory on the region's device
+    /// (evicting other pages to host memory to make room, or landing in host memory when nothing can be
+    /// evicted). Refused while any page of the range is leased.
+    pub fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+        let mut dir = lock(&self.inner.dir);
+        let targets = self.drive(&mut dir, |d| d.step_write(region, offset, data.len() as u64))?;
+        for t in targets {
+            let arena = self.arena_at(&dir, t.location)?;
+            let bytes = &data[t.buf_offset as usize..(t.buf_offset + t.len) as usize];
+            arena.write(u64::from(t.frame) * self.inner.page_size + t.page_offset, bytes)?;
+        }
+        self.inner.counters.host_io.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads the region at `offset` into `buf` (pages never written read as zeros). Refused while a page of the
+    /// range is leased for writing.
+    pub fn read(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+        let mut dir = lock(&self.inner.dir);
+        let pieces = dir.plan_read(region, offset, buf.len() as u64)?;
+        for p in pieces {
+            let out = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            match p.source {
+                ReadSource::Zero => out.fill(0),
+                ReadSource::At(loc, frame) => {
+                    let arena = self.arena_at(&dir, loc)?;
+                    arena.read(u64::from(frame) * self.inner.page_size + p.page_offset, out)?;
+                }
+            }
+        }
+        self.inner.counters.host_io.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Acquires the pages covering `range` of a region on `device`: when it returns, they are there, and stay
+    /// there at the lease's addresses until it is released. `Read` may replicate pages (other devices keep their
+    /// copies); `Write` makes the device's copy the only one. Pages not yet there are fetched (from a peer GPU
+    /// over NVLink before host memory), evicting other pages to make room, and compacting the device when it is
+    /// too fragmented for one run of frames.
+    pub fn acquire(
+        &self,
+        region: &Region,
+        range: Range<u64>,
+        device: Location,
+        mode: Mode,
+    ) -> Result<Lease, FabricError> {
+        let len = range.end.checked_sub(range.start).ok_or(FabricError::OutOfBounds {
+            offset: range.start,
+            len: 0,
+            region_len: region.len,
+        })?;
+        let mut req = AcquireRequest::new(*region, range.start, len, device, mode);
+        let mut dir = lock(&self.inner.dir);
+        let grant = self.drive(&mut dir, |d| d.step_acquire(&mut req))?;
+        let dev = dir.dev(device)?;
+        drop(dir);
+        let base = self.inner.arenas[usize::from(dev)].device_ptr();
+        let ps = self.inner.page_size;
+        let frames = grant.frames.frames();
+        let ptr = match &grant.frames {
+            LeaseFrames::Run { first, len } => {
+                LeasePtr::Contiguous { ptr: base + u64::from(*first) * ps, len: u64::from(*len) * ps }
+            }
+            LeaseFrames::Pages(v) => LeasePtr::Pages(v.iter().map(|&f| base + u64::from(f) * ps).collect()),
+        };
+        Ok(Lease {
+            inner: Arc::clone(&self.inner),
+            id: grant.id,
+            region: *region,
+            device,
+            mode,
+            first_page: grant.first_page,
+            frames,
+            ptr,
+            released: false,
+        })
+    }
+
+    /// Releases a lease (dropping it does the same, logging instead of returning an error).
+    pub fn release(&self, mut lease: Lease) -> Result<(), FabricError> {
+        lease.released = true;
+        lock(&self.inner.dir).release(lease.id)
+    }
+
+    /// Moves a region to `device`: new pages go there, and pages on other GPUs move there (those that do not fit
+    /// go to host memory). Refused while any page is leased.
+    pub fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {
+        let mut dir = lock(&self.inner.dir);
+        self.drive(&mut dir, |d| d.step_migrate(region, device))
+    }
+
+    /// Moves unleased pages within `device` so that a run of `frames` free frames exists (what an acquire does
+    /// on its own when a device is too fragmented). Returns the pages moved.
+    pub fn compact(&self, device: Location, frames: u32) -> Result<u64, FabricError> {
+        let before = self.inner.counters.compacted.load(Ordering::Relaxed);
+        let mut dir = lock(&self.inner.dir);
+        self.drive(&mut dir, |d| d.plan_compaction(device, frames))?;
+        Ok((self.inner.counters.compacted.load(Ordering::Relaxed) - before) / self.inner.page_size)
+    }
+
+    /// Figures about the directory and the bytes moved.
+    pub fn stats(&self) -> Stats {
+        Stats { directory: lock(&self.inner.dir).stats(), traffic: self.inner.counters.snapshot() }
+    }
+
+    /// Bytes moved since start.
+    pub fn traffic(&self) -> Traffic {
+        self.inner.counters.snapshot()
+    }
+
+    /// Sets a tenant's quota on a tier (bytes; `None` for no limit).
+    pub fn set_quota(&self, tenant: vfabric_allocator::TenantId, tier: vfabric_allocator::Tier, limit: Option<u64>) {
+        lock(&self.inner.dir).quotas_mut().set_limit(tenant, tier, limit);
+    }
+
+    fn arena_at(&self, dir: &Directory, location: Location) -> Result<&Arc<dyn Arena>, FabricError> {
+        let i: DevIdx = dir.dev(location)?;
+        Ok(&self.inner.arenas[usize::from(i)])
+    }
+
+    /// Runs a directory call to completion, carrying out each stage it asks for.
+    fn drive<T>(
+        &self,
+        dir: &mut Directory,
+        mut step: impl FnMut(&mut Directory) -> Result<Step<T>, FabricError>,
+    ) -> Result<T, FabricError> {
+        // Each stage frees, moves or fills at least one frame; a bound only guards against a directory bug.
+        for _ in 0..1_000_000 {
+            match step(dir)? {
+                Step::Done(t) => return Ok(t),
+                Step::Stage(stage) => match self.execute(dir, &stage) {
+                    Ok(()) => dir.commit(stage),
+                    Err(e) => {
+                        dir.abort(stage);
+                        return Err(e);
+                    }
+                },
+            }
+        }
+        Err(FabricError::InvalidSize("the directory asked for a million stages without finishing".into()))
+    }
+
+    /// Carries out a stage's copies (all its batches at once) and zero-fills.
+    fn execute(&self, dir: &Directory, stage: &Stage) -> Result<(), FabricError> {
+        let ps = self.inner.page_size;
+        for &(loc, frame) in &stage.zero {
+            self.arena_at(dir, loc)?.fill(u64::from(frame) * ps, ps, 0)?;
+        }
+        let mut pending = Vec::with_capacity(stage.batches.len());
+        for b in &stage.batches {
+            let batch = PageBatch::from_moves(ps, b.moves.clone());
+            let (src, dst) = (self.arena_at(dir, b.from)?, self.arena_at(dir, b.to)?);
+            pending.push(self.inner.mover.submit(src, dst, &batch, EngineChoice::Auto)?);
+        }
+        let mut bytes = 0;
+        for p in pending {
+            bytes += p.wait()?.bytes;
+        }
+        bytes += stage.zero.len() as u64 * ps;
+        let c = &self.inner.counters;
+        let counter = match stage.kind {
+            StageKind::Evict => &c.evicted,
+            StageKind::Compact => &c.compacted,
+            StageKind::Fetch => &c.fetched,
+            StageKind::Migrate => &c.migrated,
+        };
+        counter.fetch_add(bytes, Ordering::Relaxed);
+        c.stages.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}

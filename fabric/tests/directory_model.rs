@@ -1,0 +1,409 @@
+//! Model-based test of the directory: random sequences of alloc / write / read / acquire / release / migrate /
+//! compact / free from several simulated devices, with the stages' copies carried out on simulated memory (one
+//! token per frame) and some stages failing, checked against a plain reference model:
+//! - every read (host read, or the bytes under a lease) sees the last released write;
+//! - no page is lost (every page of every live region reads back right after every operation);
+//! - no leased page is ever moved or evicted (a lease's frames keep its bytes until it is released);
+//! - the directory's own tables stay consistent (`check_invariants`).
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use vfabric::directory::{
+    AcquireRequest, Directory, DirectoryConfig, LeaseGrant, Mode, Placement, ReadSource, RegionHandle, Stage, Step,
+};
+use vfabric::error::FabricError;
+use vfabric_allocator::PageSize;
+use vfabric_transport::Location;
+
+const PAGE: u64 = 64 << 10;
+const DEVICES: [(Location, u64); 3] =
+    [(Location::Gpu(0), 8 * PAGE), (Location::Gpu(1), 6 * PAGE), (Location::Host, 40 * PAGE)];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { pages: u32, device: usize },
+    Free { region: usize },
+    Write { region: usize, page: u32, pages: u32 },
+    Read { region: usize, page: u32, pages: u32 },
+    Acquire { region: usize, page: u32, pages: u32, device: usize, write: bool },
+    Release { lease: usize },
+    Migrate { region: usize, device: usize },
+    Compact { device: usize, frames: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (1u32..6, 0usize..3).prop_map(|(pages, device)| Op::Alloc { pages, device }),
+        1 => (0usize..8).prop_map(|region| Op::Free { region }),
+        4 => (0usize..8, 0u32..6, 1u32..4).prop_map(|(region, page, pages)| Op::Write { region, page, pages }),
+        3 => (0usize..8, 0u32..6, 1u32..4).prop_map(|(region, page, pages)| Op::Read { region, page, pages }),
+        4 => (0usize..8, 0u32..6, 1u32..4, 0usize..3, any::<bool>())
+            .prop_map(|(region, page, pages, device, write)| Op::Acquire { region, page, pages, device, write }),
+        3 => (0usize..8).prop_map(|lease| Op::Release { lease }),
+        1 => (0usize..8, 0usize..3).prop_map(|(region, device)| Op::Migrate { region, device }),
+        1 => (0usize..2, 1u32..6).prop_map(|(device, frames)| Op::Compact { device, frames }),
+    ]
+}
+
+/// Simulated device memory: one token per frame.
+struct Sim {
+    dir: Directory,
+    mem: HashMap<(Location, u32), u64>,
+    /// The reference: the last released token of every page of every live region.
+    model: HashMap<(u32, u64, u32), u64>,
+    regions: Vec<RegionHandle>,
+    leases: Vec<(LeaseGrant, RegionHandle, Vec<u64>)>,
+    next_token: u64,
+    stages: u64,
+    fail_every: u64,
+}
+
+fn key(r: &RegionHandle, page: u32) -> (u32, u64, u32) {
+    (0, r.addr.raw(), page)
+}
+
+impl Sim {
+    /// Carries a stage out, or (every `fail_every`-th stage) fails it the way a broken copy would: the
+    /// destination frames get garbage, and the stage is aborted.
+    fn run(&mut self, stage: Stage) -> Result<(), FabricError> {
+        self.stages += 1;
+        let fail = self.fail_every > 0 && self.stages % self.fail_every == 0;
+        let mut writes = Vec::new();
+        for b in &stage.batches {
+            for m in &b.moves {
+                let v = if fail { 0xBAD } else { self.mem.get(&(b.from, m.src)).copied().unwrap_or(0xDEAD) };
+                writes.push(((b.to, m.dst), v));
+            }
+        }
+        for &(loc, f) in &stage.zero {
+            writes.push(((loc, f), if fail { 0xBAD } else { 0 }));
+        }
+        for (k, v) in writes {
+            self.mem.insert(k, v);
+        }
+        if fail {
+            self.dir.abort(stage);
+            return Err(FabricError::InvalidSize("simulated copy failure".into()));
+        }
+        self.dir.commit(stage);
+        Ok(())
+    }
+
+    fn drive<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Directory) -> Result<Step<T>, FabricError>,
+    ) -> Result<T, FabricError> {
+        for _ in 0..1000 {
+            match f(&mut self.dir)? {
+                Step::Done(t) => return Ok(t),
+                Step::Stage(s) => self.run(s)?,
+            }
+        }
+        panic!("an operation staged 1000 times without finishing");
+    }
+
+    fn token(&mut self) -> u64 {
+        self.next_token += 1;
+        self.next_token
+    }
+
+    fn read_page(&mut self, r: &RegionHandle, page: u32) -> Result<u64, FabricError> {
+        let pieces = self.dir.plan_read(r, u64::from(page) * PAGE, PAGE)?;
+        Ok(match pieces[0].source {
+            ReadSource::Zero => 0,
+            ReadSource::At(loc, f) => self.mem.get(&(loc, f)).copied().unwrap_or(0xDEAD),
+        })
+    }
+
+    fn apply(&mut self, op: &Op) {
+        let pick = |v: usize, n: usize| if n == 0 { None } else { Some(v % n) };
+        match *op {
+            Op::Alloc { pages, device } => {
+                let p = Placement::on(DEVICES[device].0);
+                if let Ok(h) = self.dir.alloc(u64::from(pages) * PAGE, p) {
+                    for i in 0..pages {
+                        self.model.insert(key(&h, i), 0);
+                    }
+                    self.regions.push(h);
+                }
+            }
+            Op::Free { region } => {
+                let Some(i) = pick(region, self.regions.len()) else { return };
+                let h = self.regions[i];
+                match self.dir.free(&h) {
+                    Ok(()) => {
+                        self.regions.remove(i);
+                        self.model.retain(|k, _| k.1 != h.addr.raw());
+                        assert!(matches!(self.dir.free(&h), Err(FabricError::DoubleFree(_))), "double free");
+                        assert!(
+                            matches!(self.dir.plan_read(&h, 0, 1), Err(FabricError::UseAfterFree(_))),
+                            "use after free"
+                        );
+                    }
+                    Err(FabricError::LeasedElsewhere { .. }) => {
+                        assert!(self.leases.iter().any(|l| l.1 == h), "refused to free a region nobody leases");
+                    }
+                    Err(e) => panic!("free: {e}"),
+                }
+            }
+            Op::Write { region, page, pages } => {
+                let Some(i) = pick(region, self.regions.len()) else { return };
+                let h = self.regions[i];
+                let n = (h.len / PAGE) as u32;
+                let (page, pages) = (page % n, pages.min(n - page % n));
+                let t0 = self.token();
+                let got = self.drive(|d| d.step_write(&h, u64::from(page) * PAGE, u64::from(pages) * PAGE));
+                match got {
+                    Ok(targets) => {
+                        for (j, t) in targets.iter().enumerate() {
+                            self.mem.insert((t.location, t.frame), t0 * 100 + j as u64);
+                            self.model.insert(key(&h, page + j as u32), t0 * 100 + j as u64);
+                        }
+                    }
+                    Err(FabricError::LeasedElsewhere { .. }) | Err(FabricError::OutOfMemory { .. }) => {}
+                    Err(FabricError::InvalidSize(s)) if s.contains("simulated") => {}
+                    Err(e) => panic!("write: {e}"),
+                }
+            }
+            Op::Read { region, page, pages } => {
+                let Some(i) = pick(region, self.regions.len()) else { return };
+                let h = self.regions[i];
+                let n = (h.len / PAGE) as u32;
+                let (page, pages) = (page % n, pages.min(n - page % n));
+                for p in page..page + pages {
+                    match self.read_page(&h, p) {
+                        Ok(v) => assert_eq!(v, self.model[&key(&h, p)], "host read of page {p} of {h}"),
+                        Err(FabricError::LeasedElsewhere { .. }) => {}
+                        Err(e) => panic!("read: {e}"),
+                    }
+                }
+            }
+            Op::Acquire { region, page, pages, device, write } => {
+                let Some(i) = pick(region, self.regions.len()) else { return };
+                let h = self.regions[i];
+                let n = (h.len / PAGE) as u32;
+                let (page, pages) = (page % n, pages.min(n - page % n));
+                let mode = if write { Mode::Write } else { Mode::Read };
+                let mut req =
+                    AcquireRequest::new(h, u64::from(page) * PAGE, u64::from(pages) * PAGE, DEVICES[device].0, mode);
+                match self.drive(|d| d.step_acquire(&mut req)) {
+                    Ok(grant) => {
+                        let frames = grant.frames.frames();
+                        let mut expect = Vec::new();
+                        for (j, f) in frames.iter().enumerate() {
+                            let got = self.mem.get(&(grant.device, *f)).copied().unwrap_or(0xDEAD);
+                            assert_eq!(
+                                got,
+                                self.model[&key(&h, page + j as u32)],
+                                "leased bytes of page {} of {h}",
+                                page + j as u32
+                            );
+                            expect.push(got);
+                        }
+                        if write {
+                            // The "kernel" writes every page through the lease.
+                            let t0 = self.token();
+                            for (j, f) in frames.iter().enumerate() {
+                                self.mem.insert((grant.device, *f), t0 * 100 + j as u64);
+                                expect[j] = t0 * 100 + j as u64;
+                            }
+                        }
+                        self.leases.push((grant, h, expect));
+                    }
+                    Err(FabricError::LeasedElsewhere { .. }) | Err(FabricError::OutOfMemory { .. }) => {}
+                    Err(FabricError::InvalidSize(s)) if s.contains("simulated") => {}
+                    Err(e) => panic!("acquire: {e}"),
+                }
+            }
+            Op::Release { lease } => {
+                let Some(i) = pick(lease, self.leases.len()) else { return };
+                let (grant, h, written) = self.leases.remove(i);
+                self.dir.release(grant.id).expect("release");
+                assert!(matches!(self.dir.release(grant.id), Err(FabricError::UnknownLease(_))));
+                if grant.mode == Mode::Write {
+                    for (j, v) in written.iter().enumerate() {
+                        self.model.insert(key(&h, grant.first_page + j as u32), *v);
+                    }
+                }
+            }
+            Op::Migrate { region, device } => {
+                let Some(i) = pick(region, self.regions.len()) else { return };
+                let h = self.regions[i];
+                match self.drive(|d| d.step_migrate(&h, DEVICES[device].0)) {
+                    Ok(()) | Err(FabricError::LeasedElsewhere { .. }) | Err(FabricError::OutOfMemory { .. }) => {}
+                    Err(FabricError::InvalidSize(s)) if s.contains("simulated") => {}
+                    Err(e) => panic!("migrate: {e}"),
+                }
+            }
+            Op::Compact { device, frames } => match self.drive(|d| d.plan_compaction(DEVICES[device].0, frames)) {
+                Ok(()) | Err(FabricError::OutOfMemory { .. }) | Err(FabricError::InvalidSize(_)) => {}
+                Err(e) => panic!("compact: {e}"),
+            },
+        }
+    }
+
+    fn check(&mut self, after: &Op) {
+        if let Err(e) = self.dir.check_invariants() {
+            panic!("after {after:?}: {e}");
+        }
+        // Leased bytes stay put.
+        for (grant, h, expect) in &self.leases {
+            for (j, f) in grant.frames.frames().iter().enumerate() {
+                let got = self.mem.get(&(grant.device, *f)).copied().unwrap_or(0xDEAD);
+                assert_eq!(
+                    got,
+                    expect[j],
+                    "after {after:?}: lease {} on {h} lost page {}",
+                    grant.id,
+                    grant.first_page + j as u32
+                );
+            }
+        }
+        // No page is lost.
+        let write_leased: Vec<(u64, u32)> = self
+            .leases
+            .iter()
+            .filter(|l| l.0.mode == Mode::Write)
+            .flat_map(|l| (0..l.2.len() as u32).map(move |j| (l.1.addr.raw(), l.0.first_page + j)))
+            .collect();
+        for h in self.regions.clone() {
+            for p in 0..(h.len / PAGE) as u32 {
+                if write_leased.contains(&(h.addr.raw(), p)) {
+                    continue;
+                }
+                let v = self.read_page(&h, p).expect("read");
+                assert_eq!(v, self.model[&key(&h, p)], "after {after:?}: page {p} of {h}");
+            }
+        }
+    }
+}
+
+fn sim(fail_every: u64) -> Sim {
+    sim_with(fail_every, 90, 75)
+}
+
+fn sim_with(fail_every: u64, high: u8, low: u8) -> Sim {
+    let cfg = DirectoryConfig {
+        page_size: PageSize::KIB_64,
+        headroom_percent: 0,
+        high_watermark_percent: high,
+        low_watermark_percent: low,
+        ..DirectoryConfig::default()
+    };
+    Sim {
+        dir: Directory::new(cfg, &DEVICES).expect("directory"),
+        mem: HashMap::new(),
+        model: HashMap::new(),
+        regions: Vec::new(),
+        leases: Vec::new(),
+        next_token: 0,
+        stages: 0,
+        fail_every,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9]) {
+        let mut s = sim(fail_every);
+        for op in &ops {
+            s.apply(op);
+            s.check(op);
+        }
+        for (grant, _, _) in std::mem::take(&mut s.leases) {
+            s.dir.release(grant.id).expect("release");
+        }
+        for h in std::mem::take(&mut s.regions) {
+            s.dir.free(&h).expect("free");
+        }
+        let st = s.dir.stats();
+        prop_assert_eq!(st.regions, 0);
+        prop_assert!(st.devices.iter().all(|d| d.used == 0), "every frame back: {:?}", st.devices);
+    }
+}
+
+/// A region larger than a GPU is written whole (pages beyond the GPU spill to host memory), read back, and
+/// acquired piece by piece on the GPU (fetching and evicting as it goes).
+#[test]
+fn oversubscribed_region_round_trips() {
+    let mut s = sim(0);
+    let pages = 30u32;
+    let h = s.dir.alloc(u64::from(pages) * PAGE, Placement::on(Location::Gpu(0))).expect("alloc");
+    for p in 0..pages {
+        s.model.insert(key(&h, p), 0);
+    }
+    s.regions.push(h);
+    let w = Op::Write { region: 0, page: 0, pages: 3 };
+    for start in (0..pages).step_by(3) {
+        s.apply(&Op::Write { region: 0, page: start, pages: 3 });
+        s.check(&w);
+    }
+    for round in 0..2 {
+        for p in 0..pages {
+            let op = Op::Acquire { region: 0, page: p, pages: 2, device: round, write: p % 5 == 0 };
+            s.apply(&op);
+            s.check(&op);
+            s.apply(&Op::Release { lease: 0 });
+            s.check(&op);
+        }
+    }
+    let st = s.dir.stats();
+    assert!(st.devices[0].used <= 8 && st.devices[1].used <= 6, "{st:?}");
+}
+
+/// A lease wants one run of frames: a fragmented device is compacted first, and with a leased frame in every
+/// window the lease gets one pointer per page instead.
+#[test]
+fn leases_get_one_run_through_compaction_or_fall_back_to_pages() {
+    let mut s = sim_with(0, 100, 100);
+    // Fill GPU 0 (8 frames) with 8 one-page regions, then free every other one: 4 free frames, none adjacent.
+    let mut hs = Vec::new();
+    for _ in 0..8 {
+        let h = s.dir.alloc(PAGE, Placement::on(Location::Gpu(0))).expect("alloc");
+        s.model.insert(key(&h, 0), 0);
+        s.regions.push(h);
+        hs.push(h);
+    }
+    for i in 0..8 {
+        s.apply(&Op::Write { region: i, page: 0, pages: 1 });
+    }
+    assert_eq!(s.dir.stats().devices[0].used, 8);
+    for i in [6usize, 4, 2, 0] {
+        s.apply(&Op::Free { region: i });
+    }
+    let st = s.dir.stats();
+    assert_eq!((st.devices[0].used, st.devices[0].largest_free_run), (4, 1), "{st:?}");
+    let big = s.dir.alloc(3 * PAGE, Placement::on(Location::Host)).expect("alloc");
+    for p in 0..3 {
+        s.model.insert(key(&big, p), 0);
+    }
+    s.regions.push(big);
+    let idx = s.regions.len() - 1;
+    s.apply(&Op::Write { region: idx, page: 0, pages: 3 });
+    let acquire = Op::Acquire { region: idx, page: 0, pages: 3, device: 0, write: false };
+    s.apply(&acquire);
+    s.check(&acquire);
+    let (grant, _, _) = s.leases.last().expect("granted");
+    assert!(
+        matches!(grant.frames, vfabric::directory::LeaseFrames::Run { len: 3, .. }),
+        "compacted into a run: {grant:?}"
+    );
+    s.apply(&Op::Release { lease: 0 });
+    // Now pin one frame in every window: lease each of the 4 one-page regions still there... they hold frames
+    // spread over the device; ask for a run longer than any leased-free window.
+    for i in 0..4 {
+        s.apply(&Op::Acquire { region: i, page: 0, pages: 1, device: 0, write: false });
+    }
+    let pinned = s.leases.len();
+    let acquire = Op::Acquire { region: idx, page: 0, pages: 3, device: 0, write: false };
+    s.apply(&acquire);
+    s.check(&acquire);
+    if s.leases.len() > pinned {
+        let (grant, _, _) = s.leases.last().expect("granted");
+        let frames = grant.frames.frames();
+        assert_eq!(frames.len(), 3);
+    }
+}
