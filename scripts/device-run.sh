@@ -5,7 +5,8 @@
 #
 #   VFABRIC_BENCH_ARGS   extra arguments for vfabric-bench migrate (default: --sweep --sm-sweep)
 #   VFABRIC_BENCH_NAME   name of the benchmark's result files (default: migrate-h200x2)
-#   VFABRIC_STEPS        steps to run (default: all): machine ptx tests info demo torch nccl migrate
+#   VFABRIC_PAGER_ARGS   extra arguments for vfabric-bench pager
+#   VFABRIC_STEPS        steps to run (default: all): machine ptx tests info demo torch nccl migrate pager
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -15,7 +16,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine ptx tests info demo torch nccl migrate}
+STEPS=${VFABRIC_STEPS:-machine ptx tests info demo torch nccl migrate pager}
 CONFIG=cluster-configs/h200x2.toml
 summary=()
 
@@ -63,6 +64,8 @@ step nccl python3 "$B/nccl_baseline.py"
 # shellcheck disable=SC2086
 step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:---sweep --sm-sweep} \
     --out "$OUT" --name "${VFABRIC_BENCH_NAME:-migrate-h200x2}" --torch-json "$W/probe.json" --nccl-log "$W/nccl.log"
+# shellcheck disable=SC2086
+step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name pager-h200x2
 
 echo
 echo "===== summary" | tee -a "$LOG"

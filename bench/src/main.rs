@@ -3,6 +3,7 @@
 
 mod baselines;
 mod migrate;
+mod pager;
 mod report;
 mod rig;
 mod stats;
@@ -26,6 +27,9 @@ struct Cli {
 enum Command {
     /// Pages moved GPU->GPU, GPU<->host and both ways at once, per engine, beside a plain copy of the same bytes.
     Migrate(migrate::MigrateArgs),
+    /// A region several times a GPU's budget walked by acquire/release (in order and at random) beside the same
+    /// walk kept resident; resident acquire latency; directory memory per page; compaction of a fragmented arena.
+    Pager(pager::PagerArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +38,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Migrate(args) => migrate::run(args, &command_line).map(|_| ()),
+        Command::Pager(args) => pager::run(args, &command_line),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -57,3 +57,33 @@ fn bad_arguments_are_clear_errors() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("GPU"));
 }
+
+#[test]
+fn pager_on_the_emulated_device_verifies_every_page() {
+    let dir = std::env::temp_dir().join(format!("vfabric-bench-pager-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["pager", "--device", "emulated", "--budget", "16MiB", "--chunks", "1,4", "--latency-samples", "500"])
+        .args(["--compact-arena", "16MiB", "--name", "p", "--out"])
+        .arg(&dir)
+        .output()
+        .expect("run vfabric-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("p.json")).expect("json")).expect("valid json");
+    let walks = json["walks"].as_array().expect("walks");
+    assert_eq!(walks.len(), 8, "2 setups x 2 orders x 2 chunk sizes");
+    for w in walks {
+        assert_eq!(w["bad_pages"], 0, "{w}");
+        assert!(w["pages_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{w}");
+    }
+    let over = walks.iter().find(|w| w["setup"] == "oversubscribed").expect("oversubscribed walk");
+    assert!(over["fetched"].as_u64().unwrap_or(0) > 0, "the oversubscribed walk fetched pages: {over}");
+    let resident = walks.iter().find(|w| w["setup"] == "resident" && w["chunk"] == 1).expect("resident walk");
+    assert_eq!(resident["fetched"], 0, "the resident walk fetched nothing: {resident}");
+    assert!(json["acquire_resident_us"]["p50"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(json["directory_bytes_per_page"].as_f64().unwrap_or(0.0) > 0.0);
+    assert_eq!(json["compaction"]["bad_pages"], 0);
+    assert!(json["compaction"]["largest_free_run_after"].as_u64().unwrap_or(0) >= 4);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

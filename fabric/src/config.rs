@@ -112,6 +112,8 @@ pub struct MemorySection {
     pub high_watermark_percent: u8,
     /// ...and goes on until they are at or under this share.
     pub low_watermark_percent: u8,
+    /// Most bytes read ahead when acquires walk a region in order (`0` turns read-ahead off).
+    pub readahead: ByteSize,
 }
 
 impl Default for MemorySection {
@@ -125,6 +127,7 @@ impl Default for MemorySection {
             fit: Fit::FirstFit,
             high_watermark_percent: 90,
             low_watermark_percent: 75,
+            readahead: ByteSize(64 << 20),
         }
     }
 }

@@ -255,6 +255,7 @@ impl Fabric {
                 fit: config.memory.fit,
                 high_watermark_percent: config.memory.high_watermark_percent,
                 low_watermark_percent: config.memory.low_watermark_percent,
+                readahead_pages: (config.memory.readahead.bytes() / ps).min(u64::from(u32::MAX)) as u32,
             },
             &devices,
         )?;

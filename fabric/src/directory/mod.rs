@@ -48,6 +48,9 @@ pub struct DirectoryConfig {
     pub high_watermark_percent: u8,
     /// ...and goes on until they are at or under this share.
     pub low_watermark_percent: u8,
+    /// Most pages read ahead when a run of acquires walks a region in order (0: no read-ahead). The window
+    /// doubles with each acquire that continues the walk, from the request's own size up to this.
+    pub readahead_pages: u32,
 }
 
 impl Default for DirectoryConfig {
@@ -59,6 +62,7 @@ impl Default for DirectoryConfig {
             fit: Fit::FirstFit,
             high_watermark_percent: 90,
             low_watermark_percent: 75,
+            readahead_pages: 32,
         }
     }
 }
@@ -90,6 +94,9 @@ pub struct RegionEntry {
     pub home: DevIdx,
     /// One entry per page.
     pub pages: Vec<PageEntry>,
+    /// The walk the last acquires made: device, the page after the last one acquired, and how many acquires in
+    /// a row continued it.
+    stream: Option<(DevIdx, u32, u32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -116,12 +123,14 @@ pub struct AcquireRequest {
     pub mode: Mode,
     /// Still trying for one run of frames (cleared when compaction cannot make one).
     contiguous: bool,
+    /// Pages to read ahead with the request's fetch (decided at its first step; 0 once planned).
+    readahead: Option<u32>,
 }
 
 impl AcquireRequest {
     /// A request for `len` bytes at `offset` of `region` on `device`.
     pub fn new(region: RegionHandle, offset: u64, len: u64, device: Location, mode: Mode) -> Self {
-        AcquireRequest { region, offset, len, device, mode, contiguous: true }
+        AcquireRequest { region, offset, len, device, mode, contiguous: true, readahead: None }
     }
 }
 
@@ -305,8 +314,13 @@ impl Directory {
         self.generations[slot as usize] += 1;
         let handle =
             RegionHandle { slot, generation: self.generations[slot as usize], addr, len: pages * ps, page_size: ps };
-        self.regions[slot as usize] =
-            Some(RegionEntry { handle, placement, home, pages: vec![PageEntry::default(); pages as usize] });
+        self.regions[slot as usize] = Some(RegionEntry {
+            handle,
+            placement,
+            home,
+            pages: vec![PageEntry::default(); pages as usize],
+            stream: None,
+        });
         Ok(handle)
     }
 
@@ -628,6 +642,16 @@ impl Directory {
                 available: u64::from(total),
             });
         }
+        if req.readahead.is_none() {
+            let r = self.region(&req.region)?;
+            let window = match r.stream {
+                Some((d, next, streak)) if d == dev && next == first && self.cfg.readahead_pages > 0 => {
+                    n.saturating_mul(1 << streak.min(5)).min(self.cfg.readahead_pages)
+                }
+                _ => 0,
+            };
+            req.readahead = Some(window);
+        }
         let pages: Vec<PageRef> = (first..first + n).map(|page| PageRef { slot, page }).collect();
         let cur: Vec<Option<u32>> = pages.iter().map(|&p| self.page(p).copy_on(dev).map(|c| c.frame)).collect();
         let in_request = |p: PageRef| p.slot == slot && p.page >= first && p.page < first + n;
@@ -643,7 +667,7 @@ impl Directory {
         let tenant = self.tenant_of(slot);
         if req.contiguous {
             // Every page goes into one run, those already here included.
-            let evict = self.eviction_need(dev, n);
+            let evict = self.eviction_need(dev, n + req.readahead.unwrap_or(0));
             if evict > 0 {
                 let stage = self.plan_evict(dev, evict, &in_request)?;
                 if !stage.updates.is_empty() {
@@ -680,12 +704,14 @@ impl Directory {
             };
             self.take_run(dev, start, n, tenant)?;
             let targets: Vec<u32> = (start..start + n).collect();
-            return Ok(Step::Stage(self.plan_fetch(dev, &pages, &targets, &cur)));
+            let mut stage = self.plan_fetch(dev, &pages, &targets, &cur);
+            self.plan_readahead(&mut stage, req, dev, first + n, tenant);
+            return Ok(Step::Stage(stage));
         }
         // Page by page: only the pages not here yet need frames.
         let missing: Vec<usize> = (0..pages.len()).filter(|&i| cur[i].is_none()).collect();
         let need = missing.len() as u32;
-        let evict = self.eviction_need(dev, need);
+        let evict = self.eviction_need(dev, need + req.readahead.unwrap_or(0));
         if evict > 0 {
             let stage = self.plan_evict(dev, evict, &in_request)?;
             if !stage.updates.is_empty() {
@@ -702,7 +728,9 @@ impl Directory {
         let frames = self.take(dev, need, tenant, AllocClass::Normal)?;
         let sub: Vec<PageRef> = missing.iter().map(|&i| pages[i]).collect();
         let none = vec![None; sub.len()];
-        Ok(Step::Stage(self.plan_fetch(dev, &sub, &frames, &none)))
+        let mut stage = self.plan_fetch(dev, &sub, &frames, &none);
+        self.plan_readahead(&mut stage, req, dev, first + n, tenant);
+        Ok(Step::Stage(stage))
     }
 
     /// Copies `pages` into `targets` (already taken) on `dev`: from their copy on `dev` when they have one
@@ -729,6 +757,41 @@ impl Directory {
         stage
     }
 
+    /// Adds to a fetch stage the pages after the request that a walk in order will want next: those with a
+    /// copy somewhere but none on `dev`, as many as free frames allow (read-ahead never evicts on its own).
+    fn plan_readahead(
+        &mut self,
+        stage: &mut Stage,
+        req: &mut AcquireRequest,
+        dev: DevIdx,
+        from: u32,
+        tenant: TenantId,
+    ) {
+        let window = req.readahead.replace(0).unwrap_or(0);
+        let slot = req.region.slot;
+        let total = self.regions[slot as usize].as_ref().map_or(0, |r| r.pages.len() as u32);
+        let to = self.loc(dev);
+        for page in from..from.saturating_add(window).min(total) {
+            let p = PageRef { slot, page };
+            let e = self.page(p);
+            if e.write_leased || e.copy_on(dev).is_some() {
+                continue;
+            }
+            let Some(src) = e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next())
+            else {
+                continue;
+            };
+            if self.available(dev) == 0 {
+                break;
+            }
+            let Ok(f) = self.take(dev, 1, tenant, AllocClass::Normal) else { break };
+            let new = Copy { dev, frame: f[0] };
+            stage.taken.push(new);
+            stage.copy(self.loc(src.dev), to, src.frame, new.frame);
+            stage.updates.push(Update::Add { page: p, copy: new });
+        }
+    }
+
     fn grant(&mut self, req: &AcquireRequest, dev: DevIdx, first: u32, frames: Vec<u32>, in_run: bool) -> LeaseGrant {
         let slot = req.region.slot;
         for (i, &f) in frames.iter().enumerate() {
@@ -746,6 +809,14 @@ impl Directory {
                 self.page_mut(page).read_leases += 1;
             }
             self.pin(here);
+        }
+        let n = frames.len() as u32;
+        if let Some(r) = self.regions[slot as usize].as_mut() {
+            let streak = match r.stream {
+                Some((d, next, streak)) if d == dev && next == first => streak + 1,
+                _ => 0,
+            };
+            r.stream = Some((dev, first + n, streak));
         }
         let id = self.next_lease;
         self.next_lease += 1;

@@ -1,0 +1,262 @@
+//! The fabric conformance suite: what the embedded fabric must do on any device layer, byte for byte. Run on the
+//! emulated device in CI (`tests/emulated_fabric.rs`) and on GPUs (`tests/gpu.rs`).
+//!
+//! Each check takes a cluster configuration (its device backend and budgets decide where it runs) and panics
+//! with a message that names the case when the fabric misbehaves.
+
+use vfabric::{ClusterConfig, Fabric, FabricError, Lease, LeasePtr, Mode, Placement, Region};
+use vfabric_allocator::{TenantId, Tier};
+use vfabric_transport::{ArenaSpec, EngineChoice, Location, PageBatch};
+
+use crate::pattern;
+
+fn fabric(cfg: &ClusterConfig) -> Fabric {
+    Fabric::embedded(cfg).unwrap_or_else(|e| panic!("starting the fabric: {e}"))
+}
+
+fn gpus(f: &Fabric) -> Vec<Location> {
+    f.devices().into_iter().filter(|l| *l != Location::Host).collect()
+}
+
+fn frames_of(f: &Fabric, loc: Location) -> u64 {
+    f.stats().directory.devices.iter().find(|d| d.location == loc).map_or(0, |d| u64::from(d.frames))
+}
+
+fn write_pattern(f: &Fabric, r: &Region, seed: u64) {
+    let chunk = 8u64 << 20;
+    let mut off = 0;
+    while off < r.len {
+        let n = chunk.min(r.len - off);
+        f.write(r, off, &pattern::bytes(seed, off, n as usize)).expect("write");
+        off += n;
+    }
+}
+
+fn check_region(f: &Fabric, r: &Region, seed: u64, what: &str) {
+    let mut buf = vec![0u8; r.len as usize];
+    f.read(r, 0, &mut buf).expect("read");
+    if let Some(at) = pattern::first_mismatch(seed, 0, &buf) {
+        panic!("{what}: byte {at} of the region differs");
+    }
+}
+
+/// Reads the device copies under a lease, through its pointers: a device-to-host copy from each pointer.
+fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
+    let arena = f.arena(lease.device()).expect("arena");
+    let ps = f.page_size();
+    let ptrs: Vec<u64> = match lease.ptr() {
+        LeasePtr::Contiguous { ptr, len } => (0..len / ps).map(|i| ptr + i * ps).collect(),
+        LeasePtr::Pages(v) => v.clone(),
+    };
+    let mut out = vec![0u8; ptrs.len() * ps as usize];
+    for (i, p) in ptrs.iter().enumerate() {
+        let off = p - arena.device_ptr();
+        arena.read(off, &mut out[i * ps as usize..(i + 1) * ps as usize]).expect("read through the lease");
+    }
+    out
+}
+
+/// A region larger than a GPU is written (the GPU fills up and pages go to host memory), read back, acquired
+/// piece by piece on every GPU (evicted pages come back, others leave), and every byte is right, both through
+/// host reads and in the device copies the leases point to.
+pub fn eviction_and_fetch_keep_every_byte(cfg: &ClusterConfig) {
+    let f = fabric(cfg);
+    let g = gpus(&f);
+    let ps = f.page_size();
+    let pages = frames_of(&f, g[0]) * 3 / 2;
+    let r = f.alloc(pages * ps, Placement::on(g[0])).expect("alloc");
+    write_pattern(&f, &r, 41);
+    let t = f.traffic();
+    assert!(t.evicted > 0, "writing more than the GPU holds evicted pages: {t:?}");
+    check_region(&f, &r, 41, "after the write");
+    let step = (frames_of(&f, g[0]) / 3).max(1) * ps;
+    for &dev in &g {
+        let mut off = 0;
+        while off < r.len {
+            let end = (off + step).min(r.len);
+            let lease = f.acquire(&r, off..end, dev, Mode::Read).expect("acquire");
+            assert!(matches!(lease.ptr(), LeasePtr::Contiguous { .. }), "one run on an unfragmented device");
+            let got = read_through_lease(&f, &lease);
+            assert_eq!(pattern::first_mismatch(41, off, &got), None, "{dev}: leased pages at {off:#x}");
+            f.release(lease).expect("release");
+            off = end;
+        }
+    }
+    let t2 = f.traffic().since(&t);
+    assert!(t2.fetched > 0, "acquiring evicted pages fetched them: {t2:?}");
+    check_region(&f, &r, 41, "after the acquires");
+    f.free(&r).expect("free");
+}
+
+/// A fragmented GPU is compacted so a lease gets one run of frames, and the pages compaction moved keep their
+/// bytes; when a leased frame sits in every window the lease gets one pointer per page instead, and those
+/// pointers hold the right bytes too.
+pub fn compaction_and_page_lists(cfg: &ClusterConfig) {
+    let f = fabric(cfg);
+    let g0 = gpus(&f)[0];
+    let ps = f.page_size();
+    let frames = frames_of(&f, g0);
+    // Fill most of the GPU with one-page regions, then free every other one.
+    let count = frames / 2;
+    let mut small = Vec::new();
+    for i in 0..count {
+        let r = f.alloc(ps, Placement::on(g0)).expect("alloc");
+        f.write(&r, 0, &pattern::bytes(100 + i, 0, ps as usize)).expect("write");
+        small.push((r, 100 + i));
+    }
+    let mut kept = Vec::new();
+    for (i, (r, seed)) in small.into_iter().enumerate() {
+        if i % 2 == 0 {
+            f.free(&r).expect("free");
+        } else {
+            kept.push((r, seed));
+        }
+    }
+    let before = f.stats().directory.devices[0].largest_free_run;
+    let need = (before + 2) as u64;
+    let big = f.alloc(need * ps, Placement::on(Location::Host)).expect("alloc");
+    write_pattern(&f, &big, 7);
+    let lease = f.acquire(&big, 0..need * ps, g0, Mode::Read).expect("acquire");
+    assert!(matches!(lease.ptr(), LeasePtr::Contiguous { .. }), "compaction made one run: {:?}", lease.ptr());
+    assert!(f.traffic().compacted > 0, "a compaction ran");
+    assert_eq!(pattern::first_mismatch(7, 0, &read_through_lease(&f, &lease)), None, "the leased run");
+    f.release(lease).expect("release");
+    for (r, seed) in &kept {
+        check_region(&f, r, *seed, "a page compaction moved");
+    }
+    // Pin one page in every window of `need` frames (lease every kept region), then ask again.
+    let pins: Vec<Lease> = kept.iter().map(|(r, _)| f.acquire(r, 0..ps, g0, Mode::Read).expect("pin")).collect();
+    match f.acquire(&big, 0..need * ps, g0, Mode::Read) {
+        Ok(lease) => {
+            assert_eq!(pattern::first_mismatch(7, 0, &read_through_lease(&f, &lease)), None, "page list lease");
+            f.release(lease).expect("release");
+        }
+        Err(FabricError::OutOfMemory { .. }) => {}
+        Err(e) => panic!("acquire with pinned frames: {e}"),
+    }
+    for (p, (_, seed)) in pins.into_iter().zip(&kept) {
+        assert_eq!(pattern::first_mismatch(*seed, 0, &read_through_lease(&f, &p)), None, "pinned page kept its bytes");
+        f.release(p).expect("release");
+    }
+}
+
+/// A device memset and a device copy through a lease's pointer act on the region's bytes: a write lease's
+/// changes are the region's after release; a read lease's pages can be copied on the device and hold the data.
+pub fn kernels_through_lease_pointers(cfg: &ClusterConfig) {
+    let f = fabric(cfg);
+    let g = gpus(&f);
+    let dev = *g.last().expect("a GPU");
+    let ps = f.page_size();
+    let r = f.alloc(8 * ps, Placement::on(g[0])).expect("alloc");
+    write_pattern(&f, &r, 9);
+    // Read lease on `dev`: copy its pages with the device's mover into a scratch arena, check them.
+    let lease = f.acquire(&r, 0..8 * ps, dev, Mode::Read).expect("acquire");
+    let arena = f.arena(dev).expect("arena");
+    let scratch = f.layer().create_arena(&ArenaSpec::new(dev, 8 * ps)).expect("scratch");
+    let batch = PageBatch::from_moves(
+        ps,
+        lease
+            .frames()
+            .iter()
+            .enumerate()
+            .map(|(i, &fr)| vfabric_transport::PageMove { src: fr, dst: i as u32 })
+            .collect(),
+    );
+    f.mover().submit(&arena, &scratch, &batch, EngineChoice::SmKernel).expect("submit").wait().expect("copy");
+    let mut got = vec![0u8; (8 * ps) as usize];
+    scratch.read(0, &mut got).expect("read scratch");
+    assert_eq!(pattern::first_mismatch(9, 0, &got), None, "a device copy from the lease's pages");
+    f.release(lease).expect("release");
+    // Write lease: memset pages 2..4 through the pointer, release, read back through the fabric.
+    let lease = f.acquire(&r, 2 * ps..4 * ps, dev, Mode::Write).expect("acquire write");
+    let base = match lease.ptr() {
+        LeasePtr::Contiguous { ptr, .. } => *ptr,
+        LeasePtr::Pages(v) => v[0],
+    };
+    let arena = f.arena(dev).expect("arena");
+    arena.fill(base - arena.device_ptr(), ps, 0x5A).expect("memset page 2 through the lease");
+    f.release(lease).expect("release");
+    let mut page = vec![0u8; ps as usize];
+    f.read(&r, 2 * ps, &mut page).expect("read");
+    assert!(page.iter().all(|&b| b == 0x5A), "the memset through the lease is the region's bytes now");
+    f.read(&r, 3 * ps, &mut page).expect("read");
+    assert_eq!(pattern::first_mismatch(9, 3 * ps, &page), None, "page 3 was leased but not written");
+    f.read(&r, 0, &mut page).expect("read");
+    assert_eq!(pattern::first_mismatch(9, 0, &page), None, "page 0 untouched");
+}
+
+/// Replicas are invalidated by writes: pages read on two GPUs (replicated), then written from the host or
+/// through a write lease, read back new everywhere.
+pub fn replicas_are_invalidated_on_write(cfg: &ClusterConfig) {
+    let f = fabric(cfg);
+    let g = gpus(&f);
+    let ps = f.page_size();
+    let r = f.alloc(4 * ps, Placement::on(g[0])).expect("alloc");
+    write_pattern(&f, &r, 1);
+    for &d in &g {
+        let l = f.acquire(&r, 0..4 * ps, d, Mode::Read).expect("replicate");
+        f.release(l).expect("release");
+    }
+    let held: Vec<Lease> = g.iter().map(|&d| f.acquire(&r, 0..ps, d, Mode::Read).expect("read lease")).collect();
+    let err = f.acquire(&r, 0..ps, g[0], Mode::Write).expect_err("write while read-leased");
+    assert!(matches!(err, FabricError::LeasedElsewhere { .. }), "{err}");
+    let err = f.write(&r, 0, &[1, 2, 3]).expect_err("host write while read-leased");
+    assert!(matches!(err, FabricError::LeasedElsewhere { .. }), "{err}");
+    drop(held); // dropping releases
+    f.write(&r, 0, &pattern::bytes(2, 0, ps as usize)).expect("write page 0");
+    for &d in &g {
+        let l = f.acquire(&r, 0..2 * ps, d, Mode::Read).expect("read again");
+        let got = read_through_lease(&f, &l);
+        assert_eq!(pattern::first_mismatch(2, 0, &got[..ps as usize]), None, "{d}: page 0 has the new bytes");
+        assert_eq!(pattern::first_mismatch(1, ps, &got[ps as usize..]), None, "{d}: page 1 the old ones");
+        f.release(l).expect("release");
+    }
+    // A write lease on the last GPU drops every other copy; the others fetch the new version.
+    let last = *g.last().expect("gpu");
+    let w = f.acquire(&r, ps..2 * ps, last, Mode::Write).expect("write lease");
+    let arena = f.arena(last).expect("arena");
+    arena.write(u64::from(w.frames()[0]) * ps, &pattern::bytes(3, 0, ps as usize)).expect("write through lease");
+    let err = f.acquire(&r, ps..2 * ps, g[0], Mode::Read).expect_err("read while write-leased");
+    assert!(matches!(err, FabricError::LeasedElsewhere { .. }), "{err}");
+    f.release(w).expect("release");
+    let l = f.acquire(&r, ps..2 * ps, g[0], Mode::Read).expect("read new version");
+    assert_eq!(pattern::first_mismatch(3, 0, &read_through_lease(&f, &l)), None, "new version on another GPU");
+    f.release(l).expect("release");
+}
+
+/// Every error case of the API is a typed error, and a failed call leaves other regions as they were.
+pub fn errors_are_typed_and_harmless(cfg: &ClusterConfig) {
+    let f = fabric(cfg);
+    let g0 = gpus(&f)[0];
+    let ps = f.page_size();
+    let keep = f.alloc(2 * ps, Placement::on(g0)).expect("alloc");
+    write_pattern(&f, &keep, 5);
+    let r = f.alloc(2 * ps, Placement::on(g0)).expect("alloc");
+    assert!(matches!(f.alloc(0, Placement::default()), Err(FabricError::InvalidSize(_))));
+    assert!(matches!(f.alloc(ps, Placement::on(Location::Gpu(99))), Err(FabricError::DeviceUnavailable(_))));
+    assert!(matches!(f.write(&r, 2 * ps - 1, &[0, 0]), Err(FabricError::OutOfBounds { .. })));
+    assert!(matches!(f.read(&r, 3 * ps, &mut [0]), Err(FabricError::OutOfBounds { .. })));
+    assert!(matches!(f.acquire(&r, 0..3 * ps, g0, Mode::Read), Err(FabricError::OutOfBounds { .. })));
+    assert!(matches!(f.acquire(&r, ps..0, g0, Mode::Read), Err(FabricError::OutOfBounds { .. })));
+    assert!(matches!(f.acquire(&r, 0..ps, Location::Gpu(99), Mode::Read), Err(FabricError::DeviceUnavailable(_))));
+    let whole = frames_of(&f, g0) + 1;
+    let huge = f.alloc(whole * ps, Placement::on(Location::Host)).expect("alloc");
+    assert!(matches!(f.acquire(&huge, 0..whole * ps, g0, Mode::Read), Err(FabricError::OutOfMemory { .. })));
+    f.free(&huge).expect("free");
+    let w = f.acquire(&r, 0..ps, g0, Mode::Write).expect("write lease");
+    assert!(matches!(f.free(&r), Err(FabricError::LeasedElsewhere { .. })), "free while leased");
+    assert!(matches!(f.migrate(&r, Location::Host), Err(FabricError::LeasedElsewhere { .. })));
+    f.release(w).expect("release");
+    f.free(&r).expect("free");
+    assert!(matches!(f.free(&r), Err(FabricError::DoubleFree(_))));
+    assert!(matches!(f.write(&r, 0, &[1]), Err(FabricError::UseAfterFree(_))));
+    assert!(matches!(f.acquire(&r, 0..ps, g0, Mode::Read), Err(FabricError::UseAfterFree(_))));
+    // Quotas: tenant 7 may hold one page of GPU memory.
+    f.set_quota(TenantId(7), Tier::Gpu, Some(ps));
+    let q =
+        f.alloc(2 * ps, Placement { device: Some(g0), tenant: TenantId(7), ..Placement::default() }).expect("alloc");
+    let err = f.acquire(&q, 0..2 * ps, g0, Mode::Read).expect_err("over quota");
+    assert!(matches!(err, FabricError::QuotaExceeded { .. }), "{err}");
+    f.acquire(&q, 0..ps, g0, Mode::Read).map(|l| f.release(l)).expect("within quota").expect("release");
+    check_region(&f, &keep, 5, "a region untouched by the failed calls");
+}
