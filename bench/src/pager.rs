@@ -74,6 +74,8 @@ pub struct WalkRow {
     pub fetched: u64,
     /// Bytes evicted (copied to host; clean pages are dropped without a copy).
     pub evicted: u64,
+    /// Bytes moved within the GPU to gather pages into a lease's run of frames.
+    pub gathered: u64,
     /// Share of the walk spent in acquire (waiting for fetches and evictions).
     pub acquire_share: f64,
     /// Pages whose device copy differed from the region's bytes.
@@ -200,6 +202,7 @@ fn walk(
         fetch_gb_s: t.fetched as f64 / walk_time / 1e9,
         fetched: t.fetched,
         evicted: t.evicted,
+        gathered: t.compacted,
         acquire_share: acquire_time / walk_time,
         bad_pages: bad,
     })
@@ -357,12 +360,12 @@ pub fn run(args: &PagerArgs, command_line: &str) -> Result<(), String> {
         );
     }
     let _ = writeln!(md, "\n## Walks\n");
-    let _ = writeln!(md, "| setup | order | pages/step | pages/s | walk GB/s | fetched GB/s | share in acquire | fetched | evicted (copied) | bad pages |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "| setup | order | pages/step | pages/s | walk GB/s | fetched GB/s | share in acquire | fetched | evicted (copied) | gathered on GPU | bad pages |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
     for w in &rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.0}% | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.0}% | {} | {} | {} | {} |",
             w.setup,
             w.order,
             w.chunk,
@@ -372,6 +375,7 @@ pub fn run(args: &PagerArgs, command_line: &str) -> Result<(), String> {
             w.acquire_share * 100.0,
             ByteSize(w.fetched),
             ByteSize(w.evicted),
+            ByteSize(w.gathered),
             w.bad_pages
         );
     }

@@ -77,6 +77,10 @@ fn pager_on_the_emulated_device_verifies_every_page() {
         assert_eq!(w["bad_pages"], 0, "{w}");
         assert!(w["pages_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{w}");
     }
+    let md = std::fs::read_to_string(dir.join("p.md")).expect("markdown");
+    let header = md.lines().find(|l| l.starts_with("| setup")).expect("walk table");
+    let row = md.lines().find(|l| l.starts_with("| oversubscribed")).expect("walk row");
+    assert_eq!(header.matches('|').count(), row.matches('|').count(), "table columns line up:\n{header}\n{row}");
     let over = walks.iter().find(|w| w["setup"] == "oversubscribed").expect("oversubscribed walk");
     assert!(over["fetched"].as_u64().unwrap_or(0) > 0, "the oversubscribed walk fetched pages: {over}");
     let resident = walks.iter().find(|w| w["setup"] == "resident" && w["chunk"] == 1).expect("resident walk");

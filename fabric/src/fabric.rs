@@ -35,7 +35,7 @@ pub struct Traffic {
     pub fetched: u64,
     /// Pages sent to host memory to make room.
     pub evicted: u64,
-    /// Pages moved within a device to make a run of frames.
+    /// Pages moved within a device to make a run of frames (compaction, or pages gathered into a lease's run).
     pub compacted: u64,
     /// Pages moved by migrations.
     pub migrated: u64,
@@ -470,11 +470,6 @@ impl Fabric {
             let (src, dst) = (self.arena_at(dir, b.from)?, self.arena_at(dir, b.to)?);
             pending.push(self.inner.mover.submit(src, dst, &batch, EngineChoice::Auto)?);
         }
-        let mut bytes = 0;
-        for p in pending {
-            bytes += p.wait()?.bytes;
-        }
-        bytes += stage.zero.len() as u64 * ps;
         let c = &self.inner.counters;
         let counter = match stage.kind {
             StageKind::Evict => &c.evicted,
@@ -482,7 +477,13 @@ impl Fabric {
             StageKind::Fetch => &c.fetched,
             StageKind::Migrate => &c.migrated,
         };
-        counter.fetch_add(bytes, Ordering::Relaxed);
+        for (p, b) in pending.into_iter().zip(&stage.batches) {
+            let bytes = p.wait()?.bytes;
+            // Pages moved within one device (into a run of frames) count as compaction, whatever the stage.
+            let which = if b.from == b.to { &c.compacted } else { counter };
+            which.fetch_add(bytes, Ordering::Relaxed);
+        }
+        counter.fetch_add(stage.zero.len() as u64 * ps, Ordering::Relaxed);
         c.stages.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -758,7 +758,9 @@ impl Directory {
     }
 
     /// Adds to a fetch stage the pages after the request that a walk in order will want next: those with a
-    /// copy somewhere but none on `dev`, as many as free frames allow (read-ahead never evicts on its own).
+    /// copy somewhere but none on `dev`, as many as free frames allow (read-ahead never evicts on its own). The
+    /// frames are taken in one allocation, so they form one run in page order when the device has one, and the
+    /// acquire that reaches them finds them where a lease wants them.
     fn plan_readahead(
         &mut self,
         stage: &mut Stage,
@@ -770,24 +772,29 @@ impl Directory {
         let window = req.readahead.replace(0).unwrap_or(0);
         let slot = req.region.slot;
         let total = self.regions[slot as usize].as_ref().map_or(0, |r| r.pages.len() as u32);
-        let to = self.loc(dev);
+        let mut wanted: Vec<(PageRef, Copy)> = Vec::new();
         for page in from..from.saturating_add(window).min(total) {
             let p = PageRef { slot, page };
             let e = self.page(p);
             if e.write_leased || e.copy_on(dev).is_some() {
-                continue;
-            }
-            let Some(src) = e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next())
-            else {
-                continue;
-            };
-            if self.available(dev) == 0 {
                 break;
             }
-            let Ok(f) = self.take(dev, 1, tenant, AllocClass::Normal) else { break };
-            let new = Copy { dev, frame: f[0] };
+            let src = e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next());
+            match src {
+                Some(c) => wanted.push((p, c)),
+                None => break,
+            }
+        }
+        let count = (wanted.len() as u32).min(self.available(dev));
+        if count == 0 {
+            return;
+        }
+        let Ok(frames) = self.take(dev, count, tenant, AllocClass::Normal) else { return };
+        let to = self.loc(dev);
+        for (&(p, src), &f) in wanted.iter().zip(&frames) {
+            let new = Copy { dev, frame: f };
             stage.taken.push(new);
-            stage.copy(self.loc(src.dev), to, src.frame, new.frame);
+            stage.copy(self.loc(src.dev), to, src.frame, f);
             stage.updates.push(Update::Add { page: p, copy: new });
         }
     }
@@ -849,8 +856,8 @@ impl Directory {
 
     // ---------------------------------------------------------------- host reads and writes
 
-    /// One step of a write of `len` bytes at `offset` from a host buffer: pages never written get a frame on
-    /// the region's device (zero-filled where the write covers them only in part), evicting to make room or
+    /// One step of a write of `len` bytes at `offset` from a host buffer: pages never written get a zero-filled
+    /// frame on the region's device, evicting to make room or
     /// falling back to host memory; then every page's other copies are dropped, its version bumped, and the
     /// targets returned for the caller to write.
     pub fn step_write(
@@ -896,11 +903,9 @@ impl Directory {
             for (&page_idx, &f) in unbacked.iter().zip(&frames) {
                 let copy = Copy { dev, frame: f };
                 stage.taken.push(copy);
-                let start = u64::from(page_idx) * ps;
-                let covered = offset <= start && offset + len >= start + ps;
-                if !covered {
-                    stage.zero.push((loc, f));
-                }
+                // Zero-filled even where the write will cover the page: this stage commits before the write
+                // runs, and a write that fails later must leave the page reading as zeros, as before it.
+                stage.zero.push((loc, f));
                 stage.updates.push(Update::Add { page: PageRef { slot, page: page_idx }, copy });
             }
             return Ok(Step::Stage(stage));
