@@ -2,6 +2,7 @@
 //! invocation and reported as a ratio to it.
 
 mod baselines;
+mod common;
 mod migrate;
 mod pager;
 mod report;

@@ -9,10 +9,11 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::json;
-use vfabric::{ByteSize, ClusterConfig};
-use vfabric_transport::{open, Backend, DeviceKind, EngineChoice, KernelSide, Location, MoverConfig, OpenOptions};
+use vfabric::ByteSize;
+use vfabric_transport::{open, DeviceKind, EngineChoice, KernelSide, Location, MoverConfig, OpenOptions};
 
 use crate::baselines::External;
+use crate::common::ConfigArgs;
 use crate::report;
 use crate::rig::{Direction, Layout, Rig};
 use crate::stats::Summary;
@@ -20,12 +21,9 @@ use crate::stats::Summary;
 /// Options of `vfabric-bench migrate`.
 #[derive(Args, Debug, Clone)]
 pub struct MigrateArgs {
-    /// Cluster configuration (default: the embedded cluster-configs/local.toml).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Device layer: auto, cuda or emulated (default: the configuration's).
-    #[arg(long)]
-    pub device: Option<String>,
+    /// The configuration and device layer.
+    #[command(flatten)]
+    pub target: ConfigArgs,
     /// Bytes per direction in the main cases (default: 1GiB on GPUs, 64MiB on the emulated device).
     #[arg(long)]
     pub size: Option<ByteSize>,
@@ -133,15 +131,7 @@ fn side_name(s: KernelSide) -> &'static str {
 
 /// Runs the benchmark and writes its results; returns the rows.
 pub fn run(args: &MigrateArgs, command_line: &str) -> Result<Vec<Row>, String> {
-    let mut cfg = ClusterConfig::load(args.config.as_deref()).map_err(|e| e.to_string())?;
-    if let Some(d) = &args.device {
-        cfg.device.backend = match d.as_str() {
-            "auto" => Backend::Auto,
-            "cuda" => Backend::Cuda,
-            "emulated" => Backend::Emulated,
-            other => return Err(format!("--device {other}: use auto, cuda or emulated")),
-        };
-    }
+    let cfg = args.target.load()?;
     if args.iters == 0 {
         return Err("--iters must be at least 1".into());
     }

@@ -17,17 +17,15 @@ use vfabric::{ByteSize, ClusterConfig, Fabric, Mode, Placement};
 use vfabric_transport::{Arena, ArenaSpec, Backend, DeviceKind, EngineChoice, Location, PageBatch, PageMove};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::common::ConfigArgs;
 use crate::report;
 
 /// Options of `vfabric-bench pager`.
 #[derive(Args, Debug, Clone)]
 pub struct PagerArgs {
-    /// Cluster configuration (default: the embedded cluster-configs/local.toml).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Device layer: auto, cuda or emulated (default: the configuration's).
-    #[arg(long)]
-    pub device: Option<String>,
+    /// The configuration and device layer.
+    #[command(flatten)]
+    pub target: ConfigArgs,
     /// GPU budget of the oversubscribed walk (default: 4GiB on GPUs, 128MiB on the emulated device).
     #[arg(long)]
     pub budget: Option<ByteSize>,
@@ -80,19 +78,6 @@ pub struct WalkRow {
     pub acquire_share: f64,
     /// Pages whose device copy differed from the region's bytes.
     pub bad_pages: u64,
-}
-
-fn cfg_for(args: &PagerArgs) -> Result<ClusterConfig, String> {
-    let mut cfg = ClusterConfig::load(args.config.as_deref()).map_err(|e| e.to_string())?;
-    if let Some(d) = &args.device {
-        cfg.device.backend = match d.as_str() {
-            "auto" => Backend::Auto,
-            "cuda" => Backend::Cuda,
-            "emulated" => Backend::Emulated,
-            other => return Err(format!("--device {other}: use auto, cuda or emulated")),
-        };
-    }
-    Ok(cfg)
 }
 
 fn progress(len: u64, msg: String) -> ProgressBar {
@@ -210,7 +195,7 @@ fn walk(
 
 /// Runs the benchmark and writes its results.
 pub fn run(args: &PagerArgs, command_line: &str) -> Result<(), String> {
-    let base = cfg_for(args)?;
+    let base = args.target.load()?;
     // One small fabric to see what the device layer is.
     let probe = fabric(&base, 4 << 20, 8 << 20)?;
     let emulated = probe.layer().kind() == DeviceKind::Emulated;

@@ -27,7 +27,7 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
         /// Device layer, overriding the configuration: auto, cuda or emulated.
-        #[arg(long, value_parser = parse_backend)]
+        #[arg(long)]
         device: Option<Backend>,
     },
     /// Show the devices of this node and the arenas the configuration would create on them.
@@ -36,7 +36,7 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
         /// Device layer, overriding the configuration: auto, cuda or emulated.
-        #[arg(long, value_parser = parse_backend)]
+        #[arg(long)]
         device: Option<Backend>,
     },
     /// Check a cluster configuration file and print it with every default filled in.
@@ -44,15 +44,6 @@ enum Command {
         /// The file.
         path: PathBuf,
     },
-}
-
-fn parse_backend(s: &str) -> Result<Backend, String> {
-    match s {
-        "auto" => Ok(Backend::Auto),
-        "cuda" => Ok(Backend::Cuda),
-        "emulated" => Ok(Backend::Emulated),
-        _ => Err(format!("`{s}`: use auto, cuda or emulated")),
-    }
 }
 
 fn load(config: Option<PathBuf>, device: Option<Backend>) -> Result<ClusterConfig, String> {

@@ -92,7 +92,12 @@ pub fn eviction_and_fetch_keep_every_byte(cfg: &ClusterConfig) {
 /// bytes; when a leased frame sits in every window the lease gets one pointer per page instead, and those
 /// pointers hold the right bytes too.
 pub fn compaction_and_page_lists(cfg: &ClusterConfig) {
-    let f = fabric(cfg);
+    // No watermark eviction and no headroom, so the fragmentation the test makes stays as made.
+    let mut cfg = cfg.clone();
+    cfg.memory.high_watermark_percent = 100;
+    cfg.memory.low_watermark_percent = 100;
+    cfg.memory.headroom_percent = 0;
+    let f = fabric(&cfg);
     let g0 = gpus(&f)[0];
     let ps = f.page_size();
     let frames = frames_of(&f, g0);
@@ -259,4 +264,35 @@ pub fn errors_are_typed_and_harmless(cfg: &ClusterConfig) {
     assert!(matches!(err, FabricError::QuotaExceeded { .. }), "{err}");
     f.acquire(&q, 0..ps, g0, Mode::Read).map(|l| f.release(l)).expect("within quota").expect("release");
     check_region(&f, &keep, 5, "a region untouched by the failed calls");
+}
+
+/// Declares one `#[test]` per check of the suite, each on the configuration `$config` returns.
+#[macro_export]
+macro_rules! fabric_suite_tests {
+    ($config:expr) => {
+        #[test]
+        fn eviction_and_fetch_keep_every_byte() {
+            $crate::fabric_suite::eviction_and_fetch_keep_every_byte(&$config);
+        }
+
+        #[test]
+        fn compaction_and_page_lists() {
+            $crate::fabric_suite::compaction_and_page_lists(&$config);
+        }
+
+        #[test]
+        fn kernels_through_lease_pointers() {
+            $crate::fabric_suite::kernels_through_lease_pointers(&$config);
+        }
+
+        #[test]
+        fn replicas_are_invalidated_on_write() {
+            $crate::fabric_suite::replicas_are_invalidated_on_write(&$config);
+        }
+
+        #[test]
+        fn errors_are_typed_and_harmless() {
+            $crate::fabric_suite::errors_are_typed_and_harmless(&$config);
+        }
+    };
 }

@@ -95,7 +95,6 @@ fn node_reports_its_gpus() {
 /// The fabric conformance suite on the GPUs: arenas of 512 MiB per GPU, 2 GiB of host memory.
 mod fabric {
     use vfabric::{ByteSize, ClusterConfig};
-    use vfabric_tests::fabric_suite;
     use vfabric_transport::Backend;
 
     fn config() -> ClusterConfig {
@@ -106,32 +105,5 @@ mod fabric {
         c
     }
 
-    #[test]
-    fn eviction_and_fetch_keep_every_byte() {
-        fabric_suite::eviction_and_fetch_keep_every_byte(&config());
-    }
-
-    #[test]
-    fn compaction_and_page_lists() {
-        let mut c = config();
-        c.memory.high_watermark_percent = 100;
-        c.memory.low_watermark_percent = 100;
-        c.memory.headroom_percent = 0;
-        fabric_suite::compaction_and_page_lists(&c);
-    }
-
-    #[test]
-    fn kernels_through_lease_pointers() {
-        fabric_suite::kernels_through_lease_pointers(&config());
-    }
-
-    #[test]
-    fn replicas_are_invalidated_on_write() {
-        fabric_suite::replicas_are_invalidated_on_write(&config());
-    }
-
-    #[test]
-    fn errors_are_typed_and_harmless() {
-        fabric_suite::errors_are_typed_and_harmless(&config());
-    }
+    vfabric_tests::fabric_suite_tests!(config());
 }

@@ -143,6 +143,18 @@ pub enum Backend {
     Emulated,
 }
 
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "cuda" => Ok(Backend::Cuda),
+            "emulated" => Ok(Backend::Emulated),
+            _ => Err(format!("`{s}` is not a device layer: use auto, cuda or emulated")),
+        }
+    }
+}
+
 /// How to open the device layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenOptions {
