@@ -461,8 +461,19 @@ impl Fabric {
     /// Carries out a stage's copies (all its batches at once) and zero-fills.
     fn execute(&self, dir: &Directory, stage: &Stage) -> Result<(), FabricError> {
         let ps = self.inner.page_size;
-        for &(loc, frame) in &stage.zero {
-            self.arena_at(dir, loc)?.fill(u64::from(frame) * ps, ps, 0)?;
+        // One fill per run of consecutive frames: a fill waits for the device, so per-page fills would cost a
+        // synchronisation each.
+        let mut zero = stage.zero.clone();
+        zero.sort_unstable();
+        let mut runs: Vec<(Location, u32, u32)> = Vec::new();
+        for (loc, frame) in zero {
+            match runs.last_mut() {
+                Some((l, start, len)) if *l == loc && *start + *len == frame => *len += 1,
+                _ => runs.push((loc, frame, 1)),
+            }
+        }
+        for (loc, start, len) in runs {
+            self.arena_at(dir, loc)?.fill(u64::from(start) * ps, u64::from(len) * ps, 0)?;
         }
         let mut pending = Vec::with_capacity(stage.batches.len());
         for b in &stage.batches {
