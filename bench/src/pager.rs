@@ -70,11 +70,13 @@ pub struct WalkRow {
     pub fetch_gb_s: f64,
     /// Bytes fetched.
     pub fetched: u64,
+    /// The part of `fetched` prefetched while the walk worked.
+    pub prefetched: u64,
     /// Bytes evicted (copied to host; clean pages are dropped without a copy).
     pub evicted: u64,
     /// Bytes moved within the GPU to gather pages into a lease's run of frames.
     pub gathered: u64,
-    /// Share of the walk spent in acquire (waiting for fetches and evictions).
+    /// Share of the walk spent in acquire (waiting for fetches, prefetches and evictions).
     pub acquire_share: f64,
     /// Pages whose device copy differed from the region's bytes.
     pub bad_pages: u64,
@@ -186,6 +188,7 @@ fn walk(
         walk_gb_s: (walked * ps) as f64 / walk_time / 1e9,
         fetch_gb_s: t.fetched as f64 / walk_time / 1e9,
         fetched: t.fetched,
+        prefetched: t.prefetched,
         evicted: t.evicted,
         gathered: t.compacted,
         acquire_share: acquire_time / walk_time,
@@ -345,12 +348,12 @@ pub fn run(args: &PagerArgs, command_line: &str) -> Result<(), String> {
         );
     }
     let _ = writeln!(md, "\n## Walks\n");
-    let _ = writeln!(md, "| setup | order | pages/step | pages/s | walk GB/s | fetched GB/s | share in acquire | fetched | evicted (copied) | gathered on GPU | bad pages |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "| setup | order | pages/step | pages/s | walk GB/s | fetched GB/s | share in acquire | fetched | prefetched | evicted (copied) | gathered on GPU | bad pages |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for w in &rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.0}% | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.0}% | {} | {} | {} | {} | {} |",
             w.setup,
             w.order,
             w.chunk,
@@ -359,6 +362,7 @@ pub fn run(args: &PagerArgs, command_line: &str) -> Result<(), String> {
             w.fetch_gb_s,
             w.acquire_share * 100.0,
             ByteSize(w.fetched),
+            ByteSize(w.prefetched),
             ByteSize(w.evicted),
             ByteSize(w.gathered),
             w.bad_pages

@@ -5,7 +5,9 @@
 //! [`Fabric`] is the I/O half of the directory (`crate::directory`, which is pure): it carries out the stages
 //! of copies the directory asks for through the node's mover, commits them, and hands out [`Lease`]s. Calls are
 //! serialised on the directory's lock; copies run while it is held, so one call's evictions and fetches never
-//! interleave with another's.
+//! interleave with another's. The one exception is prefetch: after an acquire that continues a walk in order,
+//! the copies of the pages it will want next start and the call returns; they complete while the caller works
+//! with its lease, and the next call that needs them (or that could disturb them) waits for them first.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,7 +16,7 @@ use std::time::Instant;
 
 use vfabric_allocator::NodeId;
 use vfabric_transport::{
-    open, Arena, ArenaSpec, DeviceError, DeviceLayer, EngineChoice, Location, Mover, OpenOptions, PageBatch,
+    open, Arena, ArenaSpec, DeviceError, DeviceLayer, EngineChoice, Location, Mover, OpenOptions, PageBatch, Transfer,
 };
 
 use crate::config::ClusterConfig;
@@ -33,6 +35,8 @@ pub type Region = RegionHandle;
 pub struct Traffic {
     /// Pages brought to a device for a lease (from host memory, a peer, or zero-filled).
     pub fetched: u64,
+    /// The part of `fetched` prefetched ahead of a walk in order (copied while the caller worked).
+    pub prefetched: u64,
     /// Pages sent to host memory to make room.
     pub evicted: u64,
     /// Pages moved within a device to make a run of frames (compaction, or pages gathered into a lease's run).
@@ -50,6 +54,7 @@ impl Traffic {
     pub fn since(&self, earlier: &Traffic) -> Traffic {
         Traffic {
             fetched: self.fetched - earlier.fetched,
+            prefetched: self.prefetched - earlier.prefetched,
             evicted: self.evicted - earlier.evicted,
             compacted: self.compacted - earlier.compacted,
             migrated: self.migrated - earlier.migrated,
@@ -62,6 +67,7 @@ impl Traffic {
 #[derive(Default)]
 struct Counters {
     fetched: AtomicU64,
+    prefetched: AtomicU64,
     evicted: AtomicU64,
     compacted: AtomicU64,
     migrated: AtomicU64,
@@ -74,6 +80,7 @@ impl Counters {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Traffic {
             fetched: l(&self.fetched),
+            prefetched: l(&self.prefetched),
             evicted: l(&self.evicted),
             compacted: l(&self.compacted),
             migrated: l(&self.migrated),
@@ -92,8 +99,21 @@ pub struct Stats {
     pub traffic: Traffic,
 }
 
+/// What the fabric's lock guards.
+struct State {
+    dir: Directory,
+    /// The prefetch stage whose copies are in flight (the directory knows it is pending; its transfers live
+    /// here). Dropped before the arenas: dropping a transfer waits for it.
+    prefetch: Option<InFlight>,
+}
+
+struct InFlight {
+    stage: Stage,
+    copies: Vec<Transfer>,
+}
+
 struct Inner {
-    dir: Mutex<Directory>,
+    state: Mutex<State>,
     layer: Arc<dyn DeviceLayer>,
     arenas: Vec<Arc<dyn Arena>>,
     mover: Arc<dyn Mover>,
@@ -195,7 +215,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
-            let r = lock(&self.inner.dir).release(self.id);
+            let r = lock(&self.inner.state).dir.release(self.id);
             if let Err(e) = r {
                 tracing::warn!(lease = self.id, error = %e, "releasing a dropped lease failed");
             }
@@ -203,7 +223,7 @@ impl Drop for Lease {
     }
 }
 
-fn lock(m: &Mutex<Directory>) -> MutexGuard<'_, Directory> {
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     // A panic while the directory was held (a bug) leaves it as the last commit left it: consistent.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -262,7 +282,7 @@ impl Fabric {
         let mover = layer.mover(config.mover)?;
         Ok(Fabric {
             inner: Arc::new(Inner {
-                dir: Mutex::new(dir),
+                state: Mutex::new(State { dir, prefetch: None }),
                 layer,
                 arenas,
                 mover,
@@ -290,12 +310,12 @@ impl Fabric {
 
     /// The devices: the GPUs, then the host.
     pub fn devices(&self) -> Vec<Location> {
-        lock(&self.inner.dir).locations()
+        lock(&self.inner.state).dir.locations()
     }
 
     /// The arena of a device (for tools that move leased pages with the node's mover).
     pub fn arena(&self, location: Location) -> Result<Arc<dyn Arena>, FabricError> {
-        let i = lock(&self.inner.dir).dev(location)?;
+        let i = lock(&self.inner.state).dir.dev(location)?;
         Ok(Arc::clone(&self.inner.arenas[usize::from(i)]))
     }
 
@@ -308,22 +328,23 @@ impl Fabric {
     /// go to (a hint; by default the GPU with the most free memory). No memory is taken until pages are
     /// written or acquired; a region may be larger than any GPU.
     pub fn alloc(&self, size: u64, placement: Placement) -> Result<Region, FabricError> {
-        lock(&self.inner.dir).alloc(size, placement)
+        lock(&self.inner.state).dir.alloc(size, placement)
     }
 
     /// Frees a region and all its memory. Refused while any of its pages is leased.
     pub fn free(&self, region: &Region) -> Result<(), FabricError> {
-        lock(&self.inner.dir).free(region)
+        let mut st = lock(&self.inner.state);
+        self.drive(&mut st, |d| d.free(region))
     }
 
     /// Writes `data` into the region at `offset`. Pages never written get memory on the region's device
     /// (evicting other pages to host memory to make room, or landing in host memory when nothing can be
     /// evicted). Refused while any page of the range is leased.
     pub fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
-        let mut dir = lock(&self.inner.dir);
-        let targets = self.drive(&mut dir, |d| d.step_write(region, offset, data.len() as u64))?;
+        let mut st = lock(&self.inner.state);
+        let targets = self.drive(&mut st, |d| d.step_write(region, offset, data.len() as u64))?;
         for t in targets {
-            let arena = self.arena_at(&dir, t.location)?;
+            let arena = self.arena_at(&st.dir, t.location)?;
             let bytes = &data[t.buf_offset as usize..(t.buf_offset + t.len) as usize];
             arena.write(u64::from(t.frame) * self.inner.page_size + t.page_offset, bytes)?;
         }
@@ -334,14 +355,17 @@ impl Fabric {
     /// Reads the region at `offset` into `buf` (pages never written read as zeros). Refused while a page of the
     /// range is leased for writing.
     pub fn read(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
-        let mut dir = lock(&self.inner.dir);
+        // A prefetch in flight only copies from pages' existing copies into frames no page uses yet: reading
+        // beside it is safe.
+        let mut st = lock(&self.inner.state);
+        let dir = &mut st.dir;
         let pieces = dir.plan_read(region, offset, buf.len() as u64)?;
         for p in pieces {
             let out = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
             match p.source {
                 ReadSource::Zero => out.fill(0),
                 ReadSource::At(loc, frame) => {
-                    let arena = self.arena_at(&dir, loc)?;
+                    let arena = self.arena_at(dir, loc)?;
                     arena.read(u64::from(frame) * self.inner.page_size + p.page_offset, out)?;
                 }
             }
@@ -354,7 +378,8 @@ impl Fabric {
     /// there at the lease's addresses until it is released. `Read` may replicate pages (other devices keep their
     /// copies); `Write` makes the device's copy the only one. Pages not yet there are fetched (from a peer GPU
     /// over NVLink before host memory), evicting other pages to make room, and compacting the device when it is
-    /// too fragmented for one run of frames.
+    /// too fragmented for one run of frames. When the acquire continues a walk of the region in order, the
+    /// copies of the pages after it start before it returns (see the module's docs).
     pub fn acquire(
         &self,
         region: &Region,
@@ -368,10 +393,12 @@ impl Fabric {
             region_len: region.len,
         })?;
         let mut req = AcquireRequest::new(*region, range.start, len, device, mode);
-        let mut dir = lock(&self.inner.dir);
-        let grant = self.drive(&mut dir, |d| d.step_acquire(&mut req))?;
-        let dev = dir.dev(device)?;
-        drop(dir);
+        let mut st = lock(&self.inner.state);
+        self.settle_if_done(&mut st);
+        let grant = self.drive(&mut st, |d| d.step_acquire(&mut req))?;
+        let dev = st.dir.dev(device)?;
+        self.prefetch(&mut st, region, device);
+        drop(st);
         let base = self.inner.arenas[usize::from(dev)].device_ptr();
         let ps = self.inner.page_size;
         let frames = grant.frames.frames();
@@ -397,28 +424,28 @@ impl Fabric {
     /// Releases a lease (dropping it does the same, logging instead of returning an error).
     pub fn release(&self, mut lease: Lease) -> Result<(), FabricError> {
         lease.released = true;
-        lock(&self.inner.dir).release(lease.id)
+        lock(&self.inner.state).dir.release(lease.id)
     }
 
     /// Moves a region to `device`: new pages go there, and pages on other GPUs move there (those that do not fit
     /// go to host memory). Refused while any page is leased.
     pub fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {
-        let mut dir = lock(&self.inner.dir);
-        self.drive(&mut dir, |d| d.step_migrate(region, device))
+        let mut st = lock(&self.inner.state);
+        self.drive(&mut st, |d| d.step_migrate(region, device))
     }
 
     /// Moves unleased pages within `device` so that a run of `frames` free frames exists (what an acquire does
     /// on its own when a device is too fragmented). Returns the pages moved.
     pub fn compact(&self, device: Location, frames: u32) -> Result<u64, FabricError> {
         let before = self.inner.counters.compacted.load(Ordering::Relaxed);
-        let mut dir = lock(&self.inner.dir);
-        self.drive(&mut dir, |d| d.plan_compaction(device, frames))?;
+        let mut st = lock(&self.inner.state);
+        self.drive(&mut st, |d| d.plan_compaction(device, frames))?;
         Ok((self.inner.counters.compacted.load(Ordering::Relaxed) - before) / self.inner.page_size)
     }
 
     /// Figures about the directory and the bytes moved.
     pub fn stats(&self) -> Stats {
-        Stats { directory: lock(&self.inner.dir).stats(), traffic: self.inner.counters.snapshot() }
+        Stats { directory: lock(&self.inner.state).dir.stats(), traffic: self.inner.counters.snapshot() }
     }
 
     /// Bytes moved since start.
@@ -428,7 +455,7 @@ impl Fabric {
 
     /// Sets a tenant's quota on a tier (bytes; `None` for no limit).
     pub fn set_quota(&self, tenant: vfabric_allocator::TenantId, tier: vfabric_allocator::Tier, limit: Option<u64>) {
-        lock(&self.inner.dir).quotas_mut().set_limit(tenant, tier, limit);
+        lock(&self.inner.state).dir.quotas_mut().set_limit(tenant, tier, limit);
     }
 
     fn arena_at(&self, dir: &Directory, location: Location) -> Result<&Arc<dyn Arena>, FabricError> {
@@ -436,30 +463,83 @@ impl Fabric {
         Ok(&self.inner.arenas[usize::from(i)])
     }
 
-    /// Runs a directory call to completion, carrying out each stage it asks for.
+    /// Runs a directory call to completion, carrying out each stage it asks for (and finishing the prefetch
+    /// in flight when it has to wait for it).
     fn drive<T>(
         &self,
-        dir: &mut Directory,
+        st: &mut State,
         mut step: impl FnMut(&mut Directory) -> Result<Step<T>, FabricError>,
     ) -> Result<T, FabricError> {
         // Each stage frees, moves or fills at least one frame; a bound only guards against a directory bug.
         for _ in 0..1_000_000 {
-            match step(dir)? {
+            match step(&mut st.dir)? {
                 Step::Done(t) => return Ok(t),
-                Step::Stage(stage) => match self.execute(dir, &stage) {
-                    Ok(()) => dir.commit(stage),
+                Step::Stage(stage) => match self.start(&st.dir, &stage).and_then(|c| self.finish(&stage, c)) {
+                    Ok(()) => st.dir.commit(stage),
                     Err(e) => {
-                        dir.abort(stage);
+                        st.dir.abort(stage);
                         return Err(e);
                     }
                 },
+                Step::Wait => {
+                    if st.prefetch.is_none() {
+                        return Err(FabricError::InvalidSize(
+                            "the directory waits for a prefetch the fabric does not have".into(),
+                        ));
+                    }
+                    self.settle(st);
+                }
             }
         }
         Err(FabricError::InvalidSize("the directory asked for a million stages without finishing".into()))
     }
 
-    /// Carries out a stage's copies (all its batches at once) and zero-fills.
-    fn execute(&self, dir: &Directory, stage: &Stage) -> Result<(), FabricError> {
+    /// Starts the prefetch the directory asks for after an acquire of `region` on `device`, if any. Failures
+    /// only cost the prefetch: the acquire that wants the pages later fetches them itself.
+    fn prefetch(&self, st: &mut State, region: &Region, device: Location) {
+        let stage = match self.drive(st, |d| d.step_prefetch(region, device)) {
+            Ok(Some(stage)) => stage,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(%region, %device, error = %e, "making room for a prefetch failed");
+                return;
+            }
+        };
+        match self.start(&st.dir, &stage) {
+            Ok(copies) => st.prefetch = Some(InFlight { stage, copies }),
+            Err(e) => {
+                tracing::warn!(%region, %device, error = %e, "starting a prefetch failed");
+                st.dir.abort(stage);
+            }
+        }
+    }
+
+    /// Waits for the prefetch in flight, if any, and commits it (or, when a copy failed, aborts it: its pages
+    /// stay where they were).
+    fn settle(&self, st: &mut State) {
+        let Some(p) = st.prefetch.take() else { return };
+        match self.finish(&p.stage, p.copies) {
+            Ok(()) => st.dir.commit(p.stage),
+            Err(e) => {
+                tracing::warn!(error = %e, pages = p.stage.pages(), "a prefetch failed; its pages stay where they were");
+                st.dir.abort(p.stage);
+            }
+        }
+    }
+
+    /// Commits the prefetch in flight if its copies have all arrived (without blocking).
+    fn settle_if_done(&self, st: &mut State) {
+        let done = match st.prefetch.as_mut() {
+            Some(p) => p.copies.iter_mut().all(|t| !matches!(t.is_complete(), Ok(false))),
+            None => false,
+        };
+        if done {
+            self.settle(st);
+        }
+    }
+
+    /// Zero-fills a stage's new pages and starts its copies (all batches at once).
+    fn start(&self, dir: &Directory, stage: &Stage) -> Result<Vec<Transfer>, FabricError> {
         let ps = self.inner.page_size;
         // One fill per run of consecutive frames: a fill waits for the device, so per-page fills would cost a
         // synchronisation each.
@@ -475,24 +555,33 @@ impl Fabric {
         for (loc, start, len) in runs {
             self.arena_at(dir, loc)?.fill(u64::from(start) * ps, u64::from(len) * ps, 0)?;
         }
-        let mut pending = Vec::with_capacity(stage.batches.len());
+        let mut copies = Vec::with_capacity(stage.batches.len());
         for b in &stage.batches {
             let batch = PageBatch::from_moves(ps, b.moves.clone());
             let (src, dst) = (self.arena_at(dir, b.from)?, self.arena_at(dir, b.to)?);
-            pending.push(self.inner.mover.submit(src, dst, &batch, EngineChoice::Auto)?);
+            copies.push(self.inner.mover.submit(src, dst, &batch, EngineChoice::Auto)?);
         }
+        Ok(copies)
+    }
+
+    /// Waits for a stage's copies and counts the bytes.
+    fn finish(&self, stage: &Stage, copies: Vec<Transfer>) -> Result<(), FabricError> {
+        let ps = self.inner.page_size;
         let c = &self.inner.counters;
         let counter = match stage.kind {
             StageKind::Evict => &c.evicted,
             StageKind::Compact => &c.compacted,
-            StageKind::Fetch => &c.fetched,
+            StageKind::Fetch | StageKind::Prefetch => &c.fetched,
             StageKind::Migrate => &c.migrated,
         };
-        for (p, b) in pending.into_iter().zip(&stage.batches) {
-            let bytes = p.wait()?.bytes;
+        for (t, b) in copies.into_iter().zip(&stage.batches) {
+            let bytes = t.wait()?.bytes;
             // Pages moved within one device (into a run of frames) count as compaction, whatever the stage.
             let which = if b.from == b.to { &c.compacted } else { counter };
             which.fetch_add(bytes, Ordering::Relaxed);
+            if stage.kind == StageKind::Prefetch && b.from != b.to {
+                c.prefetched.fetch_add(bytes, Ordering::Relaxed);
+            }
         }
         counter.fetch_add(stage.zero.len() as u64 * ps, Ordering::Relaxed);
         c.stages.fetch_add(1, Ordering::Relaxed);

@@ -88,6 +88,48 @@ pub fn eviction_and_fetch_keep_every_byte(cfg: &ClusterConfig) {
     f.free(&r).expect("free");
 }
 
+/// A walk in order, page by page, over a region three times a GPU: pages arrive by prefetch while the walk
+/// holds its lease, and every lease sees the right bytes. Halfway, a host write lands on pages the prefetch may
+/// be bringing, and a write lease takes a page ahead: the walk must see both (a prefetched copy made before
+/// them would be stale).
+pub fn sequential_walks_prefetch_every_byte(cfg: &ClusterConfig) {
+    let f = fabric(cfg);
+    let g = gpus(&f)[0];
+    let ps = f.page_size();
+    let pages = frames_of(&f, g) * 3;
+    let r = f.alloc(pages * ps, Placement::on(Location::Host)).expect("alloc");
+    write_pattern(&f, &r, 43);
+    let t = f.traffic();
+    let half = pages / 2;
+    let mut expect = pattern::bytes(43, 0, (pages * ps) as usize);
+    for p in 0..pages {
+        if p == half {
+            // Pages just ahead of the walk: some may be in flight now.
+            let new = pattern::bytes(44, 0, (2 * ps) as usize);
+            f.write(&r, (p + 1) * ps, &new).expect("host write ahead of the walk");
+            expect[((p + 1) * ps) as usize..((p + 3) * ps) as usize].copy_from_slice(&new);
+            let lease = f.acquire(&r, (p + 4) * ps..(p + 5) * ps, gpus(&f)[gpus(&f).len() - 1], Mode::Write);
+            let lease = lease.expect("write lease ahead of the walk");
+            let arena = f.arena(lease.device()).expect("arena");
+            let LeasePtr::Contiguous { ptr, .. } = *lease.ptr() else { panic!("one page is one run") };
+            arena.fill(ptr - arena.device_ptr(), ps, 0x5A).expect("device memset through the lease");
+            f.release(lease).expect("release");
+            expect[((p + 4) * ps) as usize..((p + 5) * ps) as usize].fill(0x5A);
+        }
+        let lease = f.acquire(&r, p * ps..(p + 1) * ps, g, Mode::Read).expect("acquire");
+        let got = read_through_lease(&f, &lease);
+        let want = &expect[(p * ps) as usize..((p + 1) * ps) as usize];
+        assert!(got == want, "{g}: page {p} of the walk holds the wrong bytes");
+        f.release(lease).expect("release");
+    }
+    let t2 = f.traffic().since(&t);
+    assert!(t2.prefetched * 2 > t2.fetched, "most of the walk arrived by prefetch: {t2:?}");
+    let mut buf = vec![0u8; (pages * ps) as usize];
+    f.read(&r, 0, &mut buf).expect("read");
+    assert!(buf == expect, "the region after the walk");
+    f.free(&r).expect("free");
+}
+
 /// A fragmented GPU is compacted so a lease gets one run of frames, and the pages compaction moved keep their
 /// bytes; when a leased frame sits in every window the lease gets one pointer per page instead, and those
 /// pointers hold the right bytes too.
@@ -273,6 +315,11 @@ macro_rules! fabric_suite_tests {
         #[test]
         fn eviction_and_fetch_keep_every_byte() {
             $crate::fabric_suite::eviction_and_fetch_keep_every_byte(&$config);
+        }
+
+        #[test]
+        fn sequential_walks_prefetch_every_byte() {
+            $crate::fabric_suite::sequential_walks_prefetch_every_byte(&$config);
         }
 
         #[test]

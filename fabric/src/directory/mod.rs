@@ -48,8 +48,9 @@ pub struct DirectoryConfig {
     pub high_watermark_percent: u8,
     /// ...and goes on until they are at or under this share.
     pub low_watermark_percent: u8,
-    /// Most pages read ahead when a run of acquires walks a region in order (0: no read-ahead). The window
-    /// doubles with each acquire that continues the walk, from the request's own size up to this.
+    /// How far ahead of a walk in order pages are prefetched (0: no prefetch): once two acquires in a row
+    /// continue a walk, [`Directory::step_prefetch`] keeps up to this many pages (or the last acquire's size,
+    /// when larger) after it on its device, fetching the next half-window when fewer remain.
     pub readahead_pages: u32,
 }
 
@@ -94,9 +95,30 @@ pub struct RegionEntry {
     pub home: DevIdx,
     /// One entry per page.
     pub pages: Vec<PageEntry>,
-    /// The walk the last acquires made: device, the page after the last one acquired, and how many acquires in
-    /// a row continued it.
-    stream: Option<(DevIdx, u32, u32)>,
+    /// The walk the last acquires made.
+    stream: Option<Stream>,
+}
+
+/// The walk the last acquires of a region made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stream {
+    /// The device they were on.
+    dev: DevIdx,
+    /// The page after the last one acquired.
+    next: u32,
+    /// How many acquires in a row continued the walk (0 for the first).
+    streak: u32,
+    /// Pages the last acquire took.
+    len: u32,
+}
+
+/// The prefetch stage in flight: the frames it took (no page points to them until it commits) and the pages
+/// it brings.
+#[derive(Debug, Clone)]
+struct InFlight {
+    slot: u32,
+    pages: std::ops::Range<u32>,
+    taken: Vec<Copy>,
 }
 
 #[derive(Debug, Clone)]
@@ -123,14 +145,12 @@ pub struct AcquireRequest {
     pub mode: Mode,
     /// Still trying for one run of frames (cleared when compaction cannot make one).
     contiguous: bool,
-    /// Pages to read ahead with the request's fetch (decided at its first step; 0 once planned).
-    readahead: Option<u32>,
 }
 
 impl AcquireRequest {
     /// A request for `len` bytes at `offset` of `region` on `device`.
     pub fn new(region: RegionHandle, offset: u64, len: u64, device: Location, mode: Mode) -> Self {
-        AcquireRequest { region, offset, len, device, mode, contiguous: true, readahead: None }
+        AcquireRequest { region, offset, len, device, mode, contiguous: true }
     }
 }
 
@@ -210,6 +230,7 @@ pub struct Directory {
     quotas: QuotaBook,
     leases: HashMap<u64, LeaseRecord>,
     next_lease: u64,
+    in_flight: Option<InFlight>,
 }
 
 impl Directory {
@@ -253,6 +274,7 @@ impl Directory {
             quotas: QuotaBook::new(),
             leases: HashMap::new(),
             next_lease: 1,
+            in_flight: None,
         })
     }
 
@@ -362,8 +384,9 @@ impl Directory {
         self.regions[slot as usize].as_ref().map_or(TenantId::default(), |r| r.placement.tenant)
     }
 
-    /// Frees a region and every frame its pages hold. Refused while any of its pages is leased.
-    pub fn free(&mut self, h: &RegionHandle) -> Result<(), FabricError> {
+    /// Frees a region and every frame its pages hold. Refused while any of its pages is leased; waits for a
+    /// prefetch of its pages.
+    pub fn free(&mut self, h: &RegionHandle) -> Result<Step<()>, FabricError> {
         let r = match self.region(h) {
             Ok(r) => r,
             Err(FabricError::UseAfterFree(s)) => return Err(FabricError::DoubleFree(s)),
@@ -371,6 +394,9 @@ impl Directory {
         };
         if let Some((i, p)) = r.pages.iter().enumerate().find(|(_, p)| p.leased()) {
             return Err(self.leased_error(h, i as u64, p));
+        }
+        if self.in_flight.as_ref().is_some_and(|f| f.slot == h.slot) {
+            return Ok(Step::Wait);
         }
         let copies: Vec<Copy> = r.pages.iter().flat_map(|p| p.copies().collect::<Vec<_>>()).collect();
         for c in copies {
@@ -380,7 +406,7 @@ impl Directory {
         self.regions[h.slot as usize] = None;
         self.free_slots.push(h.slot);
         self.space.free(addr).map_err(|e| FabricError::InvalidAddress(e.to_string()))?;
-        Ok(())
+        Ok(Step::Done(()))
     }
 
     fn leased_error(&self, h: &RegionHandle, page: u64, p: &PageEntry) -> FabricError {
@@ -499,15 +525,21 @@ impl Directory {
         let avail = d.frames.available(AllocClass::Normal);
         let mut evict = need.saturating_sub(avail);
         if d.is_gpu() {
-            let normal = u64::from(d.frames.frames() - d.frames.reserved_frames());
-            let high = normal * u64::from(self.cfg.high_watermark_percent) / 100;
-            let low = normal * u64::from(self.cfg.low_watermark_percent) / 100;
+            let (high, low) = self.watermarks(dev);
             let after = u64::from(d.frames.used_frames()) + u64::from(need);
             if after > high {
                 evict = evict.max(after.saturating_sub(low).min(u64::from(u32::MAX)) as u32);
             }
         }
         evict
+    }
+
+    /// The high and low watermarks of a device, in frames.
+    fn watermarks(&self, dev: DevIdx) -> (u64, u64) {
+        let d = &self.devs[usize::from(dev)];
+        let normal = u64::from(d.frames.frames() - d.frames.reserved_frames());
+        let pct = |p: u8| normal * u64::from(p) / 100;
+        (pct(self.cfg.high_watermark_percent), pct(self.cfg.low_watermark_percent))
     }
 
     /// Plans evicting up to `count` copies from `dev`, least recently used and lowest priority first, never a
@@ -565,6 +597,9 @@ impl Directory {
 
     /// Applies a stage whose copies all arrived.
     pub fn commit(&mut self, stage: Stage) {
+        if stage.kind == StageKind::Prefetch {
+            self.in_flight = None;
+        }
         for u in stage.updates {
             match u {
                 Update::Relocate { page, old, new } => {
@@ -601,6 +636,9 @@ impl Directory {
 
     /// Forgets a stage whose copies failed: frees the frames it took. The pages stay where they were.
     pub fn abort(&mut self, stage: Stage) {
+        if stage.kind == StageKind::Prefetch {
+            self.in_flight = None;
+        }
         for c in stage.taken {
             self.untake(c);
         }
@@ -634,6 +672,10 @@ impl Directory {
                 }
             }
         }
+        if req.mode == Mode::Write && self.in_flight.is_some() {
+            // A write lease drops the other copies, one of which may be the prefetch's source.
+            return Ok(Step::Wait);
+        }
         let total = self.devs[usize::from(dev)].frames.frames();
         if n > total {
             return Err(FabricError::OutOfMemory {
@@ -641,16 +683,6 @@ impl Directory {
                 needed: u64::from(n),
                 available: u64::from(total),
             });
-        }
-        if req.readahead.is_none() {
-            let r = self.region(&req.region)?;
-            let window = match r.stream {
-                Some((d, next, streak)) if d == dev && next == first && self.cfg.readahead_pages > 0 => {
-                    n.saturating_mul(1 << streak.min(5)).min(self.cfg.readahead_pages)
-                }
-                _ => 0,
-            };
-            req.readahead = Some(window);
         }
         let pages: Vec<PageRef> = (first..first + n).map(|page| PageRef { slot, page }).collect();
         let cur: Vec<Option<u32>> = pages.iter().map(|&p| self.page(p).copy_on(dev).map(|c| c.frame)).collect();
@@ -664,10 +696,14 @@ impl Directory {
         if all_here && (in_run || !req.contiguous) {
             return Ok(Step::Done(self.grant(req, dev, first, cur.into_iter().flatten().collect(), in_run)));
         }
+        if self.in_flight.is_some() {
+            // Stages take frames and evict: only with no prefetch in flight (it may hold pages this one wants).
+            return Ok(Step::Wait);
+        }
         let tenant = self.tenant_of(slot);
         if req.contiguous {
             // Every page goes into one run, those already here included.
-            let evict = self.eviction_need(dev, n + req.readahead.unwrap_or(0));
+            let evict = self.eviction_need(dev, n);
             if evict > 0 {
                 let stage = self.plan_evict(dev, evict, &in_request)?;
                 if !stage.updates.is_empty() {
@@ -704,14 +740,12 @@ impl Directory {
             };
             self.take_run(dev, start, n, tenant)?;
             let targets: Vec<u32> = (start..start + n).collect();
-            let mut stage = self.plan_fetch(dev, &pages, &targets, &cur);
-            self.plan_readahead(&mut stage, req, dev, first + n, tenant);
-            return Ok(Step::Stage(stage));
+            return Ok(Step::Stage(self.plan_fetch(dev, &pages, &targets, &cur)));
         }
         // Page by page: only the pages not here yet need frames.
         let missing: Vec<usize> = (0..pages.len()).filter(|&i| cur[i].is_none()).collect();
         let need = missing.len() as u32;
-        let evict = self.eviction_need(dev, need + req.readahead.unwrap_or(0));
+        let evict = self.eviction_need(dev, need);
         if evict > 0 {
             let stage = self.plan_evict(dev, evict, &in_request)?;
             if !stage.updates.is_empty() {
@@ -728,9 +762,7 @@ impl Directory {
         let frames = self.take(dev, need, tenant, AllocClass::Normal)?;
         let sub: Vec<PageRef> = missing.iter().map(|&i| pages[i]).collect();
         let none = vec![None; sub.len()];
-        let mut stage = self.plan_fetch(dev, &sub, &frames, &none);
-        self.plan_readahead(&mut stage, req, dev, first + n, tenant);
-        Ok(Step::Stage(stage))
+        Ok(Step::Stage(self.plan_fetch(dev, &sub, &frames, &none)))
     }
 
     /// Copies `pages` into `targets` (already taken) on `dev`: from their copy on `dev` when they have one
@@ -757,39 +789,65 @@ impl Directory {
         stage
     }
 
-    /// Adds to a fetch stage the pages after the request that a walk in order will want next: those with a
-    /// copy somewhere but none on `dev`, as many as free frames allow (read-ahead never evicts on its own). The
-    /// frames are taken in one allocation, so they form one run in page order when the device has one, and the
-    /// acquire that reaches them finds them where a lease wants them.
-    fn plan_readahead(
-        &mut self,
-        stage: &mut Stage,
-        req: &mut AcquireRequest,
-        dev: DevIdx,
-        from: u32,
-        tenant: TenantId,
-    ) {
-        let window = req.readahead.replace(0).unwrap_or(0);
-        let slot = req.region.slot;
-        let total = self.regions[slot as usize].as_ref().map_or(0, |r| r.pages.len() as u32);
+    /// One step of keeping a walk in order ahead of itself, called after an acquire of `h` on `device`. Once
+    /// two acquires in a row continued a walk, and fewer than half a window of pages after it are on the
+    /// device, returns `Done(Some(stage))`: a [`StageKind::Prefetch`] stage copying the next pages (those with a
+    /// copy elsewhere and none here, in order) into frames taken in one allocation, so that the acquire that
+    /// reaches them finds one run. The caller starts its copies and goes on; the stage stays in flight until it
+    /// is committed or aborted, and meanwhile the calls that could disturb it return [`Step::Wait`]. Evictions
+    /// to make room come first, as ordinary stages. `Done(None)` when there is nothing to prefetch, or a
+    /// prefetch is already in flight.
+    pub fn step_prefetch(&mut self, h: &RegionHandle, device: Location) -> Result<Step<Option<Stage>>, FabricError> {
+        let dev = self.dev(device)?;
+        let slot = h.slot;
+        let r = self.region(h)?;
+        let total = r.pages.len() as u32;
+        let Some(st) = r.stream.filter(|s| s.dev == dev && s.streak >= 1) else { return Ok(Step::Done(None)) };
+        if self.in_flight.is_some() || self.cfg.readahead_pages == 0 {
+            return Ok(Step::Done(None));
+        }
+        // Never more than half of what the device keeps before evicting: a window that does not fit would evict
+        // its own pages before the walk reaches them.
+        let fits = (self.watermarks(dev).0 / 2).clamp(1, u64::from(u32::MAX)) as u32;
+        let window = self.cfg.readahead_pages.max(st.len).min(fits);
+        let end = st.next.saturating_add(window).min(total);
+        let here = (st.next..end).take_while(|&i| r.pages[i as usize].copy_on(dev).is_some()).count() as u32;
+        if here >= window.div_ceil(2) {
+            return Ok(Step::Done(None));
+        }
         let mut wanted: Vec<(PageRef, Copy)> = Vec::new();
-        for page in from..from.saturating_add(window).min(total) {
-            let p = PageRef { slot, page };
-            let e = self.page(p);
+        for page in st.next + here..end {
+            let e = &r.pages[page as usize];
             if e.write_leased || e.copy_on(dev).is_some() {
                 break;
             }
             let src = e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next());
             match src {
-                Some(c) => wanted.push((p, c)),
+                Some(c) => wanted.push((PageRef { slot, page }, c)),
                 None => break,
             }
         }
-        let count = (wanted.len() as u32).min(self.available(dev));
-        if count == 0 {
-            return;
+        if wanted.is_empty() {
+            return Ok(Step::Done(None));
         }
-        let Ok(frames) = self.take(dev, count, tenant, AllocClass::Normal) else { return };
+        let need = wanted.len() as u32;
+        let evict = self.eviction_need(dev, need);
+        if evict > 0 {
+            // The walk's own pages ahead stay; those behind it are the least recently used anyway.
+            let (lo, hi) = (st.next, end);
+            let keep = |p: PageRef| p.slot == slot && p.page >= lo && p.page < hi;
+            let stage = self.plan_evict(dev, evict, &keep)?;
+            if !stage.updates.is_empty() {
+                return Ok(Step::Stage(stage));
+            }
+        }
+        let count = need.min(self.available(dev));
+        if count == 0 {
+            return Ok(Step::Done(None));
+        }
+        let tenant = self.tenant_of(slot);
+        let frames = self.take(dev, count, tenant, AllocClass::Normal)?;
+        let mut stage = Stage::new(StageKind::Prefetch);
         let to = self.loc(dev);
         for (&(p, src), &f) in wanted.iter().zip(&frames) {
             let new = Copy { dev, frame: f };
@@ -797,6 +855,14 @@ impl Directory {
             stage.copy(self.loc(src.dev), to, src.frame, f);
             stage.updates.push(Update::Add { page: p, copy: new });
         }
+        let first = wanted[0].0.page;
+        self.in_flight = Some(InFlight { slot, pages: first..first + count, taken: stage.taken.clone() });
+        Ok(Step::Done(Some(stage)))
+    }
+
+    /// Whether a prefetch stage is in flight.
+    pub fn prefetch_in_flight(&self) -> bool {
+        self.in_flight.is_some()
     }
 
     fn grant(&mut self, req: &AcquireRequest, dev: DevIdx, first: u32, frames: Vec<u32>, in_run: bool) -> LeaseGrant {
@@ -820,10 +886,10 @@ impl Directory {
         let n = frames.len() as u32;
         if let Some(r) = self.regions[slot as usize].as_mut() {
             let streak = match r.stream {
-                Some((d, next, streak)) if d == dev && next == first => streak + 1,
+                Some(s) if s.dev == dev && s.next == first => s.streak + 1,
                 _ => 0,
             };
-            r.stream = Some((dev, first + n, streak));
+            r.stream = Some(Stream { dev, next: first + n, streak, len: n });
         }
         let id = self.next_lease;
         self.next_lease += 1;
@@ -867,6 +933,10 @@ impl Directory {
         len: u64,
     ) -> Result<Step<Vec<WriteTarget>>, FabricError> {
         let (first, n) = self.span(h, offset, len)?;
+        if self.in_flight.is_some() {
+            // New bytes would not reach a copy being prefetched.
+            return Ok(Step::Wait);
+        }
         let ps = self.page_size();
         let slot = h.slot;
         let (home, unbacked) = {
@@ -981,6 +1051,10 @@ impl Directory {
             }
             r.pages.len() as u32
         };
+        if self.in_flight.is_some() {
+            // Copies it drops may be a prefetch's sources.
+            return Ok(Step::Wait);
+        }
         if let Some(r) = self.regions[slot as usize].as_mut() {
             r.home = dev;
         }
@@ -1055,6 +1129,10 @@ impl Directory {
         let d = &self.devs[usize::from(dev)];
         if d.frames.largest_free_run() >= n {
             return Ok(Step::Done(()));
+        }
+        if self.in_flight.is_some() {
+            // Compaction may move a prefetch's source frames.
+            return Ok(Step::Wait);
         }
         let plan = d.frames.compaction_plan(n).map_err(|e| FabricError::from_alloc(e, device))?;
         let mut stage = Stage::new(StageKind::Compact);
@@ -1155,8 +1233,28 @@ impl Directory {
                 }
             }
         }
+        if let Some(f) = &self.in_flight {
+            let Some(r) = self.regions.get(f.slot as usize).and_then(|r| r.as_ref()) else {
+                return Err(format!("a prefetch is in flight for freed region slot {}", f.slot));
+            };
+            for (page, c) in f.pages.clone().zip(&f.taken) {
+                match r.pages.get(page as usize) {
+                    Some(p)
+                        if p.copy_on(c.dev).is_none()
+                            && self.devs[usize::from(c.dev)].users[c.frame as usize].is_none() => {}
+                    _ => {
+                        return Err(format!(
+                            "prefetch of page {page} into frame {:?} collides with a copy",
+                            (c.dev, c.frame)
+                        ))
+                    }
+                }
+            }
+        }
         for (di, d) in self.devs.iter().enumerate() {
-            let used = d.users.iter().filter(|u| u.is_some()).count() as u32;
+            let prefetching =
+                self.in_flight.as_ref().map_or(0, |f| f.taken.iter().filter(|c| usize::from(c.dev) == di).count());
+            let used = (d.users.iter().filter(|u| u.is_some()).count() + prefetching) as u32;
             let unpinned =
                 d.users.iter().enumerate().filter(|(f, u)| u.is_some() && d.frames.lease_count(*f as u32) == 0).count();
             if unpinned != d.lru.len() {

@@ -232,6 +232,9 @@ pub enum StageKind {
     Fetch,
     /// Pages move to another device for good.
     Migrate,
+    /// Pages a walk in order will want next, copied to its device while the caller works: the stage stays in
+    /// flight across later calls (see [`super::Directory::step_prefetch`]).
+    Prefetch,
 }
 
 /// Copies the directory needs before it can go on: the caller performs every batch and zero-fill, then calls
@@ -293,6 +296,9 @@ pub enum Step<T> {
     Done(T),
     /// Perform the stage, commit it, and call again.
     Stage(Stage),
+    /// A prefetch is in flight and this call cannot go on beside it: finish that stage (commit, or abort if a
+    /// copy failed), then call again.
+    Wait,
 }
 
 /// Where a lease's pages are on its device.
