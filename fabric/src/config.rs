@@ -112,7 +112,7 @@ pub struct MemorySection {
     pub high_watermark_percent: u8,
     /// ...and goes on until they are at or under this share.
     pub low_watermark_percent: u8,
-    /// Most bytes read ahead when acquires walk a region in order (`0` turns read-ahead off).
+    /// How far ahead of a walk in order pages are prefetched, in bytes (`0` turns prefetch off).
     pub readahead: ByteSize,
 }
 

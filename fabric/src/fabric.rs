@@ -9,6 +9,7 @@
 //! the copies of the pages it will want next start and the call returns; they complete while the caller works
 //! with its lease, and the next call that needs them (or that could disturb them) waits for them first.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,7 +23,7 @@ use vfabric_transport::{
 use crate::config::ClusterConfig;
 use crate::directory::{
     AcquireRequest, DevIdx, Directory, DirectoryConfig, DirectoryStats, LeaseFrames, Mode, Placement, ReadSource,
-    RegionHandle, Stage, StageKind, Step,
+    RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH,
 };
 use crate::error::FabricError;
 
@@ -102,9 +103,9 @@ pub struct Stats {
 /// What the fabric's lock guards.
 struct State {
     dir: Directory,
-    /// The prefetch stage whose copies are in flight (the directory knows it is pending; its transfers live
-    /// here). Dropped before the arenas: dropping a transfer waits for it.
-    prefetch: Option<InFlight>,
+    /// The prefetch stages whose copies are in flight, oldest first (the directory knows they are pending;
+    /// their transfers live here). Dropped before the arenas: dropping a transfer waits for it.
+    prefetch: VecDeque<InFlight>,
 }
 
 struct InFlight {
@@ -282,7 +283,7 @@ impl Fabric {
         let mover = layer.mover(config.mover)?;
         Ok(Fabric {
             inner: Arc::new(Inner {
-                state: Mutex::new(State { dir, prefetch: None }),
+                state: Mutex::new(State { dir, prefetch: VecDeque::new() }),
                 layer,
                 arenas,
                 mover,
@@ -482,7 +483,7 @@ impl Fabric {
                     }
                 },
                 Step::Wait => {
-                    if st.prefetch.is_none() {
+                    if st.prefetch.is_empty() {
                         return Err(FabricError::InvalidSize(
                             "the directory waits for a prefetch the fabric does not have".into(),
                         ));
@@ -494,30 +495,33 @@ impl Fabric {
         Err(FabricError::InvalidSize("the directory asked for a million stages without finishing".into()))
     }
 
-    /// Starts the prefetch the directory asks for after an acquire of `region` on `device`, if any. Failures
+    /// Starts the prefetches the directory asks for after an acquire of `region` on `device`, if any. Failures
     /// only cost the prefetch: the acquire that wants the pages later fetches them itself.
     fn prefetch(&self, st: &mut State, region: &Region, device: Location) {
-        let stage = match self.drive(st, |d| d.step_prefetch(region, device)) {
-            Ok(Some(stage)) => stage,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(%region, %device, error = %e, "making room for a prefetch failed");
-                return;
-            }
-        };
-        match self.start(&st.dir, &stage) {
-            Ok(copies) => st.prefetch = Some(InFlight { stage, copies }),
-            Err(e) => {
-                tracing::warn!(%region, %device, error = %e, "starting a prefetch failed");
-                st.dir.abort(stage);
+        for _ in 0..PREFETCH_DEPTH {
+            let stage = match self.drive(st, |d| d.step_prefetch(region, device)) {
+                Ok(Some(stage)) => stage,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(%region, %device, error = %e, "making room for a prefetch failed");
+                    return;
+                }
+            };
+            match self.start(&st.dir, &stage) {
+                Ok(copies) => st.prefetch.push_back(InFlight { stage, copies }),
+                Err(e) => {
+                    tracing::warn!(%region, %device, error = %e, "starting a prefetch failed");
+                    st.dir.abort(stage);
+                    return;
+                }
             }
         }
     }
 
-    /// Waits for the prefetch in flight, if any, and commits it (or, when a copy failed, aborts it: its pages
-    /// stay where they were).
+    /// Waits for the oldest prefetch in flight, if any, and commits it (or, when a copy failed, aborts it: its
+    /// pages stay where they were).
     fn settle(&self, st: &mut State) {
-        let Some(p) = st.prefetch.take() else { return };
+        let Some(p) = st.prefetch.pop_front() else { return };
         match self.finish(&p.stage, p.copies) {
             Ok(()) => st.dir.commit(p.stage),
             Err(e) => {
@@ -527,13 +531,12 @@ impl Fabric {
         }
     }
 
-    /// Commits the prefetch in flight if its copies have all arrived (without blocking).
+    /// Commits the prefetches whose copies have all arrived, oldest first (without blocking).
     fn settle_if_done(&self, st: &mut State) {
-        let done = match st.prefetch.as_mut() {
-            Some(p) => p.copies.iter_mut().all(|t| !matches!(t.is_complete(), Ok(false))),
-            None => false,
-        };
-        if done {
+        while let Some(p) = st.prefetch.front_mut() {
+            if p.copies.iter_mut().any(|t| matches!(t.is_complete(), Ok(false))) {
+                return;
+            }
             self.settle(st);
         }
     }

@@ -9,12 +9,12 @@
 //! - no leased page is ever moved or evicted (a lease's frames keep its bytes until it is released);
 //! - the directory's own tables stay consistent (`check_invariants`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use proptest::prelude::*;
 use vfabric::directory::{
     AcquireRequest, Directory, DirectoryConfig, LeaseGrant, Mode, Placement, ReadSource, RegionHandle, Stage,
-    StageKind, Step,
+    StageKind, Step, PREFETCH_DEPTH,
 };
 use vfabric::error::FabricError;
 use vfabric_allocator::PageSize;
@@ -101,8 +101,9 @@ struct Sim {
     next_token: u64,
     stages: u64,
     fail_every: u64,
-    /// The prefetch in flight, whether it fails, and whether its copies are still to be made.
-    prefetch: Option<(Stage, bool, bool)>,
+    /// The prefetches in flight, oldest first: the stage, whether it fails, and whether its copies are still
+    /// to be made.
+    prefetch: VecDeque<(Stage, bool, bool)>,
     /// Fetch stages run (an acquire's own), and pages prefetched.
     fetches: u64,
     prefetched: u64,
@@ -151,28 +152,30 @@ impl Sim {
         }
     }
 
-    /// Starts the prefetch the directory asks for after an acquire, copying now or at settle time.
+    /// Starts the prefetches the directory asks for after an acquire, each copying now or at settle time.
     fn prefetch(&mut self, h: &RegionHandle, device: Location) {
-        match self.drive(|d| d.step_prefetch(h, device)) {
-            Ok(Some(stage)) => {
-                assert!(self.prefetch.is_none(), "a second prefetch while one is in flight");
-                let fail = self.next_fails();
-                let late = self.stages % 2 == 0;
-                self.prefetched += stage.pages() as u64;
-                if !late {
-                    self.copy(&stage, fail);
+        loop {
+            match self.drive(|d| d.step_prefetch(h, device)) {
+                Ok(Some(stage)) => {
+                    assert!(self.prefetch.len() < PREFETCH_DEPTH, "more prefetches in flight than allowed");
+                    let fail = self.next_fails();
+                    let late = self.stages % 2 == 0;
+                    self.prefetched += stage.pages() as u64;
+                    if !late {
+                        self.copy(&stage, fail);
+                    }
+                    self.prefetch.push_back((stage, fail, late));
                 }
-                self.prefetch = Some((stage, fail, late));
+                Ok(None) | Err(FabricError::OutOfMemory { .. }) => return,
+                Err(FabricError::InvalidSize(s)) if s.contains("simulated") => return,
+                Err(e) => panic!("prefetch: {e}"),
             }
-            Ok(None) | Err(FabricError::OutOfMemory { .. }) => {}
-            Err(FabricError::InvalidSize(s)) if s.contains("simulated") => {}
-            Err(e) => panic!("prefetch: {e}"),
         }
     }
 
-    /// The prefetch in flight completes (or fails).
+    /// The oldest prefetch in flight completes (or fails).
     fn settle(&mut self) {
-        let Some((stage, fail, late)) = self.prefetch.take() else { return };
+        let Some((stage, fail, late)) = self.prefetch.pop_front() else { return };
         if late {
             self.copy(&stage, fail);
         }
@@ -192,7 +195,7 @@ impl Sim {
                 Step::Done(t) => return Ok(t),
                 Step::Stage(s) => self.run(s)?,
                 Step::Wait => {
-                    assert!(self.prefetch.is_some(), "the directory waits for a prefetch that is not in flight");
+                    assert!(!self.prefetch.is_empty(), "the directory waits for a prefetch that is not in flight");
                     self.settle();
                 }
             }
@@ -420,7 +423,7 @@ fn sim_with(fail_every: u64, high: u8, low: u8) -> Sim {
         next_token: 0,
         stages: 0,
         fail_every,
-        prefetch: None,
+        prefetch: VecDeque::new(),
         fetches: 0,
         prefetched: 0,
     }
@@ -442,7 +445,9 @@ proptest! {
         for h in std::mem::take(&mut s.regions) {
             s.drive(|d| d.free(&h)).expect("free");
         }
-        s.settle();
+        while !s.prefetch.is_empty() {
+            s.settle();
+        }
         let st = s.dir.stats();
         prop_assert_eq!(st.regions, 0);
         prop_assert!(st.devices.iter().all(|d| d.used == 0), "every frame back: {:?}", st.devices);
@@ -591,5 +596,97 @@ fn a_failed_write_leaves_new_pages_reading_zero() {
     for op in &ops {
         s.apply(op);
         s.check(op);
+    }
+}
+
+/// A prefetch on a fragmented GPU compacts it first, so its chunk lands in one run and the acquire that reaches
+/// it gets one pointer without gathering; a second prefetch is taken while the first is in flight (its frames
+/// pinned, which `check_invariants` checks), and every byte is right throughout.
+#[test]
+fn prefetch_makes_a_run_on_a_fragmented_gpu() {
+    use Op::*;
+    let mut s = sim_with(0, 100, 100);
+    // GPU 0's 8 frames: 8 one-page regions, then every other one freed.
+    for _ in 0..8 {
+        s.apply(&Alloc { pages: 1, device: 0 });
+    }
+    for i in 0..8 {
+        s.apply(&Write { region: i, page: 0, pages: 1 });
+    }
+    for i in [7usize, 5, 3, 1] {
+        s.apply(&Free { region: i });
+    }
+    assert_eq!(s.dir.stats().devices[0].largest_free_run, 1);
+    s.apply(&Alloc { pages: 12, device: 2 });
+    let big = s.regions.len() - 1;
+    for p in (0..12).step_by(3) {
+        s.apply(&Write { region: big, page: p, pages: 3 });
+    }
+    let walk = Walk { region: big, page: 0, pages: 1, device: 0, steps: 2 };
+    s.apply(&walk);
+    s.check(&walk);
+    assert_eq!(s.prefetch.len(), 2, "two prefetches in flight");
+    assert_eq!(s.prefetched, 4, "two chunks of two pages");
+    let lease = s.leases.len() - 1;
+    s.apply(&Release { lease });
+    let op = Acquire { region: big, page: 2, pages: 2, device: 0, write: false };
+    s.apply(&op);
+    s.check(&op);
+    let (grant, _, _) = s.leases.last().expect("granted");
+    assert!(matches!(grant.frames, vfabric::directory::LeaseFrames::Run { len: 2, .. }), "one run: {grant:?}");
+}
+
+/// A walk of two pages a step over a region whose pages a random walk left scattered on the GPU: prefetch
+/// moves the scattered pages into each chunk's run with the pages it brings, so the walk's leases are runs,
+/// and every byte is right (half the copies made late, as a device might).
+#[test]
+fn prefetch_moves_scattered_pages_into_runs() {
+    use Op::*;
+    let mut s = sim_with(0, 100, 100);
+    s.apply(&Alloc { pages: 16, device: 2 });
+    for p in (0..16).step_by(4) {
+        s.apply(&Write { region: 0, page: p, pages: 4 });
+    }
+    for p in [9u32, 5, 13, 6] {
+        s.apply(&Acquire { region: 0, page: p, pages: 1, device: 0, write: false });
+        s.apply(&Release { lease: 0 });
+    }
+    let (mut runs, fetches) = (0, s.fetches);
+    for p in (0..16).step_by(2) {
+        let op = Acquire { region: 0, page: p, pages: 2, device: 0, write: false };
+        s.apply(&op);
+        s.check(&op);
+        let (grant, _, _) = s.leases.last().expect("granted");
+        runs += u32::from(matches!(grant.frames, vfabric::directory::LeaseFrames::Run { .. }));
+        s.apply(&Release { lease: 0 });
+        s.check(&op);
+    }
+    assert_eq!(runs, 8, "every lease of the walk is one run");
+    assert_eq!(s.fetches - fetches, 2, "only the first two acquires fetched or gathered pages themselves");
+    assert!(s.prefetched >= 8, "the walk prefetched, moves included: {}", s.prefetched);
+    while !s.prefetch.is_empty() {
+        s.settle();
+    }
+    // Again from the start, after scattering a few pages: with a prefetch moving one of them into a run, a
+    // one-page acquire of it must wait for the move rather than lease the frame the move is about to free.
+    for p in [2u32, 6, 3] {
+        s.apply(&Acquire { region: 0, page: p, pages: 1, device: 1, write: true });
+        s.apply(&Release { lease: 0 });
+        s.apply(&Acquire { region: 0, page: p, pages: 1, device: 0, write: false });
+        s.apply(&Release { lease: 0 });
+    }
+    let walk = Walk { region: 0, page: 0, pages: 2, device: 0, steps: 1 };
+    s.apply(&walk);
+    s.apply(&Release { lease: 0 });
+    let walk = Walk { region: 0, page: 2, pages: 2, device: 0, steps: 1 };
+    s.apply(&walk);
+    s.check(&walk);
+    assert!(!s.prefetch.is_empty(), "a prefetch in flight");
+    let op = Acquire { region: 0, page: 6, pages: 1, device: 0, write: false };
+    s.apply(&op);
+    s.check(&op);
+    while !s.prefetch.is_empty() {
+        s.settle();
+        s.check(&Settle);
     }
 }

@@ -84,6 +84,31 @@ impl Lru {
         self.len -= 1;
     }
 
+    /// Puts `new` where `old` is in the order and takes `old` out (a page that moved between frames keeps its
+    /// recency). `new` must not be listed; when `old` is not, nothing changes.
+    pub(crate) fn replace(&mut self, old: u32, new: u32) {
+        let (o, n) = (old as usize, new as usize);
+        let l = self.list[o];
+        if l == OUT || self.list[n] != OUT {
+            return;
+        }
+        let (p, x) = (self.prev[o], self.next[o]);
+        self.prev[n] = p;
+        self.next[n] = x;
+        self.list[n] = l;
+        match p {
+            NIL => self.head[usize::from(l)] = new,
+            p => self.next[p as usize] = new,
+        }
+        match x {
+            NIL => self.tail[usize::from(l)] = new,
+            x => self.prev[x as usize] = new,
+        }
+        self.prev[o] = NIL;
+        self.next[o] = NIL;
+        self.list[o] = OUT;
+    }
+
     /// The priority a listed frame was touched with.
     pub(crate) fn priority(&self, frame: u32) -> Option<Priority> {
         match self.list[frame as usize] {
@@ -137,9 +162,17 @@ mod tests {
         assert_eq!(l.len(), 3);
         assert!(l.contains(3) && !l.contains(5));
         assert_eq!(l.priority(1), Some(Priority::High));
-        l.remove(2);
-        l.remove(3);
-        l.remove(1);
+        l.replace(3, 6); // 6 takes 3's place
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![2, 6, 1]);
+        l.replace(2, 7); // at a head and tail
+        l.replace(1, 0);
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![7, 6, 0]);
+        assert_eq!((l.len(), l.priority(7), l.contains(2)), (3, Some(Priority::Low), false));
+        l.replace(5, 4); // not listed: nothing changes
+        assert!(!l.contains(4));
+        l.remove(7);
+        l.remove(6);
+        l.remove(0);
         assert_eq!(l.iter().count(), 0);
         assert_eq!(l.len(), 0);
     }

@@ -22,7 +22,7 @@ use lru::Lru;
 
 pub use types::*;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use vfabric_allocator::{
     AllocClass, FrameArena, FrameArenaConfig, FrameRun, GlobalAddr, NodeId, PageSize, QuotaBook, RangeAllocator,
@@ -99,6 +99,10 @@ pub struct RegionEntry {
     stream: Option<Stream>,
 }
 
+/// Most prefetch stages in flight at once: one on the link and one queued behind it, so the link stays busy
+/// between one completing and the walk asking for the next.
+pub const PREFETCH_DEPTH: usize = 2;
+
 /// The walk the last acquires of a region made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stream {
@@ -112,13 +116,16 @@ struct Stream {
     len: u32,
 }
 
-/// The prefetch stage in flight: the frames it took (no page points to them until it commits) and the pages
-/// it brings.
+/// A prefetch stage in flight. Every frame it names is pinned until it commits or aborts, so that no
+/// compaction moves them: the frames it took (no page points to them yet) and the copies it moves into them.
 #[derive(Debug, Clone)]
 struct InFlight {
     slot: u32,
+    /// The pages it covers (those already in place are not copied).
     pages: std::ops::Range<u32>,
-    taken: Vec<Copy>,
+    /// Per page copied: the page, the frame it took, and the page's copy on the device that moves there (into
+    /// the run), if it had one.
+    moves: Vec<(u32, Copy, Option<Copy>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -230,7 +237,8 @@ pub struct Directory {
     quotas: QuotaBook,
     leases: HashMap<u64, LeaseRecord>,
     next_lease: u64,
-    in_flight: Option<InFlight>,
+    /// Prefetch stages in flight, oldest first (at most [`PREFETCH_DEPTH`]).
+    in_flight: VecDeque<InFlight>,
 }
 
 impl Directory {
@@ -274,7 +282,7 @@ impl Directory {
             quotas: QuotaBook::new(),
             leases: HashMap::new(),
             next_lease: 1,
-            in_flight: None,
+            in_flight: VecDeque::new(),
         })
     }
 
@@ -395,7 +403,7 @@ impl Directory {
         if let Some((i, p)) = r.pages.iter().enumerate().find(|(_, p)| p.leased()) {
             return Err(self.leased_error(h, i as u64, p));
         }
-        if self.in_flight.as_ref().is_some_and(|f| f.slot == h.slot) {
+        if self.in_flight.iter().any(|f| f.slot == h.slot) {
             return Ok(Step::Wait);
         }
         let copies: Vec<Copy> = r.pages.iter().flat_map(|p| p.copies().collect::<Vec<_>>()).collect();
@@ -597,9 +605,7 @@ impl Directory {
 
     /// Applies a stage whose copies all arrived.
     pub fn commit(&mut self, stage: Stage) {
-        if stage.kind == StageKind::Prefetch {
-            self.in_flight = None;
-        }
+        self.forget_in_flight(&stage);
         for u in stage.updates {
             match u {
                 Update::Relocate { page, old, new } => {
@@ -623,11 +629,12 @@ impl Directory {
                         let (old, new) = (Copy { dev, frame: mv.from }, Copy { dev, frame: mv.to });
                         let Some(page) = self.devs[usize::from(dev)].users[mv.from as usize] else { continue };
                         self.page_mut(page).replace(old, new);
-                        self.lru_remove(old);
-                        self.devs[usize::from(dev)].users[mv.from as usize] = None;
-                        self.devs[usize::from(dev)].users[mv.to as usize] = Some(page);
-                        let prio = self.priority_of(page);
-                        self.lru_insert(new, prio);
+                        let d = &mut self.devs[usize::from(dev)];
+                        d.users[mv.from as usize] = None;
+                        d.users[mv.to as usize] = Some(page);
+                        // The page keeps its place in the eviction order: moved pages made MRU would outlive the
+                        // pages around them, leaving scattered frames behind when they finally go.
+                        d.lru.replace(mv.from, mv.to);
                     }
                 }
             }
@@ -636,9 +643,7 @@ impl Directory {
 
     /// Forgets a stage whose copies failed: frees the frames it took. The pages stay where they were.
     pub fn abort(&mut self, stage: Stage) {
-        if stage.kind == StageKind::Prefetch {
-            self.in_flight = None;
-        }
+        self.forget_in_flight(&stage);
         for c in stage.taken {
             self.untake(c);
         }
@@ -672,7 +677,7 @@ impl Directory {
                 }
             }
         }
-        if req.mode == Mode::Write && self.in_flight.is_some() {
+        if req.mode == Mode::Write && !self.in_flight.is_empty() {
             // A write lease drops the other copies, one of which may be the prefetch's source.
             return Ok(Step::Wait);
         }
@@ -691,12 +696,16 @@ impl Directory {
             // A page here is pinned by another lease where it is: it cannot move into a run.
             req.contiguous = false;
         }
+        if self.in_flight.iter().any(|f| f.slot == slot && f.pages.start < first + n && first < f.pages.end) {
+            // Pages of the request are on their way, or moving into a run: their frames change at commit.
+            return Ok(Step::Wait);
+        }
         let all_here = cur.iter().all(Option::is_some);
         let in_run = all_here && cur.iter().enumerate().all(|(i, f)| *f == cur[0].map(|c| c + i as u32));
         if all_here && (in_run || !req.contiguous) {
             return Ok(Step::Done(self.grant(req, dev, first, cur.into_iter().flatten().collect(), in_run)));
         }
-        if self.in_flight.is_some() {
+        if !self.in_flight.is_empty() {
             // Stages take frames and evict: only with no prefetch in flight (it may hold pages this one wants).
             return Ok(Step::Wait);
         }
@@ -718,15 +727,7 @@ impl Directory {
             let d = &self.devs[usize::from(dev)];
             if d.frames.largest_free_run() < n {
                 return match d.frames.compaction_plan(n) {
-                    Ok(plan) if !plan.is_noop() => {
-                        let loc = d.location;
-                        let mut stage = Stage::new(StageKind::Compact);
-                        for mv in &plan.moves {
-                            stage.copy(loc, loc, mv.from, mv.to);
-                        }
-                        stage.updates.push(Update::Compact { dev, plan });
-                        Ok(Step::Stage(stage))
-                    }
+                    Ok(plan) if !plan.is_noop() => Ok(Step::Stage(self.compaction_stage(dev, plan))),
                     _ => {
                         req.contiguous = false;
                         self.step_acquire(req)
@@ -789,49 +790,91 @@ impl Directory {
         stage
     }
 
-    /// One step of keeping a walk in order ahead of itself, called after an acquire of `h` on `device`. Once
-    /// two acquires in a row continued a walk, and fewer than half a window of pages after it are on the
-    /// device, returns `Done(Some(stage))`: a [`StageKind::Prefetch`] stage copying the next pages (those with a
-    /// copy elsewhere and none here, in order) into frames taken in one allocation, so that the acquire that
-    /// reaches them finds one run. The caller starts its copies and goes on; the stage stays in flight until it
-    /// is committed or aborted, and meanwhile the calls that could disturb it return [`Step::Wait`]. Evictions
-    /// to make room come first, as ordinary stages. `Done(None)` when there is nothing to prefetch, or a
-    /// prefetch is already in flight.
+    /// One step of keeping a walk in order ahead of itself, called after an acquire of `h` on `device` (and
+    /// again after each prefetch it starts, until it returns `Done(None)`). Once two acquires in a row continued
+    /// a walk, the pages after it are kept coming: while fewer than a window of them are on the device or on
+    /// their way, and fewer than [`PREFETCH_DEPTH`] prefetches are in flight, it returns `Done(Some(stage))`, a
+    /// [`StageKind::Prefetch`] stage copying the next chunk (half a window, or the last acquire's size when
+    /// larger; pages with a copy elsewhere and none here, in order) into frames taken in one allocation, so that
+    /// the acquire that reaches them finds one run. The caller starts its copies and goes on; the stage stays in
+    /// flight until it is committed or aborted, and meanwhile the calls that could disturb it return
+    /// [`Step::Wait`]. Two in flight keep the link busy between one completing and the walk asking for more.
+    /// Room is made first, as an ordinary eviction stage of just what the chunk needs past the high watermark
+    /// (so that write-backs of dirty pages run beside the prefetches already in flight, the other way over the
+    /// link, rather than in one long batch), or down to the low watermark when no run of free frames would
+    /// hold the chunk.
     pub fn step_prefetch(&mut self, h: &RegionHandle, device: Location) -> Result<Step<Option<Stage>>, FabricError> {
         let dev = self.dev(device)?;
         let slot = h.slot;
         let r = self.region(h)?;
         let total = r.pages.len() as u32;
         let Some(st) = r.stream.filter(|s| s.dev == dev && s.streak >= 1) else { return Ok(Step::Done(None)) };
-        if self.in_flight.is_some() || self.cfg.readahead_pages == 0 {
+        if self.in_flight.len() >= PREFETCH_DEPTH || self.cfg.readahead_pages == 0 {
             return Ok(Step::Done(None));
         }
         // Never more than half of what the device keeps before evicting: a window that does not fit would evict
         // its own pages before the walk reaches them.
         let fits = (self.watermarks(dev).0 / 2).clamp(1, u64::from(u32::MAX)) as u32;
-        let window = self.cfg.readahead_pages.max(st.len).min(fits);
+        let window = self.cfg.readahead_pages.max(st.len.saturating_mul(2)).min(fits);
+        let chunk = window.div_ceil(2).max(st.len).min(window);
         let end = st.next.saturating_add(window).min(total);
-        let here = (st.next..end).take_while(|&i| r.pages[i as usize].copy_on(dev).is_some()).count() as u32;
-        if here >= window.div_ceil(2) {
-            return Ok(Step::Done(None));
-        }
-        let mut wanted: Vec<(PageRef, Copy)> = Vec::new();
-        for page in st.next + here..end {
+        // Walks of one page a step take pages wherever they are; longer steps want each chunk in one run, so
+        // pages already here but elsewhere move into the chunk's run with the rest.
+        let runs = st.len > 1;
+        let frames = &self.devs[usize::from(dev)].frames;
+        let in_flight = |i: u32| self.in_flight.iter().any(|f| f.slot == slot && f.pages.contains(&i));
+        let in_place = |from: u32, to: u32| {
+            let here: Vec<Option<u32>> =
+                (from..to).map(|i| r.pages[i as usize].copy_on(dev).map(|c| c.frame)).collect();
+            here.iter().all(Option::is_some)
+                && (!runs || here.iter().enumerate().all(|(k, f)| *f == here[0].map(|s| s + k as u32)))
+        };
+        // The first chunk of the window, in the walk's steps, that is neither in place nor on its way.
+        let mut from = st.next;
+        let to = loop {
+            let to = from.saturating_add(chunk).min(total);
+            if from >= end || (to > end && to < total) {
+                // Only whole chunks (short at the region's end): small copies waste the link.
+                return Ok(Step::Done(None));
+            }
+            if !(from..to).any(in_flight) && !in_place(from, to) {
+                break to;
+            }
+            from = to;
+        };
+        // The pages to copy, in order, up to one that cannot come (leased for writing, pinned where it is, or
+        // never written).
+        let mut wanted: Vec<(PageRef, Option<Copy>, Copy)> = Vec::new();
+        for page in from..to {
             let e = &r.pages[page as usize];
-            if e.write_leased || e.copy_on(dev).is_some() {
+            if e.write_leased {
                 break;
             }
-            let src = e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next());
-            match src {
-                Some(c) => wanted.push((PageRef { slot, page }, c)),
-                None => break,
+            match e.copy_on(dev) {
+                Some(_) if !runs => continue,
+                Some(c) if frames.lease_count(c.frame) > 0 => break,
+                Some(c) => wanted.push((PageRef { slot, page }, Some(c), c)),
+                None => {
+                    let gpu = e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu());
+                    match gpu.or_else(|| e.copies().next()) {
+                        Some(src) => wanted.push((PageRef { slot, page }, None, src)),
+                        None => break,
+                    }
+                }
             }
         }
-        if wanted.is_empty() {
+        if wanted.iter().all(|w| w.1.is_some()) && (!runs || wanted.len() < 2) {
             return Ok(Step::Done(None));
         }
         let need = wanted.len() as u32;
-        let evict = self.eviction_need(dev, need);
+        let (high, _) = self.watermarks(dev);
+        let used = u64::from(frames.used_frames());
+        let over = (used + u64::from(need)).saturating_sub(high).min(u64::from(u32::MAX)) as u32;
+        let mut evict = need.saturating_sub(self.available(dev)).max(over);
+        if frames.largest_free_run() < need {
+            // No run for the chunk: evict down to the low watermark as an acquire would.
+            evict = evict.max(self.eviction_need(dev, need));
+        }
         if evict > 0 {
             // The walk's own pages ahead stay; those behind it are the least recently used anyway.
             let (lo, hi) = (st.next, end);
@@ -842,27 +885,66 @@ impl Directory {
             }
         }
         let count = need.min(self.available(dev));
-        if count == 0 {
+        if count == 0 || (runs && count < need) {
             return Ok(Step::Done(None));
         }
+        let d = &self.devs[usize::from(dev)];
+        if d.frames.largest_free_run() < count {
+            // Make the run first (frames in flight are pinned, so compaction leaves them be). Taking scattered
+            // frames instead would make the acquire gather the chunk, and free scattered frames for the next.
+            if let Ok(plan) = d.frames.compaction_plan(count) {
+                if !plan.is_noop() {
+                    return Ok(Step::Stage(self.compaction_stage(dev, plan)));
+                }
+            }
+        }
         let tenant = self.tenant_of(slot);
-        let frames = self.take(dev, count, tenant, AllocClass::Normal)?;
+        let taken = self.take(dev, count, tenant, AllocClass::Normal)?;
         let mut stage = Stage::new(StageKind::Prefetch);
-        let to = self.loc(dev);
-        for (&(p, src), &f) in wanted.iter().zip(&frames) {
+        let to_loc = self.loc(dev);
+        let mut moves = Vec::with_capacity(taken.len());
+        for (&(p, old, src), &f) in wanted.iter().zip(&taken) {
             let new = Copy { dev, frame: f };
             stage.taken.push(new);
-            stage.copy(self.loc(src.dev), to, src.frame, f);
-            stage.updates.push(Update::Add { page: p, copy: new });
+            stage.copy(self.loc(src.dev), to_loc, src.frame, f);
+            match old {
+                Some(old) => stage.updates.push(Update::Relocate { page: p, old, new }),
+                None => stage.updates.push(Update::Add { page: p, copy: new }),
+            }
+            moves.push((p.page, new, old));
         }
-        let first = wanted[0].0.page;
-        self.in_flight = Some(InFlight { slot, pages: first..first + count, taken: stage.taken.clone() });
+        // Pinned while in flight: no compaction may move a frame no page points to yet, nor a copy being moved.
+        for &(_, new, old) in &moves {
+            self.pin(new);
+            if let Some(old) = old {
+                self.pin(old);
+            }
+        }
+        self.in_flight.push_back(InFlight { slot, pages: from..to, moves });
         Ok(Step::Done(Some(stage)))
     }
 
-    /// Whether a prefetch stage is in flight.
-    pub fn prefetch_in_flight(&self) -> bool {
-        self.in_flight.is_some()
+    /// Prefetch stages in flight.
+    pub fn prefetches_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Drops the record of a prefetch stage that is being committed or aborted.
+    fn forget_in_flight(&mut self, stage: &Stage) {
+        if stage.kind != StageKind::Prefetch {
+            return;
+        }
+        let first = stage.taken.first().copied();
+        if let Some(i) = self.in_flight.iter().position(|f| f.moves.first().map(|m| m.1) == first) {
+            if let Some(f) = self.in_flight.remove(i) {
+                for (_, new, old) in f.moves {
+                    self.unpin(new);
+                    if let Some(old) = old {
+                        self.unpin(old);
+                    }
+                }
+            }
+        }
     }
 
     fn grant(&mut self, req: &AcquireRequest, dev: DevIdx, first: u32, frames: Vec<u32>, in_run: bool) -> LeaseGrant {
@@ -933,7 +1015,7 @@ impl Directory {
         len: u64,
     ) -> Result<Step<Vec<WriteTarget>>, FabricError> {
         let (first, n) = self.span(h, offset, len)?;
-        if self.in_flight.is_some() {
+        if !self.in_flight.is_empty() {
             // New bytes would not reach a copy being prefetched.
             return Ok(Step::Wait);
         }
@@ -1051,7 +1133,7 @@ impl Directory {
             }
             r.pages.len() as u32
         };
-        if self.in_flight.is_some() {
+        if !self.in_flight.is_empty() {
             // Copies it drops may be a prefetch's sources.
             return Ok(Step::Wait);
         }
@@ -1130,17 +1212,23 @@ impl Directory {
         if d.frames.largest_free_run() >= n {
             return Ok(Step::Done(()));
         }
-        if self.in_flight.is_some() {
+        if !self.in_flight.is_empty() {
             // Compaction may move a prefetch's source frames.
             return Ok(Step::Wait);
         }
         let plan = d.frames.compaction_plan(n).map_err(|e| FabricError::from_alloc(e, device))?;
+        Ok(Step::Stage(self.compaction_stage(dev, plan)))
+    }
+
+    /// The stage that carries out a compaction plan on `dev`.
+    fn compaction_stage(&self, dev: DevIdx, plan: vfabric_allocator::CompactionPlan) -> Stage {
+        let loc = self.loc(dev);
         let mut stage = Stage::new(StageKind::Compact);
         for mv in &plan.moves {
-            stage.copy(device, device, mv.from, mv.to);
+            stage.copy(loc, loc, mv.from, mv.to);
         }
         stage.updates.push(Update::Compact { dev, plan });
-        Ok(Step::Stage(stage))
+        stage
     }
 
     // ---------------------------------------------------------------- figures
@@ -1233,27 +1321,26 @@ impl Directory {
                 }
             }
         }
-        if let Some(f) = &self.in_flight {
+        for f in &self.in_flight {
             let Some(r) = self.regions.get(f.slot as usize).and_then(|r| r.as_ref()) else {
                 return Err(format!("a prefetch is in flight for freed region slot {}", f.slot));
             };
-            for (page, c) in f.pages.clone().zip(&f.taken) {
-                match r.pages.get(page as usize) {
-                    Some(p)
-                        if p.copy_on(c.dev).is_none()
-                            && self.devs[usize::from(c.dev)].users[c.frame as usize].is_none() => {}
-                    _ => {
-                        return Err(format!(
-                            "prefetch of page {page} into frame {:?} collides with a copy",
-                            (c.dev, c.frame)
-                        ))
-                    }
+            for &(page, new, old) in &f.moves {
+                let pinned = |c: Copy| self.devs[usize::from(c.dev)].frames.lease_count(c.frame) > 0;
+                if !pinned(new) || old.is_some_and(|o| !pinned(o)) {
+                    return Err(format!("page {page}'s frames in flight are not pinned"));
+                }
+                let Some(p) = r.pages.get(page as usize) else {
+                    return Err(format!("a prefetch is in flight for page {page} past its region's end"));
+                };
+                if p.copy_on(new.dev) != old || self.devs[usize::from(new.dev)].users[new.frame as usize].is_some() {
+                    return Err(format!("prefetch of page {page} into frame {:?} collides with a copy", new.frame));
                 }
             }
         }
         for (di, d) in self.devs.iter().enumerate() {
             let prefetching =
-                self.in_flight.as_ref().map_or(0, |f| f.taken.iter().filter(|c| usize::from(c.dev) == di).count());
+                self.in_flight.iter().flat_map(|f| &f.moves).filter(|m| usize::from(m.1.dev) == di).count();
             let used = (d.users.iter().filter(|u| u.is_some()).count() + prefetching) as u32;
             let unpinned =
                 d.users.iter().enumerate().filter(|(f, u)| u.is_some() && d.frames.lease_count(*f as u32) == 0).count();
