@@ -30,6 +30,7 @@ pub mod error;
 pub mod fabric;
 pub mod logging;
 pub mod pattern;
+pub mod proto;
 pub mod units;
 
 pub use config::{ClusterConfig, ConfigError};

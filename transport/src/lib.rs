@@ -18,6 +18,7 @@ pub mod error;
 pub mod hal;
 pub mod location;
 pub mod mover;
+pub mod quic;
 
 pub use batch::{CopyRun, PageBatch, PageMove, Plan};
 pub use error::{DeviceError, MoveError, Side};
