@@ -59,6 +59,9 @@ pub struct ClusterConfig {
     /// `[mover]`: see [`MoverConfig`].
     #[serde(default)]
     pub mover: MoverConfig,
+    /// `[network]`: how agents reach each other.
+    #[serde(default)]
+    pub network: NetworkSection,
     /// `[[node]]`: the nodes of the cluster.
     #[serde(default, rename = "node")]
     pub nodes: Vec<NodeSection>,
@@ -148,6 +151,39 @@ impl MemorySection {
     }
 }
 
+/// `[network]`: QUIC between agents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkSection {
+    /// UDP payload size of QUIC packets; the minimum MTU is pinned to it. 1452 is safe everywhere; links with
+    /// jumbo frames can take up to 6500 (above that stock quinn loses whole send batches).
+    pub mtu: u16,
+    /// Folder with the cluster CA and the nodes' certificates (`vfabric cluster init` writes it); relative
+    /// paths are relative to the working directory.
+    pub certs: String,
+    /// Interval between heartbeats to each peer, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// A peer not heard from for this long (milliseconds) is dead: calls on its pages fail instead of hanging.
+    pub dead_after_ms: u64,
+    /// Bytes of page payload per checksummed chunk on the wire.
+    pub chunk: ByteSize,
+    /// Largest control frame accepted, in bytes.
+    pub max_frame: ByteSize,
+}
+
+impl Default for NetworkSection {
+    fn default() -> Self {
+        NetworkSection {
+            mtu: 1452,
+            certs: "certs".into(),
+            heartbeat_ms: 500,
+            dead_after_ms: 3000,
+            chunk: ByteSize(1 << 20),
+            max_frame: ByteSize(1 << 20),
+        }
+    }
+}
+
 /// `[[node]]`: one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -157,6 +193,9 @@ pub struct NodeSection {
     /// The GPUs of the node the fabric uses (default: all).
     #[serde(default)]
     pub gpus: Option<Vec<u16>>,
+    /// Where its agent listens for peers (`ip:port`); needed only when the cluster has several nodes.
+    #[serde(default)]
+    pub address: Option<String>,
 }
 
 impl ClusterConfig {
@@ -183,7 +222,19 @@ impl ClusterConfig {
             device: DeviceSection::default(),
             memory: MemorySection::default(),
             mover: MoverConfig::default(),
-            nodes: vec![NodeSection { name: "local".into(), gpus: None }],
+            network: NetworkSection::default(),
+            nodes: vec![NodeSection { name: "local".into(), gpus: None, address: None }],
+        })
+    }
+
+    /// The index of node `name` (its node id in global addresses).
+    pub fn node_index(&self, name: &str) -> Result<u16, ConfigError> {
+        self.nodes.iter().position(|n| n.name == name).map(|i| i as u16).ok_or_else(|| ConfigError::Invalid {
+            origin: self.cluster.name.clone(),
+            message: format!(
+                "no node `{name}` (nodes: {})",
+                self.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ")
+            ),
         })
     }
 
@@ -228,6 +279,41 @@ impl ClusterConfig {
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(format!("node `{}` is listed twice", w[0]));
         }
+        if self.nodes.len() > usize::from(u16::MAX) {
+            return Err(format!("{} nodes: at most {} fit in a global address", self.nodes.len(), u16::MAX));
+        }
+        for n in &self.nodes {
+            let dns_label = !n.name.is_empty()
+                && n.name.len() <= 63
+                && n.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !n.name.starts_with('-');
+            if !dns_label {
+                return Err(format!(
+                    "node name `{}`: use letters, digits and '-' (it names the node's certificate)",
+                    n.name
+                ));
+            }
+            if let Some(a) = &n.address {
+                a.parse::<std::net::SocketAddr>()
+                    .map_err(|e| format!("node `{}`: address `{a}` is not ip:port ({e})", n.name))?;
+            }
+        }
+        let net = &self.network;
+        if !(1200..=6500).contains(&net.mtu) {
+            return Err(format!("network.mtu {} must be within 1200..=6500", net.mtu));
+        }
+        if net.heartbeat_ms == 0 || net.dead_after_ms <= net.heartbeat_ms {
+            return Err(format!(
+                "network.dead_after_ms ({}) must exceed network.heartbeat_ms ({}), which must be above 0",
+                net.dead_after_ms, net.heartbeat_ms
+            ));
+        }
+        if net.chunk.bytes() == 0 || net.chunk.bytes() > (64 << 20) {
+            return Err(format!("network.chunk {} must be within 1B..=64MiB", net.chunk));
+        }
+        if net.max_frame.bytes() < 4096 {
+            return Err(format!("network.max_frame {} must be at least 4KiB", net.max_frame));
+        }
         Ok(())
     }
 }
@@ -245,6 +331,11 @@ mod tests {
         assert_eq!(h200.memory.gpu_budget, Some(ByteSize(8 << 30)));
         assert_eq!(h200.memory.gpu_arena_bytes(141 << 30), 8 << 30);
         assert_eq!(h200.nodes[0].gpus, Some(vec![0, 1]));
+        let netns = ClusterConfig::from_toml(include_str!("../../cluster-configs/netns-3node.toml"), "netns")
+            .expect("netns-3node.toml");
+        assert_eq!(netns.node_index("n2").expect("n2"), 2);
+        assert_eq!(netns.network.mtu, 6500);
+        assert!(netns.node_index("n9").is_err());
     }
 
     #[test]
@@ -258,6 +349,10 @@ mod tests {
         assert!(bad("[memory]\npage_sise = \"2MiB\"\n").contains("unknown field"));
         assert!(bad("[mover]\nthreads_per_block = 2048\n").contains("threads_per_block"));
         assert!(bad("[[node]]\nname = \"a\"\n[[node]]\nname = \"a\"\n").contains("twice"));
+        assert!(bad("[[node]]\nname = \"a b\"\n").contains("node name"));
+        assert!(bad("[[node]]\nname = \"a\"\naddress = \"nowhere\"\n").contains("ip:port"));
+        assert!(bad("[network]\nmtu = 9000\n").contains("mtu"));
+        assert!(bad("[network]\nheartbeat_ms = 500\ndead_after_ms = 400\n").contains("dead_after_ms"));
         assert!(ClusterConfig::from_toml("", "t").is_err());
         let ok = ClusterConfig::from_toml(base, "t").expect("defaults");
         assert_eq!(ok.memory.gpu_arena_bytes(100 << 30), 80 << 30);

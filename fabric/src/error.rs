@@ -77,6 +77,35 @@ pub enum FabricError {
     /// The configuration is not usable.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// A peer has not answered within the cluster's `network.dead_after_ms`, or its connection is gone.
+    #[error("node {node} ({name}) is not answering: {why}")]
+    PeerDead {
+        /// Its node id.
+        node: u16,
+        /// Its name.
+        name: String,
+        /// What was seen.
+        why: String,
+    },
+    /// The network failed (connecting, a stream reset, TLS).
+    #[error("network: {0}")]
+    Network(String),
+    /// A peer broke the protocol (a malformed or unexpected message); its connection is closed.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// Page bytes arrived with a checksum that does not match: nothing was written.
+    #[error("checksum: {0}")]
+    Checksum(String),
+    /// The region's home node refused the call.
+    #[error("node {node} refused: {kind:?}: {message}")]
+    Remote {
+        /// The home node.
+        node: u16,
+        /// What kind of failure it reported.
+        kind: crate::proto::ErrorKind,
+        /// Its message.
+        message: String,
+    },
 }
 
 impl FabricError {

@@ -234,6 +234,12 @@ impl Fabric {
     /// (each with an arena of the configured budget) and pinned host memory. With `backend = "auto"` and no
     /// usable GPU it runs on the emulated device ([`Fabric::fallback_reason`] says why).
     pub fn embedded(config: &ClusterConfig) -> Result<Fabric, FabricError> {
+        Self::for_node(config, 0)
+    }
+
+    /// The fabric of node `node` (its index in the configuration's `[[node]]` list, and the home id in the
+    /// global addresses of the regions it allocates), on the devices that node's section names.
+    pub fn for_node(config: &ClusterConfig, node: u16) -> Result<Fabric, FabricError> {
         let opened = open(&OpenOptions {
             backend: config.device.backend,
             emulated_gpus: config.device.emulated_gpus,
@@ -243,7 +249,7 @@ impl Fabric {
         let page = config.memory.page();
         let ps = page.bytes();
         let all: Vec<u16> = layer.gpus().iter().map(|g| g.index).collect();
-        let gpus = match config.nodes.first().and_then(|n| n.gpus.clone()) {
+        let gpus = match config.nodes.get(usize::from(node)).and_then(|n| n.gpus.clone()) {
             Some(wanted) => {
                 if let Some(&g) = wanted.iter().find(|g| !all.contains(g)) {
                     return Err(FabricError::DeviceUnavailable(Location::Gpu(g)));
@@ -270,7 +276,7 @@ impl Fabric {
         }
         let dir = Directory::new(
             DirectoryConfig {
-                node: NodeId(0),
+                node: NodeId(node),
                 page_size: page,
                 headroom_percent: config.memory.headroom_percent,
                 fit: config.memory.fit,

@@ -23,6 +23,7 @@
 
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod config;
 pub mod demo;
 pub mod directory;

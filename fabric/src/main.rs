@@ -44,6 +44,77 @@ enum Command {
         /// The file.
         path: PathBuf,
     },
+    /// Cluster set-up.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Run a node's agent until SIGTERM or Ctrl-C: its fabric, and QUIC to the other nodes.
+    Agent {
+        /// Cluster configuration.
+        #[arg(long)]
+        config: PathBuf,
+        /// The node to run (a `[[node]]` name of the configuration).
+        #[arg(long)]
+        node: String,
+        /// Device layer, overriding the configuration: auto, cuda or emulated.
+        #[arg(long)]
+        device: Option<Backend>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Create the cluster's CA and a certificate for every node, in the configuration's `network.certs` folder
+    /// (or `--out`). Refuses to overwrite an existing CA.
+    Init {
+        /// Cluster configuration.
+        #[arg(long)]
+        config: PathBuf,
+        /// Folder to write (default: the configuration's `network.certs`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+fn cluster_init(config: &std::path::Path, out: Option<PathBuf>) -> Result<(), String> {
+    use vfabric_transport::quic::ClusterCa;
+    let cfg = ClusterConfig::from_file(config).map_err(|e| e.to_string())?;
+    let dir = out.unwrap_or_else(|| PathBuf::from(&cfg.network.certs));
+    if dir.join("ca.pem").exists() {
+        return Err(format!("{} already holds a cluster CA; remove it first to make a new one", dir.display()));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let ca = ClusterCa::generate(&cfg.cluster.name).map_err(|e| e.to_string())?;
+    ca.save(&dir).map_err(|e| e.to_string())?;
+    for n in &cfg.nodes {
+        ca.issue(&n.name).and_then(|id| id.save(&dir)).map_err(|e| format!("node {}: {e}", n.name))?;
+        println!("certificate for {} in {}", n.name, dir.display());
+    }
+    println!("cluster CA of {} in {} (keep ca-key.pem private)", cfg.cluster.name, dir.display());
+    Ok(())
+}
+
+fn run_agent(cfg: ClusterConfig, node: String) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let agent = vfabric::agent::Agent::start_from_config(&cfg, &node).await.map_err(|e| e.to_string())?;
+        println!("agent {node} (node {}) listening on {}", agent.node(), agent.local_addr());
+        wait_for_stop().await?;
+        println!("stopping");
+        agent.shutdown().await;
+        Ok(())
+    })
+}
+
+/// SIGTERM or Ctrl-C.
+async fn wait_for_stop() -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    tokio::select! {
+        _ = term.recv() => Ok(()),
+        r = tokio::signal::ctrl_c() => r.map_err(|e| e.to_string()),
+    }
 }
 
 fn load(config: Option<PathBuf>, device: Option<Backend>) -> Result<ClusterConfig, String> {
@@ -86,6 +157,8 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
+        Command::Cluster { command: ClusterCommand::Init { config, out } } => cluster_init(&config, out),
+        Command::Agent { config, node, device } => load(Some(config), device).and_then(|cfg| run_agent(cfg, node)),
         Command::CheckConfig { path } => ClusterConfig::from_file(&path).map_err(|e| e.to_string()).and_then(|cfg| {
             let text = toml_text(&cfg)?;
             println!("{text}");

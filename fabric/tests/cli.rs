@@ -33,3 +33,26 @@ fn a_bad_config_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+#[test]
+fn cluster_init_writes_a_ca_and_every_node_certificate_once() {
+    let dir = std::env::temp_dir().join(format!("vfabric-init-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../cluster-configs/netns-3node.toml");
+    let init = || {
+        Command::new(env!("CARGO_BIN_EXE_vfabric"))
+            .args(["cluster", "init", "--config", config, "--out"])
+            .arg(&dir)
+            .output()
+            .expect("run vfabric")
+    };
+    let out = init();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in ["ca.pem", "ca-key.pem", "n0.pem", "n0-key.pem", "n1.pem", "n2-key.pem"] {
+        assert!(dir.join(f).exists(), "{f} written");
+    }
+    let again = init();
+    assert!(!again.status.success(), "a second init must not replace the CA");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already holds a cluster CA"));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -367,7 +367,8 @@ impl Directory {
     /// The live region `h` names.
     pub fn region(&self, h: &RegionHandle) -> Result<&RegionEntry, FabricError> {
         match self.regions.get(h.slot as usize) {
-            Some(Some(r)) if r.handle.generation == h.generation => Ok(r),
+            // The whole handle must match: one that crossed a wire may name a slot with other bounds.
+            Some(Some(r)) if r.handle == *h => Ok(r),
             Some(_) if self.generations[h.slot as usize] >= h.generation => {
                 Err(FabricError::UseAfterFree(h.to_string()))
             }

@@ -1,2 +1,26 @@
 //! The control protocol between agents (and between a node's clients and its agent): versioned frames carrying
-//! bincode messages. Being written (issue 4).
+//! bincode messages.
+//!
+//! Two layers, one concept each:
+//!
+//! - [`message`]: what is said. [`Message`] and the plain wire types it carries ([`WireRegion`],
+//!   [`WireLocation`], [`WireMode`], [`ErrorKind`]). They mirror the fabric's own types but stay separate from
+//!   them, so the wire format changes only when this module does.
+//! - [`codec`]: how it is framed. Every message travels as one frame: a 12-byte header (magic `VFAB`, protocol
+//!   version, flags, body length) and a bincode body. The codec is sans-IO at its core ([`encode`],
+//!   [`FrameDecoder`]) with thin async helpers over any tokio stream ([`read_frame`], [`write_frame`]), which
+//!   is what quinn's streams are.
+//!
+//! Everything a peer sends is untrusted: the header is checked before the body is buffered, the body length is
+//! bounded by the caller's `max`, and decoding never allocates more than a small multiple of the body it was
+//! given. Page payloads never pass through this codec; they follow a `Write` request or a `Data` response raw
+//! on the same stream.
+
+pub mod codec;
+pub mod message;
+
+pub use codec::{
+    encode, read_frame, write_frame, CodecError, FrameDecoder, DEFAULT_MAX_FRAME, FRAME_HEADER_LEN, MAGIC,
+    PROTOCOL_VERSION,
+};
+pub use message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};

@@ -1,0 +1,433 @@
+//! The agent: one node's daemon. It runs the node's [`Fabric`] and answers, over QUIC with mutual TLS, for the
+//! regions whose home is this node; its own callers reach other nodes' regions through it.
+//!
+//! Every region's global address names its home node (the high 16 bits): the home holds the region's directory
+//! entries for its whole life. A call on a region goes to the fabric in this process when the region's home is
+//! this node, and to the home's agent otherwise, one QUIC stream per call: one request frame ([`crate::proto`]),
+//! page payloads as checksummed chunks ([`vfabric_transport::quic::chunk`]), one response frame.
+//!
+//! Peers: the cluster configuration lists every node (static membership); a node's certificate names it, and
+//! a connection whose certificate names no node of the cluster, or whose first message is not a matching
+//! `Hello`, is closed with the reason logged. Heartbeats mark a silent peer dead after `network.dead_after_ms`;
+//! calls on its regions then fail with [`FabricError::PeerDead`] instead of hanging.
+
+mod serve;
+mod wire;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+use vfabric_transport::quic::{self, NodeIdentity, QuicSettings};
+use vfabric_transport::Location;
+
+use crate::config::{ClusterConfig, NetworkSection};
+use crate::directory::Placement;
+use crate::error::FabricError;
+use crate::fabric::{Fabric, Region};
+use crate::proto::{read_frame, write_frame, Message, WireRegion, PROTOCOL_VERSION};
+
+/// A peer as this agent sees it.
+struct Peer {
+    name: String,
+    addr: Option<SocketAddr>,
+    conn: Option<quinn::Connection>,
+    last_seen: Option<Instant>,
+}
+
+struct Shared {
+    cluster: String,
+    node: u16,
+    fabric: Fabric,
+    endpoint: quinn::Endpoint,
+    net: NetworkSection,
+    started: Instant,
+    peers: Vec<Mutex<Peer>>,
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// One node's agent (cheap to clone; every clone drives the same agent).
+#[derive(Clone)]
+pub struct Agent {
+    shared: Arc<Shared>,
+}
+
+impl Agent {
+    /// Starts node `name` of `config`: its fabric, its QUIC endpoint on `bind` (default: the node's configured
+    /// address), the task that serves peers, and heartbeats. Must run inside a multi-threaded tokio runtime.
+    pub async fn start(
+        config: &ClusterConfig,
+        name: &str,
+        identity: &NodeIdentity,
+        bind: Option<SocketAddr>,
+    ) -> Result<Agent, FabricError> {
+        let node = config.node_index(name)?;
+        let net = config.network.clone();
+        let bind = match bind {
+            Some(b) => b,
+            None => configured_addr(config, node)?.ok_or_else(|| {
+                FabricError::Network(format!("node `{name}` has no address in the configuration and none was given"))
+            })?,
+        };
+        let settings = QuicSettings { mtu: net.mtu, ..QuicSettings::default() };
+        let endpoint = quic::endpoint(bind, identity, &settings).map_err(|e| FabricError::Network(e.to_string()))?;
+        let cfg = config.clone();
+        let fabric = tokio::task::spawn_blocking(move || Fabric::for_node(&cfg, node))
+            .await
+            .map_err(|e| FabricError::Network(format!("starting the fabric: {e}")))??;
+        let mut peers = Vec::new();
+        for i in 0..config.nodes.len() as u16 {
+            let addr = configured_addr(config, i)?;
+            peers.push(Mutex::new(Peer {
+                name: config.nodes[usize::from(i)].name.clone(),
+                addr,
+                conn: None,
+                last_seen: None,
+            }));
+        }
+        let shared = Arc::new(Shared {
+            cluster: config.cluster.name.clone(),
+            node,
+            fabric,
+            endpoint,
+            net,
+            started: Instant::now(),
+            peers,
+            tasks: std::sync::Mutex::new(Vec::new()),
+        });
+        let agent = Agent { shared };
+        let serving = tokio::spawn(serve::accept_loop(Arc::clone(&agent.shared)));
+        let beating = tokio::spawn(heartbeat_loop(agent.clone()));
+        agent.tasks().extend([serving, beating]);
+        tracing::info!(node, name, addr = %agent.local_addr(), "agent started");
+        Ok(agent)
+    }
+
+    /// Starts node `name` with the identity `vfabric cluster init` wrote into the configuration's
+    /// `network.certs` folder.
+    pub async fn start_from_config(config: &ClusterConfig, name: &str) -> Result<Agent, FabricError> {
+        let identity = NodeIdentity::load(Path::new(&config.network.certs), name)
+            .map_err(|e| FabricError::Network(format!("loading {name}'s certificate: {e}")))?;
+        Self::start(config, name, &identity, None).await
+    }
+
+    fn tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
+        self.shared.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This node's id (the home id in the addresses of the regions it allocates).
+    pub fn node(&self) -> u16 {
+        self.shared.node
+    }
+
+    /// The address the agent listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.endpoint.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// The fabric of this node.
+    pub fn fabric(&self) -> &Fabric {
+        &self.shared.fabric
+    }
+
+    /// Sets where peer `node` listens (when the configuration does not say, as in tests that bind port 0).
+    pub async fn set_peer_addr(&self, node: u16, addr: SocketAddr) -> Result<(), FabricError> {
+        let mut p = self.peer(node)?.lock().await;
+        p.addr = Some(addr);
+        p.conn = None;
+        Ok(())
+    }
+
+    fn peer(&self, node: u16) -> Result<&Mutex<Peer>, FabricError> {
+        self.shared.peers.get(usize::from(node)).ok_or_else(|| {
+            FabricError::InvalidAddress(format!("node {node} is not in cluster {}", self.shared.cluster))
+        })
+    }
+
+    /// Allocates a region whose home is `node` (this one or a peer), placed on `device` of that node if given.
+    pub async fn alloc(&self, node: u16, size: u64, device: Option<Location>) -> Result<Region, FabricError> {
+        if node == self.shared.node {
+            let f = self.shared.fabric.clone();
+            let placement = device.map(Placement::on).unwrap_or_default();
+            return blocking(move || f.alloc(size, placement)).await;
+        }
+        let msg = Message::Alloc { size, device: device.map(Into::into) };
+        match self.call(node, &msg, &[]).await? {
+            (Message::Allocated { region }, _) => Ok(Region::from(&region)),
+            (other, _) => Err(unexpected(node, &other)),
+        }
+    }
+
+    /// Frees a region at its home.
+    pub async fn free(&self, region: &Region) -> Result<(), FabricError> {
+        let home = region.addr.node().0;
+        if home == self.shared.node {
+            let (f, r) = (self.shared.fabric.clone(), *region);
+            return blocking(move || f.free(&r)).await;
+        }
+        match self.call(home, &Message::Free { region: WireRegion::from(region) }, &[]).await? {
+            (Message::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(home, &other)),
+        }
+    }
+
+    /// Writes `data` into the region at `offset`, wherever its home is.
+    pub async fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+        let home = region.addr.node().0;
+        if home == self.shared.node {
+            let (f, r, d) = (self.shared.fabric.clone(), *region, data.to_vec());
+            return blocking(move || f.write(&r, offset, &d)).await;
+        }
+        let msg = Message::Write { region: WireRegion::from(region), offset, len: data.len() as u64 };
+        match self.call(home, &msg, data).await? {
+            (Message::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(home, &other)),
+        }
+    }
+
+    /// Reads the region at `offset` into `buf`, wherever its home is. Every byte that crossed the wire was
+    /// checksummed and verified.
+    pub async fn read(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+        let home = region.addr.node().0;
+        if home == self.shared.node {
+            let (f, r, n) = (self.shared.fabric.clone(), *region, buf.len());
+            let data = blocking(move || {
+                let mut v = vec![0u8; n];
+                f.read(&r, offset, &mut v).map(|()| v)
+            })
+            .await?;
+            buf.copy_from_slice(&data);
+            return Ok(());
+        }
+        let msg = Message::Read { region: WireRegion::from(region), offset, len: buf.len() as u64 };
+        match self.call_read(home, &msg, offset, buf).await? {
+            Message::Data { len } if len == buf.len() as u64 => Ok(()),
+            other => Err(unexpected(home, &other)),
+        }
+    }
+
+    /// Round trip to a peer's agent.
+    pub async fn ping(&self, node: u16) -> Result<Duration, FabricError> {
+        let t = Instant::now();
+        let nonce = t.elapsed().as_nanos() as u64 ^ 0x5eed;
+        match self.call(node, &Message::Ping { nonce }, &[]).await? {
+            (Message::Pong { nonce: n }, _) if n == nonce => Ok(t.elapsed()),
+            (other, _) => Err(unexpected(node, &other)),
+        }
+    }
+
+    /// Whether peer `node` answered within `network.dead_after_ms` (always true for this node).
+    pub async fn is_alive(&self, node: u16) -> Result<bool, FabricError> {
+        if node == self.shared.node {
+            return Ok(true);
+        }
+        let p = self.peer(node)?.lock().await;
+        Ok(self.alive(&p))
+    }
+
+    fn alive(&self, p: &Peer) -> bool {
+        let dead_after = Duration::from_millis(self.shared.net.dead_after_ms);
+        match p.last_seen {
+            Some(t) => t.elapsed() < dead_after,
+            // Never heard from: give it the grace period after start.
+            None => self.shared.started.elapsed() < dead_after,
+        }
+    }
+
+    /// Closes every connection (peers' calls in flight fail with a closed-connection error), stops serving
+    /// and waits up to a second for the endpoint to go idle.
+    pub async fn shutdown(&self) {
+        let tasks: Vec<_> = self.tasks().drain(..).collect();
+        for t in &tasks {
+            t.abort();
+        }
+        self.shared.endpoint.close(quinn::VarInt::from_u32(0), b"shutdown");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.shared.endpoint.wait_idle()).await;
+        tracing::info!(node = self.shared.node, "agent stopped");
+    }
+
+    /// The connection to peer `node`, dialled and greeted on first use (and again after it closed).
+    async fn connection(&self, node: u16) -> Result<quinn::Connection, FabricError> {
+        if node == self.shared.node {
+            return Err(FabricError::InvalidAddress(format!("node {node} is this node")));
+        }
+        let mut p = self.peer(node)?.lock().await;
+        if !self.alive(&p) {
+            return Err(FabricError::PeerDead {
+                node,
+                name: p.name.clone(),
+                why: format!("no heartbeat for {} ms", self.shared.net.dead_after_ms),
+            });
+        }
+        if let Some(c) = p.conn.as_ref().filter(|c| c.close_reason().is_none()) {
+            return Ok(c.clone());
+        }
+        let addr =
+            p.addr.ok_or_else(|| FabricError::Network(format!("node {node} ({}) has no known address", p.name)))?;
+        let dead_after = Duration::from_millis(self.shared.net.dead_after_ms);
+        let dial = async {
+            let conn = quic::connect(&self.shared.endpoint, addr, &p.name)
+                .await
+                .map_err(|e| FabricError::Network(format!("connecting to {} at {addr}: {e}", p.name)))?;
+            let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
+            let hello = Message::Hello {
+                cluster: self.shared.cluster.clone(),
+                node: self.shared.node,
+                protocol: PROTOCOL_VERSION,
+            };
+            let max = self.max_frame();
+            write_frame(&mut send, &hello, max).await.map_err(proto)?;
+            send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
+            match read_frame(&mut recv, max).await.map_err(proto)? {
+                Some(Message::Welcome { node: n, .. }) if n == node => Ok(conn),
+                Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
+                other => Err(FabricError::Protocol(format!("node {node} answered hello with {other:?}"))),
+            }
+        };
+        let conn = tokio::time::timeout(dead_after, dial).await.map_err(|_| FabricError::PeerDead {
+            node,
+            name: p.name.clone(),
+            why: format!("no answer to hello within {} ms", dead_after.as_millis()),
+        })??;
+        p.conn = Some(conn.clone());
+        p.last_seen = Some(Instant::now());
+        Ok(conn)
+    }
+
+    fn max_frame(&self) -> usize {
+        self.shared.net.max_frame.bytes() as usize
+    }
+
+    /// One request to `node`: the frame, then `payload` as checksummed chunks; returns the response frame.
+    async fn call(&self, node: u16, msg: &Message, payload: &[u8]) -> Result<(Message, ()), FabricError> {
+        let work = async {
+            let conn = self.connection(node).await?;
+            let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
+            write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
+            let chunk = self.shared.net.chunk.bytes() as usize;
+            for (i, piece) in payload.chunks(chunk).enumerate() {
+                quic::write_chunk(&mut send, (i * chunk) as u64, piece)
+                    .await
+                    .map_err(|e| FabricError::Network(e.to_string()))?;
+            }
+            send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
+            let reply = read_frame(&mut recv, self.max_frame()).await.map_err(proto)?;
+            self.heard_from(node).await;
+            reply_or_error(node, reply)
+        };
+        self.bounded(node, work).await.map(|m| (m, ()))
+    }
+
+    /// A read request to `node`: the response frame, then the chunks, written into `buf` (whose first byte is
+    /// the region's byte `offset`).
+    async fn call_read(&self, node: u16, msg: &Message, offset: u64, buf: &mut [u8]) -> Result<Message, FabricError> {
+        let max_chunk = self.shared.net.chunk.bytes();
+        let work = async {
+            let conn = self.connection(node).await?;
+            let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
+            write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
+            send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
+            let reply = reply_or_error(node, read_frame(&mut recv, self.max_frame()).await.map_err(proto)?)?;
+            let mut got = 0u64;
+            let mut chunk = Vec::new();
+            while let Some(at) = quic::read_chunk(&mut recv, max_chunk, &mut chunk).await.map_err(|e| match e {
+                quic::QuicError::Checksum { .. } => FabricError::Checksum(format!("from node {node}: {e}")),
+                other => FabricError::Network(other.to_string()),
+            })? {
+                let start = at.checked_sub(offset).filter(|s| s + chunk.len() as u64 <= buf.len() as u64);
+                let Some(start) = start else {
+                    return Err(FabricError::Protocol(format!("node {node} sent bytes at {at:#x}, outside the read")));
+                };
+                buf[start as usize..start as usize + chunk.len()].copy_from_slice(&chunk);
+                got += chunk.len() as u64;
+            }
+            if got != buf.len() as u64 {
+                return Err(FabricError::Protocol(format!("node {node} sent {got} of {} bytes", buf.len())));
+            }
+            self.heard_from(node).await;
+            Ok(reply)
+        };
+        self.bounded(node, work).await
+    }
+
+    /// Runs a call, failing with `PeerDead` when the peer stays silent for `network.dead_after_ms`.
+    async fn bounded<T>(
+        &self,
+        node: u16,
+        work: impl std::future::Future<Output = Result<T, FabricError>>,
+    ) -> Result<T, FabricError> {
+        // Bulk transfers may take longer than a heartbeat period; what bounds them is the connection: quinn's
+        // idle timeout closes it when the peer stops acknowledging.
+        let limit = Duration::from_millis(self.shared.net.dead_after_ms).max(Duration::from_secs(60));
+        match tokio::time::timeout(limit, work).await {
+            Ok(r) => r,
+            Err(_) => {
+                let name = self.peer(node)?.lock().await.name.clone();
+                Err(FabricError::PeerDead { node, name, why: format!("no answer within {} ms", limit.as_millis()) })
+            }
+        }
+    }
+
+    async fn heard_from(&self, node: u16) {
+        if let Ok(p) = self.peer(node) {
+            p.lock().await.last_seen = Some(Instant::now());
+        }
+    }
+}
+
+/// Pings every peer with an address each `network.heartbeat_ms`; an answer marks it alive.
+async fn heartbeat_loop(agent: Agent) {
+    let period = Duration::from_millis(agent.shared.net.heartbeat_ms);
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for node in 0..agent.shared.peers.len() as u16 {
+            if node == agent.shared.node || agent.shared.peers[usize::from(node)].lock().await.addr.is_none() {
+                continue;
+            }
+            let a = agent.clone();
+            tokio::spawn(async move {
+                if let Ok(Err(e)) = tokio::time::timeout(period * 2, a.ping(node)).await {
+                    tracing::debug!(node, error = %e, "heartbeat failed");
+                }
+            });
+        }
+    }
+}
+
+fn configured_addr(config: &ClusterConfig, node: u16) -> Result<Option<SocketAddr>, FabricError> {
+    match config.nodes.get(usize::from(node)).and_then(|n| n.address.as_deref()) {
+        None => Ok(None),
+        Some(a) => a.parse().map(Some).map_err(|e| FabricError::Network(format!("address `{a}`: {e}"))),
+    }
+}
+
+/// Runs a blocking fabric call off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, FabricError> + Send + 'static,
+) -> Result<T, FabricError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| FabricError::Network(format!("a fabric call failed: {e}")))?
+}
+
+fn reply_or_error(node: u16, reply: Option<Message>) -> Result<Message, FabricError> {
+    match reply {
+        Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
+        Some(m) => Ok(m),
+        None => Err(FabricError::Protocol(format!("node {node} closed the stream without answering"))),
+    }
+}
+
+fn unexpected(node: u16, m: &Message) -> FabricError {
+    FabricError::Protocol(format!("node {node} answered with an unexpected `{}`", m.name()))
+}
+
+fn net(e: quinn::ConnectionError) -> FabricError {
+    FabricError::Network(e.to_string())
+}
+
+fn proto(e: crate::proto::CodecError) -> FabricError {
+    FabricError::Protocol(e.to_string())
+}

@@ -1,0 +1,313 @@
+//! The control messages and the plain types they carry across the wire.
+//!
+//! bincode encodes an enum variant by its index, so the order of variants here *is* the wire format: add new
+//! variants at the end of an enum and bump [`PROTOCOL_VERSION`](super::PROTOCOL_VERSION) for anything else.
+
+use bincode::{Decode, Encode};
+
+/// Where pages live, as it crosses the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum WireLocation {
+    /// The GPU with this ordinal on the node that receives the message.
+    Gpu(u16),
+    /// Host memory on the node that receives the message.
+    Host,
+}
+
+/// The access a lease asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum WireMode {
+    /// Shared, read-only access.
+    Read,
+    /// Exclusive access that may modify the pages.
+    Write,
+}
+
+/// A region as it crosses the wire: its first global address (raw u64: home node in the high 16 bits), length,
+/// page size, and the home's slot and generation that name it there.
+///
+/// The slot and generation let the home tell a live region from a freed one whose slot was reused, so a stale
+/// handle is refused (`UseAfterFree`) rather than touching someone else's pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+pub struct WireRegion {
+    /// The region's first global address: the home node in the high 16 bits, the offset on it below.
+    pub addr: u64,
+    /// The region's length in bytes.
+    pub len: u64,
+    /// The region's page size in bytes.
+    pub page_size: u64,
+    /// The home's directory slot that holds the region.
+    pub slot: u32,
+    /// The generation of that slot when the region was allocated.
+    pub generation: u64,
+}
+
+/// Why a request failed: the fabric's error kinds, flattened so the wire needs no nested payloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum ErrorKind {
+    /// No memory left on the asked-for device (or anywhere, if none was asked for).
+    OutOfMemory,
+    /// The allocation would exceed the requester's quota.
+    QuotaExceeded,
+    /// The address names no region.
+    InvalidAddress,
+    /// The range runs past the end of the region.
+    OutOfBounds,
+    /// The region was already freed.
+    DoubleFree,
+    /// The region was freed (its slot may since hold another one).
+    UseAfterFree,
+    /// Another holder has a conflicting lease on the range.
+    LeasedElsewhere,
+    /// The asked-for device is absent or failed.
+    DeviceUnavailable,
+    /// The lease id names no live lease.
+    UnknownLease,
+    /// A node the request depends on stopped answering.
+    PeerDead,
+    /// The request broke the protocol (wrong message, wrong order, bad payload length).
+    Protocol,
+    /// A payload failed its checksum.
+    Checksum,
+    /// A bug or an unexpected failure on the answering side.
+    Internal,
+}
+
+/// One control message. Every request goes on its own bidirectional stream: the requester writes one request
+/// frame (then, for `Write`, the page payloads, which never go through this codec), the agent answers with one
+/// response frame (then, for `Read`, the payloads). `Hello`/`Welcome` open every connection.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum Message {
+    // Requests: sent by the side that opened the stream.
+    /// Opens a connection: the sender's cluster name, node id and protocol version.
+    Hello {
+        /// The cluster the sender belongs to; a mismatch is refused.
+        cluster: String,
+        /// The sender's node id.
+        node: u16,
+        /// The protocol version the sender speaks.
+        protocol: u16,
+    },
+    /// Asks for a [`Message::Pong`] with the same nonce (liveness and round-trip time).
+    Ping {
+        /// An opaque value echoed back.
+        nonce: u64,
+    },
+    /// Allocates a region of `size` bytes, on `device` if given, else where the home chooses.
+    Alloc {
+        /// The size in bytes.
+        size: u64,
+        /// The device to place the region on, if the requester cares.
+        device: Option<WireLocation>,
+    },
+    /// Frees a region.
+    Free {
+        /// The region to free.
+        region: WireRegion,
+    },
+    /// Writes `len` bytes at `offset` in the region; the payload follows the frame raw on the stream.
+    Write {
+        /// The region written to.
+        region: WireRegion,
+        /// The byte offset in the region.
+        offset: u64,
+        /// The number of payload bytes that follow.
+        len: u64,
+    },
+    /// Reads `len` bytes at `offset` in the region; the payload follows the [`Message::Data`] answer.
+    Read {
+        /// The region read from.
+        region: WireRegion,
+        /// The byte offset in the region.
+        offset: u64,
+        /// The number of bytes wanted.
+        len: u64,
+    },
+    /// Asks for a lease on a byte range of the region, with its pages on `device`.
+    Acquire {
+        /// The region the lease covers.
+        region: WireRegion,
+        /// The first byte of the range.
+        offset: u64,
+        /// The length of the range in bytes.
+        len: u64,
+        /// Where the pages must be while the lease is held.
+        device: WireLocation,
+        /// The access asked for.
+        mode: WireMode,
+    },
+    /// Gives a lease back.
+    Release {
+        /// The lease id from [`Message::Granted`].
+        lease: u64,
+    },
+    /// Moves a region's pages to `device`.
+    Migrate {
+        /// The region to move.
+        region: WireRegion,
+        /// Where its pages should go.
+        device: WireLocation,
+    },
+    /// Tells a holder that its copies of these pages are stale and must be dropped.
+    Invalidate {
+        /// The region the pages belong to.
+        region: WireRegion,
+        /// The first page, counted from the start of the region.
+        first_page: u64,
+        /// The number of pages.
+        pages: u64,
+    },
+
+    // Responses: sent by the side that accepted the stream.
+    /// Accepts a [`Message::Hello`]: the answering node's id and protocol version.
+    Welcome {
+        /// The answering node's id.
+        node: u16,
+        /// The protocol version the answering node speaks.
+        protocol: u16,
+    },
+    /// Answers a [`Message::Ping`].
+    Pong {
+        /// The nonce from the ping.
+        nonce: u64,
+    },
+    /// Answers an [`Message::Alloc`] with the new region.
+    Allocated {
+        /// The region allocated.
+        region: WireRegion,
+    },
+    /// The request succeeded and there is nothing more to say.
+    Done,
+    /// Answers a [`Message::Read`]: `len` payload bytes follow the frame raw on the stream.
+    Data {
+        /// The number of payload bytes that follow.
+        len: u64,
+    },
+    /// Answers an [`Message::Acquire`]: the lease id and the pages it covers.
+    Granted {
+        /// The lease id, to pass to [`Message::Release`].
+        lease: u64,
+        /// The first page covered, counted from the start of the region.
+        first_page: u64,
+        /// The number of pages covered.
+        pages: u64,
+    },
+    /// The request failed.
+    Error {
+        /// Why, as a kind the requester can act on.
+        kind: ErrorKind,
+        /// Details for humans (logs); nothing should parse it.
+        message: String,
+    },
+}
+
+impl Message {
+    /// Whether this is a request (sent by the side that opened the stream).
+    pub fn is_request(&self) -> bool {
+        // Spelled out rather than `!matches!(responses)` so that a new variant must be sorted here by hand.
+        match self {
+            Message::Hello { .. }
+            | Message::Ping { .. }
+            | Message::Alloc { .. }
+            | Message::Free { .. }
+            | Message::Write { .. }
+            | Message::Read { .. }
+            | Message::Acquire { .. }
+            | Message::Release { .. }
+            | Message::Migrate { .. }
+            | Message::Invalidate { .. } => true,
+            Message::Welcome { .. }
+            | Message::Pong { .. }
+            | Message::Allocated { .. }
+            | Message::Done
+            | Message::Data { .. }
+            | Message::Granted { .. }
+            | Message::Error { .. } => false,
+        }
+    }
+
+    /// A short name for logs ("hello", "read", ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "hello",
+            Message::Ping { .. } => "ping",
+            Message::Alloc { .. } => "alloc",
+            Message::Free { .. } => "free",
+            Message::Write { .. } => "write",
+            Message::Read { .. } => "read",
+            Message::Acquire { .. } => "acquire",
+            Message::Release { .. } => "release",
+            Message::Migrate { .. } => "migrate",
+            Message::Invalidate { .. } => "invalidate",
+            Message::Welcome { .. } => "welcome",
+            Message::Pong { .. } => "pong",
+            Message::Allocated { .. } => "allocated",
+            Message::Done => "done",
+            Message::Data { .. } => "data",
+            Message::Granted { .. } => "granted",
+            Message::Error { .. } => "error",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn region() -> WireRegion {
+        WireRegion { addr: (3u64 << 48) | 0x1000, len: 1 << 20, page_size: 1 << 16, slot: 7, generation: 2 }
+    }
+
+    /// One of each variant, in declaration order.
+    fn all() -> Vec<Message> {
+        let region = region();
+        vec![
+            Message::Hello { cluster: "c".into(), node: 1, protocol: 1 },
+            Message::Ping { nonce: 9 },
+            Message::Alloc { size: 4096, device: None },
+            Message::Free { region },
+            Message::Write { region, offset: 0, len: 1 },
+            Message::Read { region, offset: 0, len: 1 },
+            Message::Acquire { region, offset: 0, len: 1, device: WireLocation::Host, mode: WireMode::Read },
+            Message::Release { lease: 1 },
+            Message::Migrate { region, device: WireLocation::Gpu(0) },
+            Message::Invalidate { region, first_page: 0, pages: 1 },
+            Message::Welcome { node: 2, protocol: 1 },
+            Message::Pong { nonce: 9 },
+            Message::Allocated { region },
+            Message::Done,
+            Message::Data { len: 1 },
+            Message::Granted { lease: 1, first_page: 0, pages: 1 },
+            Message::Error { kind: ErrorKind::Internal, message: "x".into() },
+        ]
+    }
+
+    #[test]
+    fn requests_are_the_first_ten_variants() {
+        let kinds: Vec<bool> = all().iter().map(Message::is_request).collect();
+        let mut expected = vec![true; 10];
+        expected.extend([false; 7]);
+        assert_eq!(kinds, expected);
+    }
+
+    #[test]
+    fn names_are_distinct_and_lowercase() {
+        let names: Vec<&str> = all().iter().map(Message::name).collect();
+        let distinct: HashSet<&str> = names.iter().copied().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert!(names.iter().all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase())), "{names:?}");
+        assert_eq!(Message::Read { region: region(), offset: 0, len: 0 }.name(), "read");
+        assert_eq!(Message::Hello { cluster: String::new(), node: 0, protocol: 0 }.name(), "hello");
+    }
+
+    #[test]
+    fn variant_indices_are_the_wire_format() {
+        // bincode's standard config writes the variant index as a one-byte varint first: pin it, so reordering the
+        // enum (a silent wire break) fails here.
+        for (index, msg) in all().iter().enumerate() {
+            let bytes = bincode::encode_to_vec(msg, bincode::config::standard()).unwrap();
+            assert_eq!(bytes[0] as usize, index, "{}", msg.name());
+        }
+    }
+}

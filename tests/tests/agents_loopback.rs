@@ -1,0 +1,179 @@
+//! Several agents in one process, joined by QUIC over loopback: remote alloc, write, read and free through the
+//! regions' home nodes, every byte verified; typed errors from the home; a peer with a certificate from another
+//! CA refused; a peer that breaks the protocol cut off while the agent keeps serving the others; a stopped
+//! agent's regions failing with a clear error instead of hanging.
+
+use std::time::Duration;
+
+use vfabric::agent::Agent;
+use vfabric::config::NodeSection;
+use vfabric::proto::{write_frame, ErrorKind, Message};
+use vfabric::{ByteSize, ClusterConfig, FabricError};
+use vfabric_tests::pattern;
+use vfabric_transport::quic::{self, ClusterCa, QuicSettings};
+use vfabric_transport::{Backend, Location};
+
+fn config(nodes: usize) -> ClusterConfig {
+    let mut c = ClusterConfig::embedded_local();
+    c.cluster.name = "loop".into();
+    c.device.backend = Backend::Emulated;
+    c.memory.gpu_budget = Some(ByteSize(32 << 20));
+    c.memory.host_arena = ByteSize(64 << 20);
+    c.network.heartbeat_ms = 100;
+    c.network.dead_after_ms = 1500;
+    c.network.chunk = ByteSize(256 << 10);
+    c.nodes = (0..nodes).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
+    c
+}
+
+/// Starts every node of `cfg` on 127.0.0.1 and tells each where the others are.
+async fn cluster(cfg: &ClusterConfig, ca: &ClusterCa) -> Vec<Agent> {
+    let mut agents = Vec::new();
+    for n in &cfg.nodes {
+        let id = ca.issue(&n.name).expect("certificate");
+        let a = Agent::start(cfg, &n.name, &id, Some("127.0.0.1:0".parse().expect("addr"))).await.expect("agent");
+        agents.push(a);
+    }
+    for a in &agents {
+        for b in &agents {
+            if a.node() != b.node() {
+                a.set_peer_addr(b.node(), b.local_addr()).await.expect("peer");
+            }
+        }
+    }
+    agents
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime")
+}
+
+#[test]
+fn remote_regions_round_trip_through_their_home() {
+    runtime().block_on(async {
+        let cfg = config(3);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        // n0 allocates on n1 (bigger than one chunk and not page-aligned at the ends), writes, and every node reads.
+        let len = 5 * (1 << 20) + 12345;
+        let r = a[0].alloc(1, len as u64, Some(Location::Gpu(0))).await.expect("remote alloc");
+        assert_eq!(r.addr.node().0, 1, "the region's home is n1");
+        let data = pattern::bytes(7, 0, len);
+        a[0].write(&r, 0, &data).await.expect("remote write");
+        for (i, agent) in a.iter().enumerate() {
+            let mut back = vec![0u8; len];
+            agent.read(&r, 0, &mut back).await.unwrap_or_else(|e| panic!("read from n{i}: {e}"));
+            assert_eq!(pattern::first_mismatch(7, 0, &back), None, "bytes read from n{i}");
+        }
+        // A write at an offset from n2, read back in a window straddling it.
+        let patch = pattern::bytes(9, 0, 300_000);
+        a[2].write(&r, 1_000_000, &patch).await.expect("write at an offset");
+        let mut win = vec![0u8; 500_000];
+        a[0].read(&r, 900_000, &mut win).await.expect("read a window");
+        assert_eq!(&win[..100_000], &data[900_000..1_000_000]);
+        assert_eq!(&win[100_000..400_000], &patch[..]);
+        assert_eq!(&win[400_000..], &data[1_300_000..1_400_000]);
+        // Errors come back typed from the home, and change nothing.
+        let mut big = vec![0u8; 64];
+        match a[0].read(&r, r.len - 10, &mut big).await {
+            Err(FabricError::Remote { node: 1, kind: ErrorKind::OutOfBounds, .. }) => {}
+            other => panic!("out-of-bounds read: {other:?}"),
+        }
+        match a[2].alloc(1, 0, None).await {
+            Err(FabricError::Remote { node: 1, .. }) => {}
+            other => panic!("an empty alloc: {other:?}"),
+        }
+        a[2].free(&r).await.expect("remote free");
+        match a[0].read(&r, 0, &mut big).await {
+            Err(FabricError::Remote { kind: ErrorKind::UseAfterFree, .. }) => {}
+            other => panic!("read after free: {other:?}"),
+        }
+        match a[1].free(&r).await {
+            Err(FabricError::DoubleFree(_)) => {}
+            other => panic!("double free at home: {other:?}"),
+        }
+        assert!(a[0].ping(2).await.is_ok());
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}
+
+#[test]
+fn strangers_and_protocol_breakers_are_cut_off() {
+    runtime().block_on(async {
+        let cfg = config(2);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        // A node of the same name with a certificate from another CA.
+        let other_ca = ClusterCa::generate("loop").expect("ca");
+        let stranger =
+            Agent::start(&cfg, "n0", &other_ca.issue("n0").expect("cert"), Some("127.0.0.1:0".parse().expect("addr")))
+                .await
+                .expect("stranger starts");
+        stranger.set_peer_addr(1, a[1].local_addr()).await.expect("peer");
+        let r = stranger.alloc(1, 1 << 20, None).await;
+        assert!(
+            matches!(r, Err(FabricError::Network(_)) | Err(FabricError::PeerDead { .. })),
+            "a stranger got in: {r:?}"
+        );
+        stranger.shutdown().await;
+
+        // A member that sends garbage after its hello: its connection is closed, n1 keeps serving n0.
+        let id = ca.issue("n0").expect("cert");
+        let ep = quic::endpoint("127.0.0.1:0".parse().expect("addr"), &id, &QuicSettings::default()).expect("endpoint");
+        let conn = quic::connect(&ep, a[1].local_addr(), "n1").await.expect("connect");
+        let (mut s, mut rcv) = conn.open_bi().await.expect("stream");
+        let hello = Message::Hello { cluster: "loop".into(), node: 0, protocol: vfabric::proto::PROTOCOL_VERSION };
+        write_frame(&mut s, &hello, 1 << 20).await.expect("hello");
+        s.finish().expect("finish");
+        let welcome = vfabric::proto::read_frame(&mut rcv, 1 << 20).await.expect("welcome");
+        assert!(matches!(welcome, Some(Message::Welcome { node: 1, .. })), "{welcome:?}");
+        let (mut s, _r) = conn.open_bi().await.expect("stream");
+        s.write_all(b"VFAB\x00\x63\x00\x00\x00\x00\x00\x04junk").await.expect("garbage");
+        s.finish().expect("finish");
+        let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("closed in time");
+        match closed {
+            quinn::ConnectionError::ApplicationClosed(c) => {
+                assert_eq!(c.error_code, quinn::VarInt::from_u32(1), "closed as a protocol violation");
+                let why = String::from_utf8_lossy(&c.reason);
+                assert!(why.contains("version"), "the reason names the bad version: {why}");
+            }
+            other => panic!("closed another way: {other}"),
+        }
+        // n1 still serves n0.
+        let r = a[0].alloc(1, 1 << 20, None).await.expect("n1 still serves");
+        a[0].write(&r, 0, &[1u8; 1000]).await.expect("write");
+        ep.close(quinn::VarInt::from_u32(0), b"done");
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}
+
+#[test]
+fn a_stopped_agent_fails_calls_instead_of_hanging() {
+    runtime().block_on(async {
+        let cfg = config(3);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let on2 = a[0].alloc(2, 1 << 20, None).await.expect("alloc on n2");
+        let on1 = a[0].alloc(1, 1 << 20, None).await.expect("alloc on n1");
+        a[2].shutdown().await;
+        let mut buf = vec![0u8; 1 << 20];
+        let err = a[0].read(&on2, 0, &mut buf).await.expect_err("n2 is gone");
+        assert!(matches!(err, FabricError::Network(_) | FabricError::PeerDead { .. }), "{err}");
+        // Once the heartbeats stop, n2 is declared dead and calls fail at once.
+        tokio::time::sleep(Duration::from_millis(cfg.network.dead_after_ms + 500)).await;
+        assert!(!a[0].is_alive(2).await.expect("known node"), "n2 declared dead");
+        match a[0].read(&on2, 0, &mut buf).await {
+            Err(FabricError::PeerDead { node: 2, .. }) => {}
+            other => panic!("read from a dead node: {other:?}"),
+        }
+        // The others are untouched.
+        a[0].write(&on1, 0, &buf).await.expect("n1 still works");
+        assert!(a[0].is_alive(1).await.expect("known"));
+        a[0].shutdown().await;
+        a[1].shutdown().await;
+    });
+}

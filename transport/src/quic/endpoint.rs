@@ -1,0 +1,343 @@
+//! A quinn endpoint with mutual TLS from the cluster CA, tuned for bulk transfers between nodes.
+//!
+//! One endpoint per node both listens and dials: [`endpoint`] sets a server config (clients must present a
+//! certificate signed by the cluster CA) and a default client config (servers must too, and must be the node
+//! [`connect`] expects). TLS 1.3 only, ring as the crypto provider, ALPN [`ALPN`].
+//!
+//! The transport follows what was measured on these machines (`shared/NETWORK.md`): the packet size is the main
+//! throughput lever, so the MTU is a per-cluster setting ([`QuicSettings::mtu`]) and both the initial and the
+//! minimum MTU are pinned to it, with path MTU discovery off: loss is never read as an MTU problem and the
+//! connection never falls back to 1200-byte packets. Socket buffers keep the system defaults (larger ones were
+//! slower).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::congestion::CubicConfig;
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Connection, Endpoint, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
+use rustls::pki_types::CertificateDer;
+use rustls::server::WebPkiClientVerifier;
+use rustls::RootCertStore;
+
+use super::{der, NodeIdentity, QuicError};
+
+/// The ALPN protocol every vfabric connection negotiates.
+pub const ALPN: &[u8] = b"vfabric/1";
+/// The smallest MTU QUIC allows (RFC 9000 §14).
+pub const MIN_MTU: u16 = 1200;
+/// The default MTU: fits a 1500-byte Ethernet frame over IPv6 (1500 - 40 - 8), so safe everywhere.
+pub const DEFAULT_MTU: u16 = 1452;
+/// The largest MTU sent with segmentation offload (GSO). quinn 0.11 batches up to 10 packets into one GSO send
+/// without keeping the batch under the kernel's 64 KiB limit; above about 6,550 bytes the kernel refuses the
+/// batch and quinn-udp drops it silently. MTUs above this turn GSO off (see [`QuicSettings::mtu`]).
+pub const MAX_MTU_WITH_GSO: u16 = 6500;
+/// The largest MTU allowed at all: the largest UDP payload over IPv4.
+pub const MAX_MTU: u16 = 65_507;
+/// The smallest UDP payload the endpoint accepts from peers whatever its own MTU (quinn's default), so a peer
+/// configured with a larger MTU still gets its handshake through.
+const MIN_ACCEPTED_PAYLOAD: u16 = 1472;
+/// RFC 9002's floor for the initial congestion window.
+const INITIAL_WINDOW_FLOOR: u64 = 14_720;
+
+/// The transport settings of every connection of an endpoint.
+#[derive(Debug, Clone)]
+pub struct QuicSettings {
+    /// UDP payload bytes per packet; the initial and the minimum MTU are both pinned to it and MTU discovery is
+    /// off (default 1452). Every node of a cluster must use a value that its links carry: a packet too large
+    /// for the path is lost, and with the minimum pinned the connection does not fall back.
+    ///
+    /// 1200..=6500 is sent with segmentation offload (GSO). 6501..=65507 is allowed with GSO turned off
+    /// (quinn's `TransportConfig::enable_segmentation_offload(false)`: one `sendmsg` per packet), because
+    /// stock quinn silently loses whole GSO batches above about 6,550-byte packets; jumbo frames (MTU 9000,
+    /// so 8952 bytes here over IPv6) take this path.
+    ///
+    /// The endpoint accepts datagrams of up to `max(mtu, 1472)` bytes from peers, and quinn sizes its receive
+    /// buffer from that (× 64 GRO segments × 32 datagrams per batch on Linux): 3 MiB at 1452, 18 MiB at 9000.
+    pub mtu: u16,
+    /// How many bytes a peer may send on one stream beyond what the application has read (default 16 MiB).
+    pub stream_window: u64,
+    /// How many bytes a peer may send on all streams of a connection beyond what the application has read, and
+    /// how many unacknowledged bytes this side keeps in flight (default 64 MiB).
+    pub connection_window: u64,
+    /// A connection with no packet from its peer for this long is closed (default 10 s). Must be more than
+    /// zero.
+    pub idle_timeout: Duration,
+    /// How often to send a keep-alive on an otherwise quiet connection (default 1 s); zero sends none. Must be
+    /// shorter than `idle_timeout`.
+    pub keep_alive: Duration,
+    /// How many streams of each kind (bidirectional and unidirectional) a peer may have open at once
+    /// (default 256).
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for QuicSettings {
+    fn default() -> Self {
+        QuicSettings {
+            mtu: DEFAULT_MTU,
+            stream_window: 16 << 20,
+            connection_window: 64 << 20,
+            idle_timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(1),
+            max_concurrent_streams: 256,
+        }
+    }
+}
+
+impl QuicSettings {
+    /// Checks the settings, saying what is wrong: the MTU within 1200..=65507, windows and stream counts
+    /// nonzero (and windows within QUIC's 2^62 - 1), an idle timeout quinn can represent, and keep-alives
+    /// more frequent than the idle timeout.
+    pub fn validate(&self) -> Result<(), QuicError> {
+        let bad = |why: String| Err(QuicError::Config(why));
+        if self.mtu < MIN_MTU {
+            return bad(format!("mtu {} is below QUIC's minimum of {MIN_MTU} bytes", self.mtu));
+        }
+        if self.mtu > MAX_MTU {
+            return bad(format!("mtu {} is above the largest UDP payload, {MAX_MTU} bytes", self.mtu));
+        }
+        for (name, window) in [("stream_window", self.stream_window), ("connection_window", self.connection_window)] {
+            if window == 0 {
+                return bad(format!("{name} is 0: the peer could never send anything"));
+            }
+            if VarInt::from_u64(window).is_err() {
+                return bad(format!("{name} {window} is above QUIC's limit of 2^62 - 1"));
+            }
+        }
+        if self.max_concurrent_streams == 0 {
+            return bad("max_concurrent_streams is 0: the peer could never open a stream".into());
+        }
+        if self.idle_timeout.is_zero() {
+            return bad("idle_timeout is 0".into());
+        }
+        if IdleTimeout::try_from(self.idle_timeout).is_err() {
+            return bad(format!("idle_timeout {:?} is too long for QUIC", self.idle_timeout));
+        }
+        if !self.keep_alive.is_zero() && self.keep_alive >= self.idle_timeout {
+            return bad(format!(
+                "keep_alive {:?} is not shorter than idle_timeout {:?}: quiet connections would time out",
+                self.keep_alive, self.idle_timeout
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether packets are sent with segmentation offload: only at MTUs up to [`MAX_MTU_WITH_GSO`].
+    pub fn segmentation_offload(&self) -> bool {
+        self.mtu <= MAX_MTU_WITH_GSO
+    }
+
+    /// The quinn transport config for these (validated) settings.
+    fn transport_config(&self) -> Result<TransportConfig, QuicError> {
+        let varint = |name: &str, value: u64| {
+            VarInt::from_u64(value).map_err(|_| QuicError::Config(format!("{name} {value} is above 2^62 - 1")))
+        };
+        let idle = IdleTimeout::try_from(self.idle_timeout)
+            .map_err(|_| QuicError::Config(format!("idle_timeout {:?} is too long for QUIC", self.idle_timeout)))?;
+        let mtu = u64::from(self.mtu);
+        // RFC 9002 §7.2 with the pinned packet size: above 7,360-byte packets this is two packets, never one
+        // (a window of one packet stalls the handshake).
+        let mut cubic = CubicConfig::default();
+        cubic.initial_window((10 * mtu).min(INITIAL_WINDOW_FLOOR.max(2 * mtu)));
+
+        let mut transport = TransportConfig::default();
+        transport
+            .initial_mtu(self.mtu)
+            .min_mtu(self.mtu)
+            .mtu_discovery_config(None)
+            .enable_segmentation_offload(self.segmentation_offload())
+            .stream_receive_window(varint("stream_window", self.stream_window)?)
+            .receive_window(varint("connection_window", self.connection_window)?)
+            .send_window(self.connection_window)
+            .max_concurrent_bidi_streams(VarInt::from_u32(self.max_concurrent_streams))
+            .max_concurrent_uni_streams(VarInt::from_u32(self.max_concurrent_streams))
+            .max_idle_timeout(Some(idle))
+            .keep_alive_interval((!self.keep_alive.is_zero()).then_some(self.keep_alive))
+            .congestion_controller_factory(Arc::new(cubic));
+        Ok(transport)
+    }
+}
+
+/// An endpoint bound to `bind` that accepts peers presenting a certificate signed by the identity's CA (mutual
+/// TLS: clients must present one too) and connects to peers the same way. Server and client configs both set,
+/// so one endpoint both listens and dials. ALPN "vfabric/1".
+///
+/// Accept with plain quinn: `endpoint.accept().await` gives an [`quinn::Incoming`] (or `None` once closed), and
+/// awaiting that gives the [`Connection`] once the client's certificate has been verified; [`peer_name`] says
+/// which node it is. Dial with [`connect`].
+///
+/// Must be called inside a Tokio runtime (the endpoint's driver is spawned on it); outside one it returns
+/// [`QuicError::Io`].
+pub fn endpoint(bind: SocketAddr, identity: &NodeIdentity, settings: &QuicSettings) -> Result<Endpoint, QuicError> {
+    settings.validate()?;
+    let transport = Arc::new(settings.transport_config()?);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = |e: rustls::Error| QuicError::Tls(e.to_string());
+
+    let mut roots = RootCertStore::empty();
+    roots.add(identity.ca_der()?).map_err(|e| QuicError::Certificate(format!("the CA certificate: {e}")))?;
+    let roots = Arc::new(roots);
+    let chain = vec![identity.cert_der()?];
+
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+        .build()
+        .map_err(|e| QuicError::Tls(e.to_string()))?;
+    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain.clone(), identity.key_der()?)
+        .map_err(tls)?;
+    server.alpn_protocols = vec![ALPN.to_vec()];
+    let server = QuicServerConfig::try_from(server).map_err(|e| QuicError::Tls(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server));
+    server.transport_config(transport.clone());
+
+    let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls)?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, identity.key_der()?)
+        .map_err(tls)?;
+    client.alpn_protocols = vec![ALPN.to_vec()];
+    let client = QuicClientConfig::try_from(client).map_err(|e| QuicError::Tls(e.to_string()))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(client));
+    client.transport_config(transport);
+
+    let mut config = EndpointConfig::default();
+    config
+        .max_udp_payload_size(settings.mtu.max(MIN_ACCEPTED_PAYLOAD))
+        .map_err(|e| QuicError::Config(format!("mtu {}: {e}", settings.mtu)))?;
+    let runtime = quinn::default_runtime()
+        .ok_or_else(|| std::io::Error::other("no Tokio runtime: create QUIC endpoints inside one"))?;
+    let socket = std::net::UdpSocket::bind(bind)?;
+    let mut endpoint = Endpoint::new(config, Some(server), socket, runtime)?;
+    endpoint.set_default_client_config(client);
+    Ok(endpoint)
+}
+
+/// Dials `addr`, expecting the peer's certificate to name `peer` (its node name). Returns once the handshake
+/// (both certificates checked) is complete.
+///
+/// In QUIC the client finishes its side of the handshake before the server has checked the client's
+/// certificate, so this also waits for the server's HANDSHAKE_DONE (quinn counts it in
+/// [`Connection::stats`]): a server that refuses this node's certificate makes this fail with
+/// [`QuicError::Connection`] instead of handing back a connection that is about to close.
+pub async fn connect(endpoint: &Endpoint, addr: SocketAddr, peer: &str) -> Result<Connection, QuicError> {
+    let connecting = endpoint.connect(addr, peer).map_err(|e| QuicError::Connect(format!("{peer} at {addr}: {e}")))?;
+    let connection = connecting.await?;
+    confirmed(&connection).await?;
+    Ok(connection)
+}
+
+/// Waits until the server has confirmed the handshake, or the connection has closed.
+///
+/// quinn 0.11 raises no event for HANDSHAKE_DONE, so this looks at the frame counter, backing off from 100 µs to
+/// 10 ms; the handshake completes about one round trip after the client's. A server that never answers is caught
+/// by the idle timeout, which closes the connection.
+async fn confirmed(connection: &Connection) -> Result<(), QuicError> {
+    let closed = connection.closed();
+    tokio::pin!(closed);
+    let mut delay = Duration::from_micros(100);
+    loop {
+        if connection.stats().frame_rx.handshake_done > 0 {
+            return Ok(());
+        }
+        tokio::select! {
+            reason = &mut closed => return Err(QuicError::Connection(reason)),
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_millis(10));
+    }
+}
+
+/// The node name (first DNS SAN) of the peer's verified certificate.
+///
+/// `None` before the handshake has completed or if the certificate has no DNS name (certificates issued by
+/// [`ClusterCa::issue`](super::ClusterCa::issue) always have one).
+pub fn peer_name(conn: &Connection) -> Option<String> {
+    let identity = conn.peer_identity()?;
+    let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    der::dns_names(chain.first()?)?.into_iter().next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = QuicSettings::default();
+        s.validate().unwrap();
+        assert_eq!(s.mtu, 1452);
+        assert_eq!(s.stream_window, 16 << 20);
+        assert_eq!(s.connection_window, 64 << 20);
+        assert!(s.segmentation_offload());
+        s.transport_config().unwrap();
+    }
+
+    #[test]
+    fn mtu_bounds() {
+        let with = |mtu| QuicSettings { mtu, ..QuicSettings::default() };
+        assert!(matches!(with(1199).validate(), Err(QuicError::Config(_))));
+        assert!(matches!(with(0).validate(), Err(QuicError::Config(_))));
+        assert!(matches!(with(65_508).validate(), Err(QuicError::Config(_))));
+        assert!(matches!(with(u16::MAX).validate(), Err(QuicError::Config(_))));
+        for ok in [1200, 1452, 6500, 6501, 8952, 65_507] {
+            with(ok).validate().unwrap();
+            with(ok).transport_config().unwrap();
+        }
+        assert!(with(6500).segmentation_offload());
+        assert!(!with(6501).segmentation_offload());
+    }
+
+    #[test]
+    fn windows_streams_and_timeouts() {
+        let d = QuicSettings::default;
+        let rejected = [
+            QuicSettings { stream_window: 0, ..d() },
+            QuicSettings { connection_window: 0, ..d() },
+            QuicSettings { stream_window: 1 << 62, ..d() },
+            QuicSettings { connection_window: u64::MAX, ..d() },
+            QuicSettings { max_concurrent_streams: 0, ..d() },
+            QuicSettings { idle_timeout: Duration::ZERO, ..d() },
+            QuicSettings { idle_timeout: Duration::from_secs(u64::MAX), ..d() },
+            QuicSettings { keep_alive: Duration::from_secs(10), ..d() },
+            QuicSettings { keep_alive: Duration::from_secs(11), ..d() },
+        ];
+        for s in rejected {
+            assert!(matches!(s.validate(), Err(QuicError::Config(_))), "{s:?}");
+        }
+        QuicSettings { keep_alive: Duration::ZERO, ..d() }.validate().unwrap();
+        QuicSettings { stream_window: (1 << 62) - 1, ..d() }.validate().unwrap();
+    }
+
+    #[test]
+    fn endpoint_outside_a_runtime_is_an_error() {
+        let ca = super::super::ClusterCa::generate("t").unwrap();
+        let id = ca.issue("n0").unwrap();
+        let r = endpoint("127.0.0.1:0".parse().unwrap(), &id, &QuicSettings::default());
+        assert!(matches!(r, Err(QuicError::Io(_))), "{r:?}");
+    }
+
+    #[test]
+    fn endpoint_refuses_invalid_settings_and_broken_identities() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _guard = rt.enter();
+        let ca = super::super::ClusterCa::generate("t").unwrap();
+        let id = ca.issue("n0").unwrap();
+        let bind = "127.0.0.1:0".parse().unwrap();
+        let r = endpoint(bind, &id, &QuicSettings { mtu: 1000, ..QuicSettings::default() });
+        assert!(matches!(r, Err(QuicError::Config(_))), "{r:?}");
+        let r =
+            endpoint(bind, &super::super::NodeIdentity { key_pem: "junk".into(), ..id.clone() }, &Default::default());
+        assert!(matches!(r, Err(QuicError::Certificate(_))), "{r:?}");
+        // A key that is not the certificate's.
+        let other = ca.issue("n1").unwrap();
+        let r =
+            endpoint(bind, &super::super::NodeIdentity { key_pem: other.key_pem, ..id.clone() }, &Default::default());
+        assert!(matches!(r, Err(QuicError::Tls(_))), "{r:?}");
+        endpoint(bind, &id, &QuicSettings::default()).unwrap();
+    }
+}
