@@ -5,6 +5,7 @@ mod baselines;
 mod common;
 mod migrate;
 mod pager;
+mod remote;
 mod report;
 mod rig;
 mod stats;
@@ -31,6 +32,9 @@ enum Command {
     /// A region several times a GPU's budget walked by acquire/release (in order and at random) beside the same
     /// walk kept resident; resident acquire latency; directory memory per page; compaction of a fragmented arena.
     Pager(pager::PagerArgs),
+    /// Pages between two agents over QUIC (mutual TLS, checksummed), writes and reads, beside iperf3 TCP on the
+    /// same path; remote read latency.
+    Remote(remote::RemoteArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Migrate(args) => migrate::run(args, &command_line).map(|_| ()),
         Command::Pager(args) => pager::run(args, &command_line),
+        Command::Remote(args) => remote::run(args, &command_line),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,334 @@
+//! `vfabric-bench remote`: pages moved between two agents over QUIC (mutual TLS, every chunk checksummed),
+//! writes to and reads from a region whose home is the other agent, for several page sizes, requests in
+//! flight and packet sizes; beside `iperf3` TCP on the same path in the same run; and the latency of one
+//! remote read (p50/p99). Both agents run in this process, on loopback.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+use vfabric::agent::Agent;
+use vfabric::config::NodeSection;
+use vfabric::{ByteSize, ClusterConfig};
+use vfabric_transport::quic::ClusterCa;
+use vfabric_transport::Location;
+
+use crate::common::ConfigArgs;
+use crate::report;
+
+/// Options of `vfabric-bench remote`.
+#[derive(Args, Debug, Clone)]
+pub struct RemoteArgs {
+    /// The configuration and device layer (each agent gets its memory settings).
+    #[command(flatten)]
+    pub target: ConfigArgs,
+    /// QUIC packet sizes (UDP payload bytes) to run, one pair of agents each.
+    #[arg(long, value_delimiter = ',', default_values = ["1452", "6500"])]
+    pub mtus: Vec<u16>,
+    /// Bytes per request (a page of the region).
+    #[arg(long, value_delimiter = ',', default_values = ["2MiB", "64KiB"])]
+    pub sizes: Vec<ByteSize>,
+    /// Requests in flight at once (each on its own QUIC stream).
+    #[arg(long, value_delimiter = ',', default_values = ["1", "4"])]
+    pub streams: Vec<usize>,
+    /// Bytes moved per case and direction.
+    #[arg(long, default_value = "512MiB")]
+    pub total: ByteSize,
+    /// Remote reads timed one at a time for the latency figures.
+    #[arg(long, default_value_t = 1000)]
+    pub latency_samples: usize,
+    /// Seconds of the iperf3 baseline (0 skips it).
+    #[arg(long, default_value_t = 3)]
+    pub iperf_seconds: u64,
+    /// Results folder.
+    #[arg(long, default_value = "bench/out")]
+    pub out: PathBuf,
+    /// Name for the result files (default: remote-<time>).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// One throughput case.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// QUIC packet size.
+    pub mtu: u16,
+    /// "write" (push to the home) or "read" (pull from it).
+    pub op: &'static str,
+    /// Bytes per request.
+    pub size: u64,
+    /// Requests in flight.
+    pub streams: usize,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Seconds.
+    pub seconds: f64,
+    /// Gbit/s of page payload.
+    pub gbit_s: f64,
+    /// Requests whose bytes came back different (reads only).
+    pub bad: u64,
+}
+
+/// Remote read latency of one size.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// QUIC packet size.
+    pub mtu: u16,
+    /// Bytes read.
+    pub size: u64,
+    /// Median, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The two-node cluster the benchmark runs: `n1` is the home of the region `n0` writes and reads.
+fn two_nodes(base: &ClusterConfig, mtu: u16, region: u64) -> ClusterConfig {
+    let mut c = base.clone();
+    c.cluster.name = "bench-remote".into();
+    c.network.mtu = mtu;
+    c.network.chunk = ByteSize(1 << 20);
+    // Generous: a 2-core machine runs both agents, so heartbeats may be late under full load.
+    c.network.heartbeat_ms = 1000;
+    c.network.dead_after_ms = 30_000;
+    c.memory.host_arena = ByteSize(c.memory.host_arena.bytes().max(region + (64 << 20)));
+    c.nodes = (0..2).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
+    c
+}
+
+async fn start_pair(cfg: &ClusterConfig) -> Result<(Agent, Agent), String> {
+    let ca = ClusterCa::generate(&cfg.cluster.name).map_err(|e| e.to_string())?;
+    let mut agents = Vec::new();
+    for n in &cfg.nodes {
+        let id = ca.issue(&n.name).map_err(|e| e.to_string())?;
+        let bind = "127.0.0.1:0".parse().map_err(|e: std::net::AddrParseError| e.to_string())?;
+        agents.push(Agent::start(cfg, &n.name, &id, Some(bind)).await.map_err(|e| e.to_string())?);
+    }
+    let (b, a) = (agents.pop().ok_or("no agent")?, agents.pop().ok_or("no agent")?);
+    a.set_peer_addr(b.node(), b.local_addr()).await.map_err(|e| e.to_string())?;
+    b.set_peer_addr(a.node(), a.local_addr()).await.map_err(|e| e.to_string())?;
+    Ok((a, b))
+}
+
+/// Moves `total` bytes in requests of `size`, `streams` at a time, over `region` (cycling through it).
+async fn throughput(
+    a: &Agent,
+    region: &vfabric::Region,
+    write: bool,
+    size: u64,
+    streams: usize,
+    total: u64,
+    data: &std::sync::Arc<Vec<u8>>,
+) -> Result<(f64, u64), String> {
+    let slots = (region.len / size).max(1);
+    let requests = (total / size).max(1);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for k in 0..streams as u64 {
+        let (a, r, d) = (a.clone(), *region, std::sync::Arc::clone(data));
+        tasks.push(tokio::spawn(async move {
+            let mut bad = 0u64;
+            let mut buf = vec![0u8; size as usize];
+            let mut i = k;
+            while i < requests {
+                let off = (i % slots) * size;
+                if write {
+                    a.write(&r, off, &d[..size as usize]).await.map_err(|e| e.to_string())?;
+                } else {
+                    a.read(&r, off, &mut buf).await.map_err(|e| e.to_string())?;
+                    bad += u64::from(buf[..] != d[..size as usize]);
+                }
+                i += streams as u64;
+            }
+            Ok::<u64, String>(bad)
+        }));
+    }
+    let mut bad = 0;
+    for t in tasks {
+        bad += t.await.map_err(|e| e.to_string())??;
+    }
+    Ok((start.elapsed().as_secs_f64(), bad))
+}
+
+/// iperf3 TCP on loopback: Gbit/s received with 1 and 4 streams, or why it did not run.
+fn iperf3(seconds: u64) -> Result<Vec<(usize, f64)>, String> {
+    if seconds == 0 {
+        return Err("skipped (--iperf-seconds 0)".into());
+    }
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let mut out = Vec::new();
+    for streams in [1usize, 4] {
+        let mut server: Child = Command::new("iperf3")
+            .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("iperf3 not runnable ({e}); install the Debian package iperf3"))?;
+        std::thread::sleep(Duration::from_millis(300));
+        let client = Command::new("iperf3")
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                &seconds.to_string(),
+                "-P",
+                &streams.to_string(),
+                "-J",
+            ])
+            .output();
+        // The server serves one client (-1) and exits; end it by its PID should the client have failed.
+        let _ = server.kill();
+        let _ = server.wait();
+        let client = client.map_err(|e| format!("iperf3 client: {e}"))?;
+        let v: serde_json::Value = serde_json::from_slice(&client.stdout).map_err(|e| format!("iperf3 output: {e}"))?;
+        let bps = v["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .ok_or_else(|| format!("iperf3 gave no result: {}", v["error"]))?;
+        out.push((streams, bps / 1e9));
+    }
+    Ok(out)
+}
+
+/// Runs the benchmark and writes its results.
+pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
+    let base = args.target.load()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let sizes: Vec<u64> = args.sizes.iter().map(|s| s.bytes()).collect();
+    let max_size = sizes.iter().copied().max().unwrap_or(2 << 20);
+    let region_bytes = (256u64 << 20).max(max_size).min(args.total.bytes().max(max_size));
+    let mut rows = Vec::new();
+    let mut lat = Vec::new();
+    let mut device = String::new();
+    for &mtu in &args.mtus {
+        let cfg = two_nodes(&base, mtu, region_bytes);
+        rt.block_on(async {
+            let (a, b) = start_pair(&cfg).await?;
+            if device.is_empty() {
+                device = b.fabric().layer().describe();
+            }
+            let region = a.alloc(b.node(), region_bytes, Some(Location::Host)).await.map_err(|e| e.to_string())?;
+            for &size in &sizes {
+                let data = std::sync::Arc::new(vfabric::pattern::bytes(u64::from(mtu) ^ size, 0, size as usize));
+                for &streams in &args.streams {
+                    for write in [true, false] {
+                        eprintln!(
+                            "mtu {mtu}: {} {} in {} requests, {streams} in flight",
+                            if write { "write" } else { "read" },
+                            ByteSize(args.total.bytes()),
+                            ByteSize(size)
+                        );
+                        let (secs, bad) =
+                            throughput(&a, &region, write, size, streams, args.total.bytes(), &data).await?;
+                        let bytes = (args.total.bytes() / size).max(1) * size;
+                        rows.push(Row {
+                            mtu,
+                            op: if write { "write" } else { "read" },
+                            size,
+                            streams,
+                            bytes,
+                            seconds: secs,
+                            gbit_s: bytes as f64 * 8.0 / secs / 1e9,
+                            bad,
+                        });
+                    }
+                }
+                let mut buf = vec![0u8; size as usize];
+                let mut samples = Vec::with_capacity(args.latency_samples);
+                for i in 0..args.latency_samples as u64 {
+                    let off = (i % (region_bytes / size).max(1)) * size;
+                    let t = Instant::now();
+                    a.read(&region, off, &mut buf).await.map_err(|e| e.to_string())?;
+                    samples.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                samples.sort_by(|x, y| x.total_cmp(y));
+                lat.push(Latency { mtu, size, p50_us: pct(&samples, 0.5), p99_us: pct(&samples, 0.99) });
+            }
+            a.free(&region).await.map_err(|e| e.to_string())?;
+            a.shutdown().await;
+            b.shutdown().await;
+            Ok::<(), String>(())
+        })?;
+    }
+    let tcp = iperf3(args.iperf_seconds);
+    let tcp1 = tcp.as_ref().ok().and_then(|v| v.iter().find(|(s, _)| *s == 1).map(|x| x.1));
+
+    let (date, stamp) = report::now_stamps();
+    let name = args.name.clone().unwrap_or_else(|| format!("remote-{stamp}"));
+    let mut md = String::new();
+    let _ = writeln!(md, "# vfabric-bench remote, {date}\n");
+    let _ = writeln!(md, "- command: `{command_line}`");
+    let _ = writeln!(md, "- two agents in one process on 127.0.0.1, QUIC with mutual TLS (encrypted), page payloads in 1 MiB checksummed (xxh3) chunks; the region's home is the other agent; device layer: {device}");
+    let _ = writeln!(md, "- machine: {} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    match &tcp {
+        Ok(v) => {
+            for (s, g) in v {
+                let _ = writeln!(
+                    md,
+                    "- baseline, same run: iperf3 TCP on loopback, {s} stream(s): {g:.2} Gbit/s (no encryption)"
+                );
+            }
+        }
+        Err(why) => {
+            let _ = writeln!(md, "- baseline: iperf3 did not run: {why}");
+        }
+    }
+    let _ = writeln!(md, "\n| packet | op | request | in flight | Gbit/s | vs iperf3 (1 stream) | bad |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let ratio = tcp1.map_or("-".to_string(), |t| format!("{:.2}", r.gbit_s / t));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.2} | {ratio} | {} |",
+            r.mtu,
+            r.op,
+            ByteSize(r.size),
+            r.streams,
+            r.gbit_s,
+            r.bad
+        );
+    }
+    let _ = writeln!(md, "\n## Remote read latency ({} samples each, one at a time)\n", args.latency_samples);
+    for l in &lat {
+        let _ = writeln!(
+            md,
+            "- packet {} bytes, {}: p50 {:.0} us, p99 {:.0} us",
+            l.mtu,
+            ByteSize(l.size),
+            l.p50_us,
+            l.p99_us
+        );
+    }
+    let json = json!({
+        "date": date,
+        "command": command_line,
+        "device": device,
+        "rows": rows,
+        "latency": lat,
+        "iperf3_gbit_s": tcp.as_ref().ok().map(|v| v.iter().map(|(s, g)| json!({"streams": s, "gbit_s": g})).collect::<Vec<_>>()),
+        "iperf3_error": tcp.as_ref().err(),
+    });
+    print!("{md}");
+    let (j, m) = report::write(&args.out, &name, &json, &md).map_err(|e| e.to_string())?;
+    println!("\nresults: {} and {}", j.display(), m.display());
+    if rows.iter().any(|r| r.bad > 0) {
+        return Err("some reads came back different from what was written".into());
+    }
+    Ok(())
+}
