@@ -65,6 +65,22 @@ enum Command {
 
 #[derive(Subcommand)]
 enum ClusterCommand {
+    /// Run this node's agent briefly and check every other node: allocate a region there, write it, read it
+    /// back and compare every byte. Prints one line per peer; fails if any peer fails.
+    Probe {
+        /// Cluster configuration.
+        #[arg(long)]
+        config: PathBuf,
+        /// The node to run as.
+        #[arg(long)]
+        node: String,
+        /// Bytes written to and read from each peer.
+        #[arg(long, default_value = "8MiB")]
+        bytes: vfabric::ByteSize,
+        /// Device layer, overriding the configuration: auto, cuda or emulated.
+        #[arg(long)]
+        device: Option<Backend>,
+    },
     /// Create the cluster's CA and a certificate for every node, in the configuration's `network.certs` folder
     /// (or `--out`). Refuses to overwrite an existing CA.
     Init {
@@ -104,6 +120,56 @@ fn run_agent(cfg: ClusterConfig, node: String) -> Result<(), String> {
         println!("stopping");
         agent.shutdown().await;
         Ok(())
+    })
+}
+
+fn probe(cfg: ClusterConfig, node: String, bytes: u64) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let agent = vfabric::agent::Agent::start_from_config(&cfg, &node).await.map_err(|e| e.to_string())?;
+        let data = vfabric::pattern::bytes(u64::from(agent.node()) + 1, 0, bytes as usize);
+        let mut failed = 0;
+        for (i, peer) in cfg.nodes.iter().enumerate() {
+            let i = i as u16;
+            if i == agent.node() {
+                continue;
+            }
+            let t = std::time::Instant::now();
+            let check = async {
+                let r = agent.alloc(i, bytes, None).await?;
+                agent.write(&r, 0, &data).await?;
+                let mut back = vec![0u8; data.len()];
+                agent.read(&r, 0, &mut back).await?;
+                agent.free(&r).await?;
+                Ok::<bool, vfabric::FabricError>(back == data)
+            };
+            match check.await {
+                Ok(true) => {
+                    let s = t.elapsed().as_secs_f64();
+                    println!(
+                        "peer {}: ok, {} written and read back, every byte equal, {:.1} ms ({:.2} Gbit/s)",
+                        peer.name,
+                        vfabric::ByteSize(bytes),
+                        s * 1e3,
+                        2.0 * bytes as f64 * 8.0 / s / 1e9
+                    );
+                }
+                Ok(false) => {
+                    failed += 1;
+                    println!("peer {}: FAILED: the bytes read back differ", peer.name);
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("peer {}: FAILED: {e}", peer.name);
+                }
+            }
+        }
+        agent.shutdown().await;
+        if failed > 0 {
+            Err(format!("{failed} peer(s) failed"))
+        } else {
+            Ok(())
+        }
     })
 }
 
@@ -158,6 +224,9 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Cluster { command: ClusterCommand::Init { config, out } } => cluster_init(&config, out),
+        Command::Cluster { command: ClusterCommand::Probe { config, node, bytes, device } } => {
+            load(Some(config), device).and_then(|cfg| probe(cfg, node, bytes.bytes()))
+        }
         Command::Agent { config, node, device } => load(Some(config), device).and_then(|cfg| run_agent(cfg, node)),
         Command::CheckConfig { path } => ClusterConfig::from_file(&path).map_err(|e| e.to_string()).and_then(|cfg| {
             let text = toml_text(&cfg)?;

@@ -63,6 +63,11 @@ impl Agent {
         identity: &NodeIdentity,
         bind: Option<SocketAddr>,
     ) -> Result<Agent, FabricError> {
+        let flavor = tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()).ok();
+        if flavor != Some(tokio::runtime::RuntimeFlavor::MultiThread) {
+            // Page copies run in place on the runtime's workers (`block_in_place`), which needs this.
+            return Err(FabricError::Network("the agent needs a multi-threaded tokio runtime".into()));
+        }
         let node = config.node_index(name)?;
         let net = config.network.clone();
         let bind = match bind {
@@ -71,12 +76,13 @@ impl Agent {
                 FabricError::Network(format!("node `{name}` has no address in the configuration and none was given"))
             })?,
         };
-        let settings = QuicSettings { mtu: net.mtu, ..QuicSettings::default() };
-        let endpoint = quic::endpoint(bind, identity, &settings).map_err(|e| FabricError::Network(e.to_string()))?;
         let cfg = config.clone();
         let fabric = tokio::task::spawn_blocking(move || Fabric::for_node(&cfg, node))
             .await
             .map_err(|e| FabricError::Network(format!("starting the fabric: {e}")))??;
+        // Bound only once the fabric is up: peers' handshakes wait for the accept loop, and would time out.
+        let settings = QuicSettings { mtu: net.mtu, ..QuicSettings::default() };
+        let endpoint = quic::endpoint(bind, identity, &settings).map_err(|e| FabricError::Network(e.to_string()))?;
         let mut peers = Vec::new();
         for i in 0..config.nodes.len() as u16 {
             let addr = configured_addr(config, i)?;

@@ -170,8 +170,8 @@ async fn receive_write(
         region_len: r.len,
     })?;
     let mut got = 0u64;
+    let mut buf = Vec::new();
     loop {
-        let mut buf = Vec::new();
         let at = match quic::read_chunk(recv, max_chunk, &mut buf).await {
             Ok(Some(at)) => at,
             Ok(None) => break,
@@ -188,8 +188,8 @@ async fn receive_write(
             return Err(FabricError::Protocol(format!("a write chunk at +{at:#x} runs past the write's {len} bytes")));
         };
         got += buf.len() as u64;
-        let f = shared.fabric.clone();
-        blocking(move || f.write(&r, start, &buf)).await?;
+        // In place on this worker (the agent runs on a multi-threaded runtime): no thread hop, no copy.
+        tokio::task::block_in_place(|| shared.fabric.write(&r, start, &buf))?;
     }
     if got != len {
         return Err(FabricError::Protocol(format!("a write of {len} bytes brought {got}")));
@@ -225,16 +225,13 @@ async fn send_read(
     // Read the first piece before answering, so that a refused read gets an error, not a truncated stream.
     let mut at = offset;
     let mut first = true;
+    let mut piece = Vec::new();
     while at < offset + len {
         let n = chunk.min(offset + len - at);
-        let f = shared.fabric.clone();
-        let piece = blocking(move || {
-            let mut v = vec![0u8; n as usize];
-            f.read(&r, at, &mut v).map(|()| v)
-        })
-        .await;
-        let piece = match piece {
-            Ok(p) => p,
+        piece.resize(n as usize, 0);
+        let read = tokio::task::block_in_place(|| shared.fabric.read(&r, at, &mut piece));
+        match read {
+            Ok(()) => {}
             Err(e) if first => {
                 let kind = error_kind(&e);
                 let _ = write_frame(send, &Message::Error { kind, message: e.to_string() }, max).await;
