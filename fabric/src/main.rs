@@ -90,10 +90,13 @@ enum ClusterCommand {
         /// Folder to write (default: the configuration's `network.certs`).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Also issue certificates for the ranks of a job of this many (`rank0`..), for jobs under mpirun.
+        #[arg(long)]
+        ranks: Option<u16>,
     },
 }
 
-fn cluster_init(config: &std::path::Path, out: Option<PathBuf>) -> Result<(), String> {
+fn cluster_init(config: &std::path::Path, out: Option<PathBuf>, ranks: Option<u16>) -> Result<(), String> {
     use vfabric_transport::quic::ClusterCa;
     let cfg = ClusterConfig::from_file(config).map_err(|e| e.to_string())?;
     let dir = out.unwrap_or_else(|| PathBuf::from(&cfg.network.certs));
@@ -103,9 +106,10 @@ fn cluster_init(config: &std::path::Path, out: Option<PathBuf>) -> Result<(), St
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let ca = ClusterCa::generate(&cfg.cluster.name).map_err(|e| e.to_string())?;
     ca.save(&dir).map_err(|e| e.to_string())?;
-    for n in &cfg.nodes {
-        ca.issue(&n.name).and_then(|id| id.save(&dir)).map_err(|e| format!("node {}: {e}", n.name))?;
-        println!("certificate for {} in {}", n.name, dir.display());
+    let ranks = (0..ranks.unwrap_or(0)).map(vfabric::agent::rank_name);
+    for name in cfg.nodes.iter().map(|n| n.name.clone()).chain(ranks) {
+        ca.issue(&name).and_then(|id| id.save(&dir)).map_err(|e| format!("node {name}: {e}"))?;
+        println!("certificate for {name} in {}", dir.display());
     }
     println!("cluster CA of {} in {} (keep ca-key.pem private)", cfg.cluster.name, dir.display());
     Ok(())
@@ -223,7 +227,7 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
-        Command::Cluster { command: ClusterCommand::Init { config, out } } => cluster_init(&config, out),
+        Command::Cluster { command: ClusterCommand::Init { config, out, ranks } } => cluster_init(&config, out, ranks),
         Command::Cluster { command: ClusterCommand::Probe { config, node, bytes, device } } => {
             load(Some(config), device).and_then(|cfg| probe(cfg, node, bytes.bytes()))
         }

@@ -11,8 +11,11 @@
 //! `Hello`, is closed with the reason logged. Heartbeats mark a silent peer dead after `network.dead_after_ms`;
 //! calls on its regions then fail with [`FabricError::PeerDead`] instead of hanging.
 
+pub mod launch;
 mod serve;
 mod wire;
+
+pub use launch::{rank_name, JobRank};
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -143,6 +146,8 @@ impl Agent {
         let mut p = self.peer(node)?.lock().await;
         p.addr = Some(addr);
         p.conn = None;
+        // Its grace period before heartbeats may call it dead starts now.
+        p.last_seen = Some(Instant::now());
         Ok(())
     }
 

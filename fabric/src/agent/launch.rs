@@ -1,0 +1,233 @@
+//! Jobs under a launcher (`mpirun`, Slurm): every rank runs an agent of its own, node id = rank, named
+//! `rank<R>`, and finds the others through a rendezvous, with no MPI library linked.
+//!
+//! The rank and job size come from the launcher's environment (Open MPI's `OMPI_COMM_WORLD_*`, PMIx's
+//! `PMIX_RANK`, MPICH/Hydra's `PMI_RANK`/`PMI_SIZE`, Slurm's `SLURM_PROCID`/`SLURM_NTASKS`). The rendezvous is
+//! a TCP address (`VFABRIC_RENDEZVOUS`, `ip:port`) where rank 0 listens: each rank sends one line
+//! `<rank> <quic address>`, and once all have arrived rank 0 sends every rank the whole table, one line per
+//! rank. Trust still comes from the certificates (`vfabric cluster init --ranks N`): the table only says where
+//! to dial, and a rank that dials answers to a certificate naming `rank<R>` signed by the cluster CA.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::config::{ClusterConfig, NodeSection};
+use crate::error::FabricError;
+
+use super::Agent;
+
+/// Where this process sits in its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobRank {
+    /// This process's rank.
+    pub rank: u16,
+    /// Ranks in the job.
+    pub size: u16,
+    /// Rank among the job's processes on this host (picks the GPU, when there are several).
+    pub local_rank: u16,
+}
+
+impl JobRank {
+    /// Reads the launcher's variables from the environment.
+    pub fn from_env() -> Result<JobRank, FabricError> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the launcher's variables through `get` (the environment, or a test's table).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<JobRank, FabricError> {
+        let first = |keys: &[&'static str]| keys.iter().find_map(|&k| get(k).map(|v| (k, v)));
+        let num = |(k, v): (&'static str, String)| {
+            v.trim().parse::<u16>().map_err(|_| FabricError::InvalidSize(format!("{k}={v} is not a rank or count")))
+        };
+        let rank = first(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"]).ok_or_else(|| {
+            FabricError::InvalidSize(
+                "no rank in the environment (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or SLURM_PROCID): not started by a launcher?"
+                    .into(),
+            )
+        })?;
+        let size =
+            first(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "OMPI_UNIVERSE_SIZE"]).ok_or_else(|| {
+                FabricError::InvalidSize(
+                    "no job size in the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS)".into(),
+                )
+            })?;
+        let local = first(&["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]);
+        let (rank, size) = (num(rank)?, num(size)?);
+        let local_rank = match local {
+            Some(l) => num(l)?,
+            None => 0,
+        };
+        if size == 0 || rank >= size {
+            return Err(FabricError::InvalidSize(format!("rank {rank} of a job of {size}")));
+        }
+        Ok(JobRank { rank, size, local_rank })
+    }
+}
+
+/// The name of rank `r`'s node (and certificate).
+pub fn rank_name(r: u16) -> String {
+    format!("rank{r}")
+}
+
+impl Agent {
+    /// Starts this rank's agent in a job under a launcher: the configuration's nodes are replaced by the job's
+    /// ranks (`rank0`..), this rank's identity is loaded from `network.certs` (or `VFABRIC_CERTS`), its QUIC
+    /// endpoint binds `VFABRIC_BIND` (default: the rendezvous's IP, any port), and the ranks exchange addresses
+    /// at `VFABRIC_RENDEZVOUS` (waiting up to `VFABRIC_RENDEZVOUS_TIMEOUT` seconds, default 60, for all).
+    pub async fn from_env(config: &ClusterConfig) -> Result<Agent, FabricError> {
+        let job = JobRank::from_env()?;
+        let var = |k: &str| std::env::var(k).ok();
+        let rendezvous: SocketAddr = var("VFABRIC_RENDEZVOUS")
+            .ok_or_else(|| FabricError::Network("VFABRIC_RENDEZVOUS (ip:port where rank 0 listens) is not set".into()))?
+            .parse()
+            .map_err(|e| FabricError::Network(format!("VFABRIC_RENDEZVOUS: {e}")))?;
+        let bind: SocketAddr = match var("VFABRIC_BIND") {
+            Some(b) => b.parse().map_err(|e| FabricError::Network(format!("VFABRIC_BIND: {e}")))?,
+            None => SocketAddr::new(rendezvous.ip(), 0),
+        };
+        let wait = Duration::from_secs(var("VFABRIC_RENDEZVOUS_TIMEOUT").and_then(|s| s.parse().ok()).unwrap_or(60));
+        let mut cfg = config.clone();
+        if let Some(dir) = var("VFABRIC_CERTS") {
+            cfg.network.certs = dir;
+        }
+        let gpus = cfg.nodes.first().and_then(|n| n.gpus.clone());
+        cfg.nodes =
+            (0..job.size).map(|r| NodeSection { name: rank_name(r), gpus: gpus.clone(), address: None }).collect();
+        // Rank 0 listens before it does anything slow, so the others find the rendezvous early.
+        let listener = if job.rank == 0 {
+            Some(
+                TcpListener::bind(rendezvous)
+                    .await
+                    .map_err(|e| FabricError::Network(format!("rendezvous {rendezvous}: {e}")))?,
+            )
+        } else {
+            None
+        };
+        let name = rank_name(job.rank);
+        let identity = vfabric_transport::quic::NodeIdentity::load(std::path::Path::new(&cfg.network.certs), &name)
+            .map_err(|e| {
+                FabricError::Network(format!("loading {name}'s certificate from {}: {e}", cfg.network.certs))
+            })?;
+        let agent = Agent::start(&cfg, &name, &identity, Some(bind)).await?;
+        let me = agent.local_addr();
+        let serve = async {
+            match listener {
+                Some(l) => tokio::time::timeout(wait, collect(l, job.size)).await.map_err(|_| {
+                    FabricError::Network(format!(
+                        "rendezvous: not every one of {} ranks arrived within {wait:?}",
+                        job.size
+                    ))
+                })?,
+                None => Ok(()),
+            }
+        };
+        let (served, table) = tokio::join!(serve, exchange(rendezvous, job, me, wait));
+        served?;
+        for (r, addr) in table?.into_iter().enumerate() {
+            if r as u16 != job.rank {
+                agent.set_peer_addr(r as u16, addr).await?;
+            }
+        }
+        tracing::info!(rank = job.rank, size = job.size, addr = %me, "job rank joined");
+        Ok(agent)
+    }
+}
+
+/// Rank 0: takes one `<rank> <addr>` line from every rank, then sends each the whole table.
+async fn collect(listener: TcpListener, size: u16) -> Result<(), FabricError> {
+    let mut table: Vec<Option<SocketAddr>> = vec![None; usize::from(size)];
+    let mut conns = Vec::new();
+    while table.iter().any(Option::is_none) {
+        let (sock, from) = listener.accept().await.map_err(|e| FabricError::Network(format!("rendezvous: {e}")))?;
+        let mut lines = BufReader::new(sock);
+        let mut line = String::new();
+        lines.read_line(&mut line).await.map_err(|e| FabricError::Network(format!("rendezvous from {from}: {e}")))?;
+        let mut parts = line.split_whitespace();
+        let parsed = match (parts.next().map(str::parse::<u16>), parts.next().map(str::parse::<SocketAddr>)) {
+            (Some(Ok(r)), Some(Ok(a))) if r < size && table[usize::from(r)].is_none() => Some((r, a)),
+            _ => None,
+        };
+        let Some((r, a)) = parsed else {
+            tracing::warn!(%from, line = line.trim(), "rendezvous: ignoring a bad or repeated line");
+            continue;
+        };
+        table[usize::from(r)] = Some(a);
+        conns.push(lines.into_inner());
+    }
+    let text: String = table.iter().flatten().enumerate().map(|(r, a)| format!("{r} {a}\n")).collect();
+    for mut c in conns {
+        c.write_all(text.as_bytes()).await.map_err(|e| FabricError::Network(format!("rendezvous: {e}")))?;
+        let _ = c.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Every rank: sends its line to rank 0 (retrying until it listens) and reads the table back.
+async fn exchange(
+    rendezvous: SocketAddr,
+    job: JobRank,
+    me: SocketAddr,
+    wait: Duration,
+) -> Result<Vec<SocketAddr>, FabricError> {
+    let start = Instant::now();
+    let mut sock = loop {
+        match TcpStream::connect(rendezvous).await {
+            Ok(s) => break s,
+            Err(e) if start.elapsed() < wait => {
+                tracing::debug!(error = %e, "rendezvous not up yet");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(FabricError::Network(format!("rendezvous {rendezvous}: {e}"))),
+        }
+    };
+    sock.write_all(format!("{} {me}\n", job.rank).as_bytes())
+        .await
+        .map_err(|e| FabricError::Network(format!("rendezvous: {e}")))?;
+    let mut lines = BufReader::new(sock).lines();
+    let mut table = Vec::new();
+    let read = async {
+        while let Some(l) = lines.next_line().await.map_err(|e| FabricError::Network(format!("rendezvous: {e}")))? {
+            let addr = l.split_whitespace().nth(1).and_then(|a| a.parse::<SocketAddr>().ok());
+            table.push(addr.ok_or_else(|| FabricError::Protocol(format!("rendezvous sent `{l}`")))?);
+        }
+        Ok::<(), FabricError>(())
+    };
+    tokio::time::timeout(wait.saturating_sub(start.elapsed()).max(Duration::from_secs(1)), read)
+        .await
+        .map_err(|_| FabricError::Network("rendezvous: no table from rank 0 in time".into()))??;
+    if table.len() != usize::from(job.size) {
+        return Err(FabricError::Protocol(format!("rendezvous table has {} ranks, the job {}", table.len(), job.size)));
+    }
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|(a, _)| *a == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn launchers_are_read() {
+        let ompi = [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")];
+        assert_eq!(JobRank::from_vars(vars(&ompi)).ok(), Some(JobRank { rank: 2, size: 4, local_rank: 1 }));
+        let slurm = [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1")];
+        assert_eq!(JobRank::from_vars(vars(&slurm)).ok(), Some(JobRank { rank: 5, size: 8, local_rank: 1 }));
+        let pmi = [("PMI_RANK", "0"), ("PMI_SIZE", "2")];
+        assert_eq!(JobRank::from_vars(vars(&pmi)).ok(), Some(JobRank { rank: 0, size: 2, local_rank: 0 }));
+    }
+
+    #[test]
+    fn bad_launcher_variables_are_clear_errors() {
+        let e = |p: &[(&str, &str)]| JobRank::from_vars(vars(p)).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e(&[]).contains("no rank"));
+        assert!(e(&[("PMI_RANK", "1")]).contains("no job size"));
+        assert!(e(&[("PMI_RANK", "x"), ("PMI_SIZE", "2")]).contains("not a rank"));
+        assert!(e(&[("PMI_RANK", "2"), ("PMI_SIZE", "2")]).contains("rank 2 of a job of 2"));
+    }
+}
