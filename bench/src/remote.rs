@@ -29,7 +29,7 @@ pub struct RemoteArgs {
     /// QUIC packet sizes (UDP payload bytes) to run, one pair of agents each.
     #[arg(long, value_delimiter = ',', default_values = ["1452", "6500"])]
     pub mtus: Vec<u16>,
-    /// Bytes per request (a page of the region).
+    /// Bytes per request: the page size of the region (64KiB..2MiB, a power of two).
     #[arg(long, value_delimiter = ',', default_values = ["2MiB", "64KiB"])]
     pub sizes: Vec<ByteSize>,
     /// Requests in flight at once (each on its own QUIC stream).
@@ -84,6 +84,10 @@ pub struct Latency {
     pub p50_us: f64,
     /// 99th percentile, microseconds.
     pub p99_us: f64,
+    /// `acquire(Read)` of the same size onto GPU 0 of this node (pages from the home), median, microseconds.
+    pub acquire_p50_us: f64,
+    /// Its 99th percentile, microseconds.
+    pub acquire_p99_us: f64,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -94,8 +98,10 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// The two-node cluster the benchmark runs: `n1` is the home of the region `n0` writes and reads.
-fn two_nodes(base: &ClusterConfig, mtu: u16, region: u64) -> ClusterConfig {
+fn two_nodes(base: &ClusterConfig, mtu: u16, region: u64, page: u64) -> Result<ClusterConfig, String> {
     let mut c = base.clone();
+    vfabric_allocator::PageSize::new(page).map_err(|e| format!("--sizes {}: {e}", ByteSize(page)))?;
+    c.memory.page_size = ByteSize(page);
     c.cluster.name = "bench-remote".into();
     c.network.mtu = mtu;
     c.network.chunk = ByteSize(1 << 20);
@@ -104,7 +110,7 @@ fn two_nodes(base: &ClusterConfig, mtu: u16, region: u64) -> ClusterConfig {
     c.network.dead_after_ms = 30_000;
     c.memory.host_arena = ByteSize(c.memory.host_arena.bytes().max(region + (64 << 20)));
     c.nodes = (0..2).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
-    c
+    Ok(c)
 }
 
 async fn start_pair(cfg: &ClusterConfig) -> Result<(Agent, Agent), String> {
@@ -216,15 +222,16 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let mut rows = Vec::new();
     let mut lat = Vec::new();
     let mut device = String::new();
-    for &mtu in &args.mtus {
-        let cfg = two_nodes(&base, mtu, region_bytes);
+    // One pair of agents per packet size and page size: a node has one page size, and a request is a page.
+    for (&mtu, &size) in args.mtus.iter().flat_map(|m| sizes.iter().map(move |s| (m, s))) {
+        let cfg = two_nodes(&base, mtu, region_bytes, size)?;
         rt.block_on(async {
             let (a, b) = start_pair(&cfg).await?;
             if device.is_empty() {
                 device = b.fabric().layer().describe();
             }
             let region = a.alloc(b.node(), region_bytes, Some(Location::Host)).await.map_err(|e| e.to_string())?;
-            for &size in &sizes {
+            {
                 let data = std::sync::Arc::new(vfabric::pattern::bytes(u64::from(mtu) ^ size, 0, size as usize));
                 for &streams in &args.streams {
                     for write in [true, false] {
@@ -258,7 +265,26 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
                     samples.push(t.elapsed().as_secs_f64() * 1e6);
                 }
                 samples.sort_by(|x, y| x.total_cmp(y));
-                lat.push(Latency { mtu, size, p50_us: pct(&samples, 0.5), p99_us: pct(&samples, 0.99) });
+                let mut acq = Vec::with_capacity(args.latency_samples);
+                for i in 0..args.latency_samples as u64 {
+                    let off = (i % (region_bytes / size).max(1)) * size;
+                    let t = Instant::now();
+                    let l = a
+                        .acquire(&region, off..off + size, Location::Gpu(0), vfabric::Mode::Read)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    acq.push(t.elapsed().as_secs_f64() * 1e6);
+                    a.release(l).await.map_err(|e| e.to_string())?;
+                }
+                acq.sort_by(|x, y| x.total_cmp(y));
+                lat.push(Latency {
+                    mtu,
+                    size,
+                    p50_us: pct(&samples, 0.5),
+                    p99_us: pct(&samples, 0.99),
+                    acquire_p50_us: pct(&acq, 0.5),
+                    acquire_p99_us: pct(&acq, 0.99),
+                });
             }
             a.free(&region).await.map_err(|e| e.to_string())?;
             a.shutdown().await;
@@ -304,15 +330,19 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             r.bad
         );
     }
-    let _ = writeln!(md, "\n## Remote read latency ({} samples each, one at a time)\n", args.latency_samples);
+    let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);
+    let _ = writeln!(md, "| packet | size | read p50 | read p99 | acquire(Read) onto gpu0 p50 | p99 |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
     for l in &lat {
         let _ = writeln!(
             md,
-            "- packet {} bytes, {}: p50 {:.0} us, p99 {:.0} us",
+            "| {} | {} | {:.0} us | {:.0} us | {:.0} us | {:.0} us |",
             l.mtu,
             ByteSize(l.size),
             l.p50_us,
-            l.p99_us
+            l.p99_us,
+            l.acquire_p50_us,
+            l.acquire_p99_us
         );
     }
     let json = json!({

@@ -177,3 +177,83 @@ fn a_stopped_agent_fails_calls_instead_of_hanging() {
         a[1].shutdown().await;
     });
 }
+
+/// The bytes under a lease, read through its frames on this node's device.
+fn leased_bytes(agent: &Agent, lease: &vfabric::agent::AgentLease) -> Vec<u8> {
+    let l = lease.local().expect("a local lease");
+    let arena = agent.fabric().arena(l.device()).expect("arena");
+    let ps = agent.fabric().page_size();
+    let mut out = vec![0u8; l.frames().len() * ps as usize];
+    for (i, &f) in l.frames().iter().enumerate() {
+        arena.read(u64::from(f) * ps, &mut out[i * ps as usize..(i + 1) * ps as usize]).expect("read frame");
+    }
+    out
+}
+
+#[test]
+fn remote_leases_put_pages_on_this_node_and_keep_the_home_coherent() {
+    runtime().block_on(async {
+        let cfg = config(3);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let ps = a[0].fabric().page_size();
+        let r = a[0].alloc(1, 4 * ps, None).await.expect("alloc on n1");
+        let data = pattern::bytes(21, 0, (4 * ps) as usize);
+        a[0].write(&r, 0, &data).await.expect("write");
+        let g0 = Location::Gpu(0);
+
+        // n0 leases pages 1..3 for writing: they arrive on n0's GPU with the region's bytes.
+        let w = a[0].acquire(&r, ps..3 * ps, g0, vfabric::Mode::Write).await.expect("remote write lease");
+        assert_eq!(w.home(&a[0]), 1);
+        assert!(leased_bytes(&a[0], &w) == data[ps as usize..3 * ps as usize], "leased bytes are the region's");
+        // Meanwhile the home refuses every other lease on those pages, and host reads of them.
+        match a[2].acquire(&r, 2 * ps..3 * ps, g0, vfabric::Mode::Read).await {
+            Err(FabricError::Remote { node: 1, kind: ErrorKind::LeasedElsewhere, .. }) => {}
+            other => panic!("a read lease beside a remote write lease: {:?}", other.map(|_| ())),
+        }
+        let mut page = vec![0u8; ps as usize];
+        assert!(a[2].read(&r, ps, &mut page).await.is_err(), "a read of pages leased for writing");
+        // Pages outside the lease stay usable.
+        a[2].read(&r, 3 * ps, &mut page).await.expect("a page outside the lease");
+        assert!(page == data[3 * ps as usize..]);
+        // The "kernel" writes through the lease on n0's GPU; the release sends the pages home.
+        let l = w.local().expect("local lease");
+        let arena = a[0].fabric().arena(g0).expect("arena");
+        for &f in l.frames() {
+            arena.fill(u64::from(f) * ps, ps, 0x77).expect("device memset");
+        }
+        a[0].release(w).await.expect("release sends the pages home");
+        let mut back = vec![0u8; (4 * ps) as usize];
+        a[2].read(&r, 0, &mut back).await.expect("read after the write lease");
+        assert!(back[..ps as usize] == data[..ps as usize], "page 0 untouched");
+        assert!(back[ps as usize..3 * ps as usize].iter().all(|&b| b == 0x77), "pages 1..3 hold what the lease wrote");
+        assert!(back[3 * ps as usize..] == data[3 * ps as usize..], "page 3 untouched");
+
+        // Two read leases from two nodes at once, each with the bytes; a write lease waits for both.
+        let r0 = a[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Read).await.expect("read lease on n0");
+        let r2 = a[2].acquire(&r, ps..2 * ps, g0, vfabric::Mode::Read).await.expect("read lease on n2");
+        assert!(leased_bytes(&a[2], &r2).iter().all(|&b| b == 0x77));
+        assert!(matches!(
+            a[1].acquire(&r, 0..ps, g0, vfabric::Mode::Write).await.map(|_| ()),
+            Err(FabricError::LeasedElsewhere { .. })
+        ));
+        a[0].release(r0).await.expect("release");
+        // A lease dropped without release is let go at the home in the background.
+        drop(r2);
+        let mut freed = false;
+        for _ in 0..100 {
+            if let Ok(l) = a[1].acquire(&r, 0..4 * ps, g0, vfabric::Mode::Write).await {
+                a[1].release(l).await.expect("release");
+                freed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(freed, "the dropped read lease was let go at the home");
+        // Unknown leases are refused, typed.
+        assert!(a[0].free(&r).await.is_ok());
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}

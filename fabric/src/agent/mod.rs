@@ -27,9 +27,9 @@ use vfabric_transport::quic::{self, NodeIdentity, QuicSettings};
 use vfabric_transport::Location;
 
 use crate::config::{ClusterConfig, NetworkSection};
-use crate::directory::Placement;
+use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
-use crate::fabric::{Fabric, Region};
+use crate::fabric::{Fabric, Lease, LeasePtr, Region};
 use crate::proto::{read_frame, write_frame, Message, WireRegion, PROTOCOL_VERSION};
 
 /// A peer as this agent sees it.
@@ -49,6 +49,82 @@ struct Shared {
     started: Instant,
     peers: Vec<Mutex<Peer>>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Leases peers hold on regions whose home is this node: the lease id they were given, the peer, and the
+    /// local lease on the host copy that keeps the pages' coherence while they hold it.
+    remote_leases: std::sync::Mutex<std::collections::HashMap<u64, (u16, Lease)>>,
+    next_remote_lease: std::sync::atomic::AtomicU64,
+}
+
+/// A lease from [`Agent::acquire`]: device pointers on this node, whatever the region's home.
+///
+/// For a region of another node, the home leases its host copy for the holder (so its other users see the
+/// usual lease conflicts) and sends the pages; they land in a private region on this node's device, leased
+/// here. [`Agent::release`] sends a `Write` lease's bytes back before the home lets go. Dropping a lease
+/// instead of releasing it lets go at the home too, but a `Write` lease's changes are then lost.
+pub struct AgentLease {
+    kind: LeaseKind,
+}
+
+enum LeaseKind {
+    Local(Lease),
+    Remote(RemoteLease),
+}
+
+struct RemoteLease {
+    agent: Agent,
+    home: u16,
+    id: u64,
+    mode: Mode,
+    /// The private region on this node that holds the pages, and its lease.
+    shadow: Region,
+    local: Option<Lease>,
+    released: bool,
+}
+
+impl AgentLease {
+    fn lease(&self) -> Option<&Lease> {
+        match &self.kind {
+            LeaseKind::Local(l) => Some(l),
+            LeaseKind::Remote(r) => r.local.as_ref(),
+        }
+    }
+
+    /// Device pointers to the leased pages on this node.
+    pub fn ptr(&self) -> Option<&LeasePtr> {
+        self.lease().map(Lease::ptr)
+    }
+
+    /// The local lease (its device, frames and pointers).
+    pub fn local(&self) -> Option<&Lease> {
+        self.lease()
+    }
+
+    /// The node the region lives at.
+    pub fn home(&self, agent: &Agent) -> u16 {
+        match &self.kind {
+            LeaseKind::Local(_) => agent.node(),
+            LeaseKind::Remote(r) => r.home,
+        }
+    }
+}
+
+impl Drop for RemoteLease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Not released: let go at the home (in the background: drop cannot wait) and free the copy here.
+        drop(self.local.take());
+        let (agent, home, id, shadow) = (self.agent.clone(), self.home, self.id, self.shadow);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = agent.call(home, &Message::Release { lease: id }, &[]).await {
+                    tracing::warn!(home, lease = id, error = %e, "releasing a dropped remote lease failed");
+                }
+                let _ = agent.free(&shadow).await;
+            });
+        }
+    }
 }
 
 /// One node's agent (cheap to clone; every clone drives the same agent).
@@ -105,6 +181,8 @@ impl Agent {
             started: Instant::now(),
             peers,
             tasks: std::sync::Mutex::new(Vec::new()),
+            remote_leases: std::sync::Mutex::new(std::collections::HashMap::new()),
+            next_remote_lease: std::sync::atomic::AtomicU64::new(1),
         });
         let agent = Agent { shared };
         let serving = tokio::spawn(serve::accept_loop(Arc::clone(&agent.shared)));
@@ -216,6 +294,105 @@ impl Agent {
         match self.call_read(home, &msg, offset, buf).await? {
             Message::Data { len } if len == buf.len() as u64 => Ok(()),
             other => Err(unexpected(home, &other)),
+        }
+    }
+
+    /// Acquires `range` of a region on `device` of this node, wherever the region's home is: when it returns,
+    /// the pages are on the device at the lease's pointers until [`Agent::release`]. For another node's region
+    /// the home holds the matching lease on its copy meanwhile, so a `Write` lease here excludes every other
+    /// lease there, and a `Read` lease excludes writers.
+    pub async fn acquire(
+        &self,
+        region: &Region,
+        range: std::ops::Range<u64>,
+        device: Location,
+        mode: Mode,
+    ) -> Result<AgentLease, FabricError> {
+        let home = region.addr.node().0;
+        if home == self.shared.node {
+            let (f, r) = (self.shared.fabric.clone(), *region);
+            let l = blocking(move || f.acquire(&r, range, device, mode)).await?;
+            return Ok(AgentLease { kind: LeaseKind::Local(l) });
+        }
+        let len = range.end.checked_sub(range.start).filter(|&l| l > 0).ok_or(FabricError::OutOfBounds {
+            offset: range.start,
+            len: 0,
+            region_len: region.len,
+        })?;
+        let ps = region.page_size.max(1);
+        let first = range.start / ps;
+        let pages = (range.start + len).div_ceil(ps) - first;
+        let mut bytes = vec![0u8; (pages * ps) as usize];
+        let msg = Message::Acquire {
+            region: WireRegion::from(region),
+            offset: range.start,
+            len,
+            device: device.into(),
+            mode: mode.into(),
+        };
+        let id = match self.call_read(home, &msg, first * ps, &mut bytes).await? {
+            Message::Granted { lease, first_page, pages: n } if first_page == first && n == pages => lease,
+            other => return Err(unexpected(home, &other)),
+        };
+        let f = self.shared.fabric.clone();
+        let placed = blocking(move || {
+            let shadow = f.alloc(pages * ps, Placement::on(device))?;
+            let leased = f.write(&shadow, 0, &bytes).and_then(|()| f.acquire(&shadow, 0..pages * ps, device, mode));
+            match leased {
+                Ok(l) => Ok((shadow, l)),
+                Err(e) => {
+                    let _ = f.free(&shadow);
+                    Err(e)
+                }
+            }
+        })
+        .await;
+        match placed {
+            Ok((shadow, l)) => Ok(AgentLease {
+                kind: LeaseKind::Remote(RemoteLease {
+                    agent: self.clone(),
+                    home,
+                    id,
+                    mode,
+                    shadow,
+                    local: Some(l),
+                    released: false,
+                }),
+            }),
+            Err(e) => {
+                let _ = self.call(home, &Message::Release { lease: id }, &[]).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases a lease from [`Agent::acquire`]; a `Write` lease's pages go back to the region's home first.
+    pub async fn release(&self, lease: AgentLease) -> Result<(), FabricError> {
+        let mut r = match lease.kind {
+            LeaseKind::Local(l) => {
+                let f = self.shared.fabric.clone();
+                return blocking(move || f.release(l)).await;
+            }
+            LeaseKind::Remote(r) => r,
+        };
+        r.released = true;
+        let (f, shadow, local, mode) = (self.shared.fabric.clone(), r.shadow, r.local.take(), r.mode);
+        let bytes = blocking(move || {
+            if let Some(l) = local {
+                f.release(l)?;
+            }
+            let mut v = Vec::new();
+            if mode == Mode::Write {
+                v = vec![0u8; shadow.len as usize];
+                f.read(&shadow, 0, &mut v)?;
+            }
+            f.free(&shadow)?;
+            Ok(v)
+        })
+        .await?;
+        match self.call(r.home, &Message::Release { lease: r.id }, &bytes).await? {
+            (Message::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(r.home, &other)),
         }
     }
 

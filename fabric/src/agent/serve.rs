@@ -8,10 +8,11 @@ use vfabric_transport::quic;
 
 use super::wire::error_kind;
 use super::{blocking, Shared};
-use crate::directory::Placement;
+use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
-use crate::fabric::Region;
-use crate::proto::{read_frame, write_frame, ErrorKind, Message, WireRegion, PROTOCOL_VERSION};
+use crate::fabric::{Lease, Region};
+use crate::proto::{read_frame, write_frame, ErrorKind, Message, WireMode, WireRegion, PROTOCOL_VERSION};
+use vfabric_transport::Location;
 
 /// Why a connection is closed (the code the peer sees; the reason goes with it and into our log).
 const CLOSE_PROTOCOL: u32 = 1;
@@ -78,6 +79,23 @@ async fn serve_connection(shared: Arc<Shared>, conn: quinn::Connection) {
             }
         });
     }
+    // The peer's calls came over this connection: the leases it held here end with it.
+    let gone: Vec<Lease> = {
+        let mut leases = shared.remote_leases.lock().unwrap_or_else(|p| p.into_inner());
+        let ids: Vec<u64> = leases.iter().filter(|(_, (p, _))| *p == node).map(|(id, _)| *id).collect();
+        ids.into_iter().filter_map(|id| leases.remove(&id)).map(|(_, l)| l).collect()
+    };
+    if !gone.is_empty() {
+        tracing::warn!(peer = %name, leases = gone.len(), "connection closed: releasing the leases it held");
+        let f = shared.fabric.clone();
+        let _ = blocking(move || {
+            for l in gone {
+                f.release(l)?;
+            }
+            Ok(())
+        })
+        .await;
+    }
 }
 
 async fn find_peer(shared: &Shared, name: &str) -> Option<u16> {
@@ -131,6 +149,10 @@ async fn serve_stream(
         Message::Read { region, offset, len } => {
             return send_read(shared, &region, offset, len, &mut send, chunk).await;
         }
+        Message::Acquire { region, offset, len, device: _, mode } => {
+            return grant(shared, peer, &region, offset, len, mode, &mut send, chunk).await;
+        }
+        Message::Release { lease } => take_back(shared, peer, lease, &mut recv, chunk).await,
         other => Err(FabricError::Protocol(format!("`{}` is not served yet", other.name()))),
     };
     let answer = match reply {
@@ -142,6 +164,136 @@ async fn serve_stream(
     let _ = write_frame(&mut send, &answer, max).await;
     let _ = send.finish();
     Ok(())
+}
+
+/// Leases a range for a peer: the home's host copy is leased in the same mode (so coherence with everyone
+/// else here follows the usual lease rules), then `Granted` and the pages go back.
+#[allow(clippy::too_many_arguments)]
+async fn grant(
+    shared: &Shared,
+    peer: u16,
+    region: &WireRegion,
+    offset: u64,
+    len: u64,
+    mode: WireMode,
+    send: &mut quinn::SendStream,
+    chunk: u64,
+) -> Result<(), String> {
+    let max = shared.net.max_frame.bytes() as usize;
+    let refuse = async |send: &mut quinn::SendStream, e: FabricError| {
+        let _ = write_frame(send, &Message::Error { kind: error_kind(&e), message: e.to_string() }, max).await;
+        let _ = send.finish();
+    };
+    let leased = home_region(shared, region).and_then(|r| {
+        let end = offset.checked_add(len).ok_or(FabricError::OutOfBounds { offset, len, region_len: r.len })?;
+        tokio::task::block_in_place(|| shared.fabric.acquire(&r, offset..end, Location::Host, Mode::from(mode)))
+    });
+    let lease = match leased {
+        Ok(l) => l,
+        Err(e) => {
+            refuse(send, e).await;
+            return Ok(());
+        }
+    };
+    let ps = shared.fabric.page_size();
+    let first_page = lease.offset() / ps;
+    let frames = lease.frames().to_vec();
+    let host = match shared.fabric.arena(Location::Host) {
+        Ok(a) => a,
+        Err(e) => {
+            refuse(send, e).await;
+            return Ok(());
+        }
+    };
+    let id = shared.next_remote_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shared.remote_leases.lock().unwrap_or_else(|p| p.into_inner()).insert(id, (peer, lease));
+    let granted = Message::Granted { lease: id, first_page, pages: frames.len() as u64 };
+    if write_frame(send, &granted, max).await.is_err() {
+        return Ok(());
+    }
+    // The pages, straight from the leased host frames (a write lease here makes `Fabric::read` refuse).
+    let mut buf = vec![0u8; ps.min(chunk.max(1)) as usize];
+    for (i, &f) in frames.iter().enumerate() {
+        let mut at = 0;
+        while at < ps {
+            let n = buf.len().min((ps - at) as usize);
+            if host.read(u64::from(f) * ps + at, &mut buf[..n]).is_err() {
+                let _ = send.reset(quinn::VarInt::from_u32(ErrorKind::Internal as u32));
+                return Ok(());
+            }
+            if quic::write_chunk(send, (first_page + i as u64) * ps + at, &buf[..n]).await.is_err() {
+                return Ok(());
+            }
+            at += n as u64;
+        }
+    }
+    let _ = send.finish();
+    Ok(())
+}
+
+/// Ends a peer's lease; a write lease's pages come first (chunk offsets count from the lease's first byte)
+/// and go into the leased host frames before the lease is let go.
+async fn take_back(
+    shared: &Shared,
+    peer: u16,
+    id: u64,
+    recv: &mut quinn::RecvStream,
+    max_chunk: u64,
+) -> Result<Message, FabricError> {
+    let held = {
+        let mut leases = shared.remote_leases.lock().unwrap_or_else(|p| p.into_inner());
+        match leases.get(&id) {
+            Some((p, _)) if *p == peer => leases.remove(&id).map(|(_, l)| l),
+            _ => None,
+        }
+    };
+    let lease = held.ok_or(FabricError::UnknownLease(id))?;
+    let ps = shared.fabric.page_size();
+    let host = shared.fabric.arena(Location::Host)?;
+    // All of a write-back arrives (each chunk verified) before any of it is written: a release that fails
+    // midway leaves the pages as they were before the lease.
+    let mut data = vec![0u8; if lease.mode() == Mode::Write { lease.len() as usize } else { 0 }];
+    let mut buf = Vec::new();
+    let mut got = 0u64;
+    let mut failed = None;
+    loop {
+        let at = match quic::read_chunk(recv, max_chunk, &mut buf).await {
+            Ok(Some(at)) => at,
+            Ok(None) => break,
+            Err(e) => {
+                failed = Some(match e {
+                    quic::QuicError::Checksum { .. } => FabricError::Checksum(e.to_string()),
+                    other => FabricError::Network(other.to_string()),
+                });
+                break;
+            }
+        };
+        let Some(end) = at.checked_add(buf.len() as u64).filter(|&e| e <= data.len() as u64) else {
+            failed = Some(FabricError::Protocol(format!("release of lease {id} brought bytes at +{at:#x}")));
+            break;
+        };
+        data[at as usize..end as usize].copy_from_slice(&buf);
+        got += buf.len() as u64;
+    }
+    if failed.is_none() && got != data.len() as u64 {
+        failed = Some(FabricError::Protocol(format!("release of lease {id} brought {got} of {} bytes", data.len())));
+    }
+    if failed.is_none() && lease.mode() == Mode::Write {
+        for (page, &frame) in lease.frames().iter().enumerate() {
+            // `data` is exactly the lease's pages (checked above), so each page is there.
+            if let Some(bytes) = data.get(page * ps as usize..(page + 1) * ps as usize) {
+                host.write(u64::from(frame) * ps, bytes)?;
+            }
+        }
+    }
+    // The lease ends either way.
+    let f = shared.fabric.clone();
+    blocking(move || f.release(lease)).await?;
+    match failed {
+        Some(FabricError::Protocol(why)) => Err(FabricError::Protocol(why)),
+        Some(e) => Err(e),
+        None => Ok(Message::Done),
+    }
 }
 
 /// A region named by a peer, which must live here.
