@@ -238,9 +238,8 @@ impl Agent {
     /// Allocates a region whose home is `node` (this one or a peer), placed on `device` of that node if given.
     pub async fn alloc(&self, node: u16, size: u64, device: Option<Location>) -> Result<Region, FabricError> {
         if node == self.shared.node {
-            let f = self.shared.fabric.clone();
             let placement = device.map(Placement::on).unwrap_or_default();
-            return blocking(move || f.alloc(size, placement)).await;
+            return in_place(|| self.shared.fabric.alloc(size, placement));
         }
         let msg = Message::Alloc { size, device: device.map(Into::into) };
         match self.call(node, &msg, &[]).await? {
@@ -253,8 +252,7 @@ impl Agent {
     pub async fn free(&self, region: &Region) -> Result<(), FabricError> {
         let home = region.addr.node().0;
         if home == self.shared.node {
-            let (f, r) = (self.shared.fabric.clone(), *region);
-            return blocking(move || f.free(&r)).await;
+            return in_place(|| self.shared.fabric.free(region));
         }
         match self.call(home, &Message::Free { region: WireRegion::from(region) }, &[]).await? {
             (Message::Done, _) => Ok(()),
@@ -266,8 +264,7 @@ impl Agent {
     pub async fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let home = region.addr.node().0;
         if home == self.shared.node {
-            let (f, r, d) = (self.shared.fabric.clone(), *region, data.to_vec());
-            return blocking(move || f.write(&r, offset, &d)).await;
+            return in_place(|| self.shared.fabric.write(region, offset, data));
         }
         let msg = Message::Write { region: WireRegion::from(region), offset, len: data.len() as u64 };
         match self.call(home, &msg, data).await? {
@@ -281,14 +278,7 @@ impl Agent {
     pub async fn read(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         let home = region.addr.node().0;
         if home == self.shared.node {
-            let (f, r, n) = (self.shared.fabric.clone(), *region, buf.len());
-            let data = blocking(move || {
-                let mut v = vec![0u8; n];
-                f.read(&r, offset, &mut v).map(|()| v)
-            })
-            .await?;
-            buf.copy_from_slice(&data);
-            return Ok(());
+            return in_place(|| self.shared.fabric.read(region, offset, buf));
         }
         let msg = Message::Read { region: WireRegion::from(region), offset, len: buf.len() as u64 };
         match self.call_read(home, &msg, offset, buf).await? {
@@ -310,8 +300,7 @@ impl Agent {
     ) -> Result<AgentLease, FabricError> {
         let home = region.addr.node().0;
         if home == self.shared.node {
-            let (f, r) = (self.shared.fabric.clone(), *region);
-            let l = blocking(move || f.acquire(&r, range, device, mode)).await?;
+            let l = in_place(|| self.shared.fabric.acquire(region, range, device, mode))?;
             return Ok(AgentLease { kind: LeaseKind::Local(l) });
         }
         let len = range.end.checked_sub(range.start).filter(|&l| l > 0).ok_or(FabricError::OutOfBounds {
@@ -334,8 +323,8 @@ impl Agent {
             Message::Granted { lease, first_page, pages: n } if first_page == first && n == pages => lease,
             other => return Err(unexpected(home, &other)),
         };
-        let f = self.shared.fabric.clone();
-        let placed = blocking(move || {
+        let f = &self.shared.fabric;
+        let placed = in_place(|| {
             let shadow = f.alloc(pages * ps, Placement::on(device))?;
             let leased = f.write(&shadow, 0, &bytes).and_then(|()| f.acquire(&shadow, 0..pages * ps, device, mode));
             match leased {
@@ -345,8 +334,7 @@ impl Agent {
                     Err(e)
                 }
             }
-        })
-        .await;
+        });
         match placed {
             Ok((shadow, l)) => Ok(AgentLease {
                 kind: LeaseKind::Remote(RemoteLease {
@@ -369,15 +357,12 @@ impl Agent {
     /// Releases a lease from [`Agent::acquire`]; a `Write` lease's pages go back to the region's home first.
     pub async fn release(&self, lease: AgentLease) -> Result<(), FabricError> {
         let mut r = match lease.kind {
-            LeaseKind::Local(l) => {
-                let f = self.shared.fabric.clone();
-                return blocking(move || f.release(l)).await;
-            }
+            LeaseKind::Local(l) => return in_place(|| self.shared.fabric.release(l)),
             LeaseKind::Remote(r) => r,
         };
         r.released = true;
-        let (f, shadow, local, mode) = (self.shared.fabric.clone(), r.shadow, r.local.take(), r.mode);
-        let bytes = blocking(move || {
+        let (f, shadow, local, mode) = (&self.shared.fabric, r.shadow, r.local.take(), r.mode);
+        let bytes = in_place(|| {
             if let Some(l) = local {
                 f.release(l)?;
             }
@@ -388,8 +373,7 @@ impl Agent {
             }
             f.free(&shadow)?;
             Ok(v)
-        })
-        .await?;
+        })?;
         match self.call(r.home, &Message::Release { lease: r.id }, &bytes).await? {
             (Message::Done, _) => Ok(()),
             (other, _) => Err(unexpected(r.home, &other)),
@@ -590,6 +574,16 @@ fn configured_addr(config: &ClusterConfig, node: u16) -> Result<Option<SocketAdd
     match config.nodes.get(usize::from(node)).and_then(|n| n.address.as_deref()) {
         None => Ok(None),
         Some(a) => a.parse().map(Some).map_err(|e| FabricError::Network(format!("address `{a}`: {e}"))),
+    }
+}
+
+/// Runs a fabric call in place on this worker thread (the runtime moves its other tasks elsewhere): no thread
+/// hop and no copies of the caller's buffers. [`Agent::start`] checked the runtime is multi-threaded.
+fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<T, FabricError> {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        // Called from a single-threaded runtime (a caller's own): `block_in_place` would panic there.
+        Ok(tokio::runtime::RuntimeFlavor::CurrentThread) | Err(_) => f(),
+        Ok(_) => tokio::task::block_in_place(f),
     }
 }
 
