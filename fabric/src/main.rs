@@ -119,10 +119,18 @@ fn run_agent(cfg: ClusterConfig, node: String) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let agent = vfabric::agent::Agent::start_from_config(&cfg, &node).await.map_err(|e| e.to_string())?;
-        println!("agent {node} (node {}) listening on {}", agent.node(), agent.local_addr());
+        let socket = vfabric::agent::default_socket(&cfg.cluster.name, &node);
+        let socket = agent.serve_local(&socket).await.map_err(|e| e.to_string())?;
+        println!(
+            "agent {node} (node {}) listening on {}, local clients on {}",
+            agent.node(),
+            agent.local_addr(),
+            socket.display()
+        );
         wait_for_stop().await?;
         println!("stopping");
         agent.shutdown().await;
+        let _ = std::fs::remove_file(&socket);
         Ok(())
     })
 }

@@ -257,3 +257,44 @@ fn remote_leases_put_pages_on_this_node_and_keep_the_home_coherent() {
         }
     });
 }
+
+#[test]
+fn local_clients_reach_the_cluster_through_their_node_agent() {
+    runtime().block_on(async {
+        let cfg = config(2);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let path = std::env::temp_dir().join(format!("vfabric-local-{}.sock", std::process::id()));
+        a[0].serve_local(&path).await.expect("serve the socket");
+        assert!(a[1].serve_local(&path).await.is_err(), "a live socket is not taken over");
+        let c = vfabric::agent::LocalClient::connect(&path).await.expect("connect");
+        assert_eq!(c.node(), 0);
+        // A region at n0 (the client's agent), and one at n1 reached through it.
+        let here = c.alloc(3 << 20, None).await.expect("alloc");
+        let there = a[0].alloc(1, 3 << 20, None).await.expect("alloc on n1");
+        for r in [&here, &there] {
+            let data = pattern::bytes(5, 0, (3 << 20) - 7);
+            c.write(r, 7, &data).await.expect("write through the socket");
+            let mut back = vec![0u8; data.len()];
+            c.read(r, 7, &mut back).await.expect("read through the socket");
+            assert!(back == data, "bytes through the socket, home n{}", r.addr.node().0);
+        }
+        match c.read(&there, there.len - 1, &mut [0u8; 2]).await {
+            Err(FabricError::Remote { kind: ErrorKind::OutOfBounds, .. }) => {}
+            other => panic!("an out-of-bounds read: {other:?}"),
+        }
+        c.free(&there).await.expect("free");
+        // A client that sends garbage is cut off; the others go on.
+        let mut raw = tokio::net::UnixStream::connect(&path).await.expect("connect");
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        raw.write_all(b"XXXX\x00\x01\x00\x00\x00\x00\x00\x00").await.expect("garbage");
+        let mut sink = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut sink)).await.expect("closed in time");
+        assert_eq!(n.expect("read"), 0, "the agent closed the connection without answering");
+        c.free(&here).await.expect("the first client is still served");
+        for x in &a {
+            x.shutdown().await;
+        }
+        let _ = std::fs::remove_file(&path);
+    });
+}

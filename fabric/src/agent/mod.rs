@@ -12,10 +12,12 @@
 //! calls on its regions then fail with [`FabricError::PeerDead`] instead of hanging.
 
 pub mod launch;
+pub mod local;
 mod serve;
 mod wire;
 
 pub use launch::{rank_name, JobRank};
+pub use local::{default_socket, LocalClient};
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -77,6 +77,8 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
         FabricError::PeerDead { .. } => ErrorKind::PeerDead,
         FabricError::Protocol(_) => ErrorKind::Protocol,
         FabricError::Checksum(_) => ErrorKind::Checksum,
+        // Forwarded from a region's home: its kind stands.
+        FabricError::Remote { kind, .. } => *kind,
         _ => ErrorKind::Internal,
     }
 }
