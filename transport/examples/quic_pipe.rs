@@ -25,7 +25,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let settings = QuicSettings {
         mtu,
         stream_window: window << 20,
-        connection_window: 4 * window << 20,
+        connection_window: (4 * window) << 20,
         ..QuicSettings::default()
     };
     let settings_b = settings.clone();
