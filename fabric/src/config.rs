@@ -169,6 +169,9 @@ pub struct NetworkSection {
     pub chunk: ByteSize,
     /// Largest control frame accepted, in bytes.
     pub max_frame: ByteSize,
+    /// Bytes of other nodes' pages an agent keeps after their leases end, so that acquiring them again costs
+    /// a version check instead of a transfer when they have not changed (`0` keeps none).
+    pub replica_cache: ByteSize,
 }
 
 impl Default for NetworkSection {
@@ -180,6 +183,7 @@ impl Default for NetworkSection {
             dead_after_ms: 3000,
             chunk: ByteSize(1 << 20),
             max_frame: ByteSize(1 << 20),
+            replica_cache: ByteSize(256 << 20),
         }
     }
 }

@@ -450,6 +450,13 @@ impl Fabric {
         Ok((self.inner.counters.compacted.load(Ordering::Relaxed) - before) / self.inner.page_size)
     }
 
+    /// The version of a byte range of a region: it changes whenever a write to one of its pages is released,
+    /// so a copy of the range made at one version is current exactly while the version stays the same.
+    pub fn version(&self, region: &Region, range: Range<u64>) -> Result<u64, FabricError> {
+        let len = range.end.saturating_sub(range.start);
+        lock(&self.inner.state).dir.version(region, range.start, len)
+    }
+
     /// Figures about the directory and the bytes moved.
     pub fn stats(&self) -> Stats {
         Stats { directory: lock(&self.inner.state).dir.stats(), traffic: self.inner.counters.snapshot() }

@@ -298,3 +298,52 @@ fn local_clients_reach_the_cluster_through_their_node_agent() {
         let _ = std::fs::remove_file(&path);
     });
 }
+
+#[test]
+fn copies_of_remote_pages_are_reused_while_current_and_refreshed_after_a_write() {
+    runtime().block_on(async {
+        let cfg = config(3);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let ps = a[0].fabric().page_size();
+        let g0 = Location::Gpu(0);
+        let r = a[0].alloc(1, 2 * ps, None).await.expect("alloc on n1");
+        let data = pattern::bytes(31, 0, (2 * ps) as usize);
+        a[0].write(&r, 0, &data).await.expect("write");
+        let copied = |x: &Agent| x.fabric().traffic().host_io;
+
+        let l = a[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Read).await.expect("first lease");
+        assert!(leased_bytes(&a[0], &l) == data);
+        a[0].release(l).await.expect("release");
+        // Unchanged at the home: the next lease uses the kept copy, no page crosses the wire.
+        let before = copied(&a[0]);
+        let l = a[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Read).await.expect("second lease");
+        assert_eq!(copied(&a[0]), before, "no page was copied in for an unchanged range");
+        assert!(leased_bytes(&a[0], &l) == data);
+        a[0].release(l).await.expect("release");
+        // Another node writes one byte: the copy is stale, and the next lease brings the new bytes.
+        a[2].write(&r, ps + 5, &[0xEE]).await.expect("a write elsewhere");
+        let l = a[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Read).await.expect("third lease");
+        assert!(copied(&a[0]) > before, "the stale copy was refreshed");
+        let got = leased_bytes(&a[0], &l);
+        assert_eq!(got[(ps + 5) as usize], 0xEE, "the new byte");
+        assert!(got[..(ps + 5) as usize] == data[..(ps + 5) as usize], "the rest as before");
+        a[0].release(l).await.expect("release");
+        // A write lease from the copy: its release makes the copy the current version, reused next time.
+        let w = a[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Write).await.expect("write lease");
+        let lw = w.local().expect("local");
+        a[0].fabric().arena(g0).expect("arena").fill(u64::from(lw.frames()[0]) * ps, ps, 0x11).expect("memset");
+        a[0].release(w).await.expect("release sends it home");
+        let before = copied(&a[0]);
+        let l = a[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Read).await.expect("after the write lease");
+        assert_eq!(copied(&a[0]), before, "the written copy is current");
+        assert!(leased_bytes(&a[0], &l)[..ps as usize].iter().all(|&b| b == 0x11));
+        a[0].release(l).await.expect("release");
+        let mut home = vec![0u8; ps as usize];
+        a[1].read(&r, 0, &mut home).await.expect("read at home");
+        assert!(home.iter().all(|&b| b == 0x11), "the home has what the lease wrote");
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}

@@ -55,6 +55,27 @@ struct Shared {
     /// local lease on the host copy that keeps the pages' coherence while they hold it.
     remote_leases: std::sync::Mutex<std::collections::HashMap<u64, (u16, Lease)>>,
     next_remote_lease: std::sync::atomic::AtomicU64,
+    replicas: std::sync::Mutex<ReplicaCache>,
+}
+
+/// Copies of other nodes' pages kept after their leases end, each at the version the home gave it: the next
+/// acquire of the same range sends the version, and when it is still current the home sends no pages (the
+/// lease still goes through the home, which keeps writers out while the copy is in use). Bounded by
+/// `network.replica_cache` bytes, least recently used dropped first.
+#[derive(Default)]
+struct ReplicaCache {
+    entries: std::collections::HashMap<ReplicaKey, Replica>,
+    bytes: u64,
+    tick: u64,
+}
+
+/// A region (address and generation), a page range and the device of this node the copy is on.
+type ReplicaKey = (u64, u64, u64, u64, Location);
+
+struct Replica {
+    shadow: Region,
+    version: u64,
+    last_used: u64,
 }
 
 /// A lease from [`Agent::acquire`]: device pointers on this node, whatever the region's home.
@@ -77,6 +98,10 @@ struct RemoteLease {
     home: u16,
     id: u64,
     mode: Mode,
+    /// Where the copy goes back in the replica cache, and the home's version of the range.
+    key: ReplicaKey,
+    version: u64,
+    pages: u64,
     /// The private region on this node that holds the pages, and its lease.
     shadow: Region,
     local: Option<Lease>,
@@ -185,6 +210,7 @@ impl Agent {
             tasks: std::sync::Mutex::new(Vec::new()),
             remote_leases: std::sync::Mutex::new(std::collections::HashMap::new()),
             next_remote_lease: std::sync::atomic::AtomicU64::new(1),
+            replicas: std::sync::Mutex::new(ReplicaCache::default()),
         });
         let agent = Agent { shared };
         let serving = tokio::spawn(serve::accept_loop(Arc::clone(&agent.shared)));
@@ -313,6 +339,16 @@ impl Agent {
         let ps = region.page_size.max(1);
         let first = range.start / ps;
         let pages = (range.start + len).div_ceil(ps) - first;
+        let key: ReplicaKey = (region.addr.raw(), region.generation, first, pages, device);
+        // A copy from an earlier lease: taken out of the cache while this lease uses it.
+        let cached = {
+            let mut c = self.replicas();
+            let taken = c.entries.remove(&key);
+            if let Some(r) = &taken {
+                c.bytes -= r.shadow.len;
+            }
+            taken
+        };
         let mut bytes = vec![0u8; (pages * ps) as usize];
         let msg = Message::Acquire {
             region: WireRegion::from(region),
@@ -320,16 +356,35 @@ impl Agent {
             len,
             device: device.into(),
             mode: mode.into(),
+            cached: cached.as_ref().map(|c| c.version),
         };
-        let id = match self.call_read(home, &msg, first * ps, &mut bytes).await? {
-            Message::Granted { lease, first_page, pages: n } if first_page == first && n == pages => lease,
-            other => return Err(unexpected(home, &other)),
+        let full = pages * ps;
+        let expect = |m: &Message| if matches!(m, Message::Granted { unchanged: true, .. }) { 0 } else { full };
+        let reply = self.call_read_some(home, &msg, first * ps, &mut bytes, expect).await;
+        let (id, version, unchanged) = match reply {
+            Ok(Message::Granted { lease, first_page, pages: n, version, unchanged })
+                if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
+            {
+                (lease, version, unchanged)
+            }
+            other => {
+                if let Some(c) = cached {
+                    let _ = in_place(|| self.shared.fabric.free(&c.shadow));
+                }
+                return Err(match other {
+                    Ok(m) => unexpected(home, &m),
+                    Err(e) => e,
+                });
+            }
         };
         let f = &self.shared.fabric;
         let placed = in_place(|| {
-            let shadow = f.alloc(pages * ps, Placement::on(device))?;
-            let leased = f.write(&shadow, 0, &bytes).and_then(|()| f.acquire(&shadow, 0..pages * ps, device, mode));
-            match leased {
+            let shadow = match &cached {
+                Some(c) => c.shadow,
+                None => f.alloc(full, Placement::on(device))?,
+            };
+            let filled = if unchanged { Ok(()) } else { f.write(&shadow, 0, &bytes) };
+            match filled.and_then(|()| f.acquire(&shadow, 0..full, device, mode)) {
                 Ok(l) => Ok((shadow, l)),
                 Err(e) => {
                     let _ = f.free(&shadow);
@@ -344,6 +399,9 @@ impl Agent {
                     home,
                     id,
                     mode,
+                    key,
+                    version,
+                    pages,
                     shadow,
                     local: Some(l),
                     released: false,
@@ -352,6 +410,43 @@ impl Agent {
             Err(e) => {
                 let _ = self.call(home, &Message::Release { lease: id }, &[]).await;
                 Err(e)
+            }
+        }
+    }
+
+    fn replicas(&self) -> std::sync::MutexGuard<'_, ReplicaCache> {
+        self.shared.replicas.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps a copy for the next lease of the same range (or frees it when the cache is off or it does not
+    /// fit), dropping the least recently used copies beyond the cache's size.
+    fn keep_replica(&self, key: ReplicaKey, shadow: Region, version: u64) {
+        let cap = self.shared.net.replica_cache.bytes();
+        let mut dropped = Vec::new();
+        {
+            let mut c = self.replicas();
+            if shadow.len > cap {
+                dropped.push(shadow);
+            } else {
+                c.tick += 1;
+                let tick = c.tick;
+                if let Some(old) = c.entries.insert(key, Replica { shadow, version, last_used: tick }) {
+                    c.bytes -= old.shadow.len;
+                    dropped.push(old.shadow);
+                }
+                c.bytes += shadow.len;
+                while c.bytes > cap {
+                    let Some((&k, _)) = c.entries.iter().min_by_key(|(_, r)| r.last_used) else { break };
+                    if let Some(r) = c.entries.remove(&k) {
+                        c.bytes -= r.shadow.len;
+                        dropped.push(r.shadow);
+                    }
+                }
+            }
+        }
+        for r in dropped {
+            if let Err(e) = in_place(|| self.shared.fabric.free(&r)) {
+                tracing::warn!(region = %r, error = %e, "freeing a dropped replica failed");
             }
         }
     }
@@ -373,12 +468,30 @@ impl Agent {
                 v = vec![0u8; shadow.len as usize];
                 f.read(&shadow, 0, &mut v)?;
             }
-            f.free(&shadow)?;
             Ok(v)
-        })?;
-        match self.call(r.home, &Message::Release { lease: r.id }, &bytes).await? {
-            (Message::Done, _) => Ok(()),
-            (other, _) => Err(unexpected(r.home, &other)),
+        });
+        let bytes = match bytes {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = in_place(|| f.free(&shadow));
+                let _ = self.call(r.home, &Message::Release { lease: r.id }, &[]).await;
+                return Err(e);
+            }
+        };
+        match self.call(r.home, &Message::Release { lease: r.id }, &bytes).await {
+            Ok((Message::Done, _)) => {
+                // A write lease's release bumps each of its pages' versions once at the home.
+                let version = if mode == Mode::Write { r.version.wrapping_add(r.pages) } else { r.version };
+                self.keep_replica(r.key, shadow, version);
+                Ok(())
+            }
+            other => {
+                let _ = in_place(|| f.free(&shadow));
+                match other {
+                    Ok((m, _)) => Err(unexpected(r.home, &m)),
+                    Err(e) => Err(e),
+                }
+            }
         }
     }
 
@@ -497,6 +610,19 @@ impl Agent {
     /// A read request to `node`: the response frame, then the chunks, written into `buf` (whose first byte is
     /// the region's byte `offset`).
     async fn call_read(&self, node: u16, msg: &Message, offset: u64, buf: &mut [u8]) -> Result<Message, FabricError> {
+        let len = buf.len() as u64;
+        self.call_read_some(node, msg, offset, buf, |_| len).await
+    }
+
+    /// Like `call_read`, with the number of bytes that must follow decided by the reply.
+    async fn call_read_some(
+        &self,
+        node: u16,
+        msg: &Message,
+        offset: u64,
+        buf: &mut [u8],
+        expect: impl Fn(&Message) -> u64,
+    ) -> Result<Message, FabricError> {
         let max_chunk = self.shared.net.chunk.bytes();
         let work = async {
             let conn = self.connection(node).await?;
@@ -517,8 +643,8 @@ impl Agent {
                 buf[start as usize..start as usize + chunk.len()].copy_from_slice(&chunk);
                 got += chunk.len() as u64;
             }
-            if got != buf.len() as u64 {
-                return Err(FabricError::Protocol(format!("node {node} sent {got} of {} bytes", buf.len())));
+            if got != expect(&reply) {
+                return Err(FabricError::Protocol(format!("node {node} sent {got} of {} bytes", expect(&reply))));
             }
             self.heard_from(node).await;
             Ok(reply)

@@ -149,8 +149,8 @@ async fn serve_stream(
         Message::Read { region, offset, len } => {
             return send_read(shared, &region, offset, len, &mut send, chunk).await;
         }
-        Message::Acquire { region, offset, len, device: _, mode } => {
-            return grant(shared, peer, &region, offset, len, mode, &mut send, chunk).await;
+        Message::Acquire { region, offset, len, device: _, mode, cached } => {
+            return grant(shared, peer, (&region, offset, len, mode, cached), &mut send, chunk).await;
         }
         Message::Release { lease } => take_back(shared, peer, lease, &mut recv, chunk).await,
         other => Err(FabricError::Protocol(format!("`{}` is not served yet", other.name()))),
@@ -168,14 +168,12 @@ async fn serve_stream(
 
 /// Leases a range for a peer: the home's host copy is leased in the same mode (so coherence with everyone
 /// else here follows the usual lease rules), then `Granted` and the pages go back.
-#[allow(clippy::too_many_arguments)]
+/// The requester's copy, when it has one at the version it names, is current while the version is unchanged:
+/// then no pages are sent (the lease still is: it keeps writers out while the requester uses its copy).
 async fn grant(
     shared: &Shared,
     peer: u16,
-    region: &WireRegion,
-    offset: u64,
-    len: u64,
-    mode: WireMode,
+    (region, offset, len, mode, cached): (&WireRegion, u64, u64, WireMode, Option<u64>),
     send: &mut quinn::SendStream,
     chunk: u64,
 ) -> Result<(), String> {
@@ -198,6 +196,16 @@ async fn grant(
     let ps = shared.fabric.page_size();
     let first_page = lease.offset() / ps;
     let frames = lease.frames().to_vec();
+    let r = Region::from(region);
+    let version = match shared.fabric.version(&r, lease.offset()..lease.offset() + lease.len()) {
+        Ok(v) => v,
+        Err(e) => {
+            drop(lease);
+            refuse(send, e).await;
+            return Ok(());
+        }
+    };
+    let unchanged = cached == Some(version);
     let host = match shared.fabric.arena(Location::Host) {
         Ok(a) => a,
         Err(e) => {
@@ -207,8 +215,9 @@ async fn grant(
     };
     let id = shared.next_remote_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     shared.remote_leases.lock().unwrap_or_else(|p| p.into_inner()).insert(id, (peer, lease));
-    let granted = Message::Granted { lease: id, first_page, pages: frames.len() as u64 };
-    if write_frame(send, &granted, max).await.is_err() {
+    let granted = Message::Granted { lease: id, first_page, pages: frames.len() as u64, version, unchanged };
+    if write_frame(send, &granted, max).await.is_err() || unchanged {
+        let _ = send.finish();
         return Ok(());
     }
     // The pages, straight from the leased host frames (a write lease here makes `Fabric::read` refuse).

@@ -1088,6 +1088,15 @@ impl Directory {
         Ok(Step::Done(targets))
     }
 
+    /// The version of a byte range: the sum of its pages' versions, which grows whenever a write to one of
+    /// them is released (host writes and write leases both bump a page's version), so a copy made at one
+    /// version is current exactly while the range's version is unchanged.
+    pub fn version(&self, h: &RegionHandle, offset: u64, len: u64) -> Result<u64, FabricError> {
+        let (first, n) = self.span(h, offset, len)?;
+        let r = self.region(h)?;
+        Ok((first..first + n).fold(0u64, |v, i| v.wrapping_add(r.pages[i as usize].version)))
+    }
+
     /// Where to read `len` bytes at `offset` into a host buffer: a host copy when there is one (no device
     /// copy needed), else the owner; zeros for pages never written. Refused while a page is leased for writing
     /// (its bytes are changing).

@@ -135,6 +135,9 @@ pub enum Message {
         device: WireLocation,
         /// The access asked for.
         mode: WireMode,
+        /// The version of the range the requester holds a copy of (from an earlier `Granted`), if any: when it
+        /// is still current, the pages are not sent again.
+        cached: Option<u64>,
     },
     /// Gives a lease back.
     Release {
@@ -191,6 +194,10 @@ pub enum Message {
         first_page: u64,
         /// The number of pages covered.
         pages: u64,
+        /// The range's version (it changes whenever a write to one of its pages is released).
+        version: u64,
+        /// Whether the requester's copy (`cached`) is current, so no pages follow.
+        unchanged: bool,
     },
     /// The request failed.
     Error {
@@ -269,7 +276,14 @@ mod tests {
             Message::Free { region },
             Message::Write { region, offset: 0, len: 1 },
             Message::Read { region, offset: 0, len: 1 },
-            Message::Acquire { region, offset: 0, len: 1, device: WireLocation::Host, mode: WireMode::Read },
+            Message::Acquire {
+                region,
+                offset: 0,
+                len: 1,
+                device: WireLocation::Host,
+                mode: WireMode::Read,
+                cached: None,
+            },
             Message::Release { lease: 1 },
             Message::Migrate { region, device: WireLocation::Gpu(0) },
             Message::Invalidate { region, first_page: 0, pages: 1 },
@@ -278,7 +292,7 @@ mod tests {
             Message::Allocated { region },
             Message::Done,
             Message::Data { len: 1 },
-            Message::Granted { lease: 1, first_page: 0, pages: 1 },
+            Message::Granted { lease: 1, first_page: 0, pages: 1, version: 0, unchanged: false },
             Message::Error { kind: ErrorKind::Internal, message: "x".into() },
         ]
     }
