@@ -44,6 +44,21 @@ pub struct RemoteArgs {
     /// Seconds of the iperf3 baseline (0 skips it).
     #[arg(long, default_value_t = 3)]
     pub iperf_seconds: u64,
+    /// Run only this end, as node `--node` of this cluster configuration, against the agent of node `--peer`
+    /// started separately (`vfabric agent`): two processes, on loopback or across network namespaces. The
+    /// packet size is the configuration's and `--sizes` are request sizes within its pages.
+    #[arg(long, requires_all = ["node", "peer"])]
+    pub cluster: Option<PathBuf>,
+    /// This end's node (with `--cluster`).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// The peer's node, home of the region (with `--cluster`).
+    #[arg(long)]
+    pub peer: Option<String>,
+    /// Where an `iperf3 -s` already listens on the peer's side (port 5201); default: one started here on
+    /// loopback.
+    #[arg(long)]
+    pub iperf_server: Option<String>,
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
@@ -173,10 +188,27 @@ async fn throughput(
     Ok((start.elapsed().as_secs_f64(), bad))
 }
 
-/// iperf3 TCP on loopback: Gbit/s received with 1 and 4 streams, or why it did not run.
-fn iperf3(seconds: u64) -> Result<Vec<(usize, f64)>, String> {
+/// iperf3 TCP (to `server`, or on loopback with a server started here): Gbit/s received with 1 and 4 streams,
+/// or why it did not run.
+fn iperf3(seconds: u64, server: Option<&str>) -> Result<Vec<(usize, f64)>, String> {
     if seconds == 0 {
         return Err("skipped (--iperf-seconds 0)".into());
+    }
+    if let Some(host) = server {
+        let mut out = Vec::new();
+        for streams in [1usize, 4] {
+            let client = Command::new("iperf3")
+                .args(["-c", host, "-t", &seconds.to_string(), "-P", &streams.to_string(), "-J"])
+                .output()
+                .map_err(|e| format!("iperf3 not runnable ({e}); install the Debian package iperf3"))?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&client.stdout).map_err(|e| format!("iperf3 output: {e}"))?;
+            let bps = v["end"]["sum_received"]["bits_per_second"]
+                .as_f64()
+                .ok_or_else(|| format!("iperf3 gave no result: {}", v["error"]))?;
+            out.push((streams, bps / 1e9));
+        }
+        return Ok(out);
     }
     let port = 20_000 + (std::process::id() % 20_000) as u16;
     let mut out = Vec::new();
@@ -214,6 +246,86 @@ fn iperf3(seconds: u64) -> Result<Vec<(usize, f64)>, String> {
     Ok(out)
 }
 
+/// Every case of one packet size and request size, from agent `a` to a region whose home is `peer`.
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    a: &Agent,
+    peer: u16,
+    mtu: u16,
+    size: u64,
+    region_bytes: u64,
+    args: &RemoteArgs,
+    rows: &mut Vec<Row>,
+    lat: &mut Vec<Latency>,
+) -> Result<(), String> {
+    let region = a.alloc(peer, region_bytes, Some(Location::Host)).await.map_err(|e| e.to_string())?;
+    {
+        let data = std::sync::Arc::new(vfabric::pattern::bytes(u64::from(mtu) ^ size, 0, size as usize));
+        for &streams in &args.streams {
+            for write in [true, false] {
+                eprintln!(
+                    "mtu {mtu}: {} {} in {} requests, {streams} in flight",
+                    if write { "write" } else { "read" },
+                    ByteSize(args.total.bytes()),
+                    ByteSize(size)
+                );
+                let (secs, bad) = throughput(&a, &region, write, size, streams, args.total.bytes(), &data).await?;
+                let bytes = (args.total.bytes() / size).max(1) * size;
+                rows.push(Row {
+                    mtu,
+                    op: if write { "write" } else { "read" },
+                    size,
+                    streams,
+                    bytes,
+                    seconds: secs,
+                    gbit_s: bytes as f64 * 8.0 / secs / 1e9,
+                    bad,
+                });
+            }
+        }
+        let mut buf = vec![0u8; size as usize];
+        let mut samples = Vec::with_capacity(args.latency_samples);
+        for i in 0..args.latency_samples as u64 {
+            let off = (i % (region_bytes / size).max(1)) * size;
+            let t = Instant::now();
+            a.read(&region, off, &mut buf).await.map_err(|e| e.to_string())?;
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        samples.sort_by(|x, y| x.total_cmp(y));
+        // Each range twice: the first lease brings the page (a new copy), the second finds the copy
+        // current (the home checks the version and sends nothing). Every range is new to the first.
+        let (mut cold, mut warm) = (Vec::new(), Vec::new());
+        let ranges = (args.latency_samples as u64).min((region_bytes / size).max(1));
+        for i in 0..ranges {
+            let off = i * size;
+            for v in [&mut cold, &mut warm] {
+                let t = Instant::now();
+                let l = a
+                    .acquire(&region, off..off + size, Location::Gpu(0), vfabric::Mode::Read)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                v.push(t.elapsed().as_secs_f64() * 1e6);
+                a.release(l).await.map_err(|e| e.to_string())?;
+            }
+        }
+        cold.sort_by(|x, y| x.total_cmp(y));
+        warm.sort_by(|x, y| x.total_cmp(y));
+        lat.push(Latency {
+            mtu,
+            size,
+            p50_us: pct(&samples, 0.5),
+            p99_us: pct(&samples, 0.99),
+            acquire_p50_us: pct(&cold, 0.5),
+            acquire_p99_us: pct(&cold, 0.99),
+            acquire_current_p50_us: pct(&warm, 0.5),
+            acquire_current_p99_us: pct(&warm, 0.99),
+            acquire_samples: cold.len(),
+        });
+    }
+    a.free(&region).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// Runs the benchmark and writes its results.
 pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let base = args.target.load()?;
@@ -228,86 +340,41 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let mut rows = Vec::new();
     let mut lat = Vec::new();
     let mut device = String::new();
-    // One pair of agents per packet size and page size: a node has one page size, and a request is a page.
-    for (&mtu, &size) in args.mtus.iter().flat_map(|m| sizes.iter().map(move |s| (m, s))) {
+    if let (Some(path), Some(node), Some(peer)) = (&args.cluster, &args.node, &args.peer) {
+        // This end only, against a separately started agent.
+        let mut cfg = ClusterConfig::from_file(path).map_err(|e| e.to_string())?;
+        if let Some(b) = args.target.device {
+            cfg.device.backend = b;
+        }
+        let peer = cfg.node_index(peer).map_err(|e| e.to_string())?;
+        let mtu = cfg.network.mtu;
+        rt.block_on(async {
+            let a = Agent::start_from_config(&cfg, node).await.map_err(|e| e.to_string())?;
+            device = a.fabric().layer().describe();
+            for &size in &sizes {
+                measure(&a, peer, mtu, size, region_bytes, args, &mut rows, &mut lat).await?;
+            }
+            a.shutdown().await;
+            Ok::<(), String>(())
+        })?;
+    }
+    // Otherwise one pair of agents per packet size and page size: a node has one page size, and a request is a
+    // page.
+    let pairs = if args.cluster.is_some() { Vec::new() } else { args.mtus.clone() };
+    for (&mtu, &size) in pairs.iter().flat_map(|m| sizes.iter().map(move |s| (m, s))) {
         let cfg = two_nodes(&base, mtu, region_bytes, size)?;
         rt.block_on(async {
             let (a, b) = start_pair(&cfg).await?;
             if device.is_empty() {
                 device = b.fabric().layer().describe();
             }
-            let region = a.alloc(b.node(), region_bytes, Some(Location::Host)).await.map_err(|e| e.to_string())?;
-            {
-                let data = std::sync::Arc::new(vfabric::pattern::bytes(u64::from(mtu) ^ size, 0, size as usize));
-                for &streams in &args.streams {
-                    for write in [true, false] {
-                        eprintln!(
-                            "mtu {mtu}: {} {} in {} requests, {streams} in flight",
-                            if write { "write" } else { "read" },
-                            ByteSize(args.total.bytes()),
-                            ByteSize(size)
-                        );
-                        let (secs, bad) =
-                            throughput(&a, &region, write, size, streams, args.total.bytes(), &data).await?;
-                        let bytes = (args.total.bytes() / size).max(1) * size;
-                        rows.push(Row {
-                            mtu,
-                            op: if write { "write" } else { "read" },
-                            size,
-                            streams,
-                            bytes,
-                            seconds: secs,
-                            gbit_s: bytes as f64 * 8.0 / secs / 1e9,
-                            bad,
-                        });
-                    }
-                }
-                let mut buf = vec![0u8; size as usize];
-                let mut samples = Vec::with_capacity(args.latency_samples);
-                for i in 0..args.latency_samples as u64 {
-                    let off = (i % (region_bytes / size).max(1)) * size;
-                    let t = Instant::now();
-                    a.read(&region, off, &mut buf).await.map_err(|e| e.to_string())?;
-                    samples.push(t.elapsed().as_secs_f64() * 1e6);
-                }
-                samples.sort_by(|x, y| x.total_cmp(y));
-                // Each range twice: the first lease brings the page (a new copy), the second finds the copy
-                // current (the home checks the version and sends nothing). Every range is new to the first.
-                let (mut cold, mut warm) = (Vec::new(), Vec::new());
-                let ranges = (args.latency_samples as u64).min((region_bytes / size).max(1));
-                for i in 0..ranges {
-                    let off = i * size;
-                    for v in [&mut cold, &mut warm] {
-                        let t = Instant::now();
-                        let l = a
-                            .acquire(&region, off..off + size, Location::Gpu(0), vfabric::Mode::Read)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        v.push(t.elapsed().as_secs_f64() * 1e6);
-                        a.release(l).await.map_err(|e| e.to_string())?;
-                    }
-                }
-                cold.sort_by(|x, y| x.total_cmp(y));
-                warm.sort_by(|x, y| x.total_cmp(y));
-                lat.push(Latency {
-                    mtu,
-                    size,
-                    p50_us: pct(&samples, 0.5),
-                    p99_us: pct(&samples, 0.99),
-                    acquire_p50_us: pct(&cold, 0.5),
-                    acquire_p99_us: pct(&cold, 0.99),
-                    acquire_current_p50_us: pct(&warm, 0.5),
-                    acquire_current_p99_us: pct(&warm, 0.99),
-                    acquire_samples: cold.len(),
-                });
-            }
-            a.free(&region).await.map_err(|e| e.to_string())?;
+            measure(&a, b.node(), mtu, size, region_bytes, args, &mut rows, &mut lat).await?;
             a.shutdown().await;
             b.shutdown().await;
             Ok::<(), String>(())
         })?;
     }
-    let tcp = iperf3(args.iperf_seconds);
+    let tcp = iperf3(args.iperf_seconds, args.iperf_server.as_deref());
     let tcp1 = tcp.as_ref().ok().and_then(|v| v.iter().find(|(s, _)| *s == 1).map(|x| x.1));
 
     let (date, stamp) = report::now_stamps();
@@ -315,14 +382,24 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let mut md = String::new();
     let _ = writeln!(md, "# vfabric-bench remote, {date}\n");
     let _ = writeln!(md, "- command: `{command_line}`");
-    let _ = writeln!(md, "- two agents in one process on 127.0.0.1, QUIC with mutual TLS (encrypted), page payloads in 1 MiB checksummed (xxh3) chunks; the region's home is the other agent; device layer: {device}");
+    let setup = match (&args.cluster, &args.node, &args.peer) {
+        (Some(c), Some(n), Some(p)) => {
+            format!(
+                "this process runs node {n} of {}; the region's home is node {p}, a separate `vfabric agent`",
+                c.display()
+            )
+        }
+        _ => "two agents in one process on 127.0.0.1; the region's home is the other agent".to_string(),
+    };
+    let _ = writeln!(md, "- {setup}; QUIC with mutual TLS (encrypted), page payloads in 1 MiB checksummed (xxh3) chunks; device layer: {device}");
     let _ = writeln!(md, "- machine: {} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
     match &tcp {
         Ok(v) => {
             for (s, g) in v {
                 let _ = writeln!(
                     md,
-                    "- baseline, same run: iperf3 TCP on loopback, {s} stream(s): {g:.2} Gbit/s (no encryption)"
+                    "- baseline, same run: iperf3 TCP to {}, {s} stream(s): {g:.2} Gbit/s (no encryption)",
+                    args.iperf_server.as_deref().unwrap_or("127.0.0.1")
                 );
             }
         }

@@ -20,7 +20,7 @@ fn config(nodes: usize) -> ClusterConfig {
     c.memory.gpu_budget = Some(ByteSize(32 << 20));
     c.memory.host_arena = ByteSize(64 << 20);
     c.network.heartbeat_ms = 100;
-    c.network.dead_after_ms = 1500;
+    c.network.dead_after_ms = 3000;
     c.network.chunk = ByteSize(256 << 10);
     c.nodes = (0..nodes).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
     c

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# vfabric-bench remote with the two agents in separate processes: `loopback` (127.0.0.1, like iperf3 and
+# quinn's perf tool run) or `netns` (two network namespaces from scripts/netns.sh, the baseline iperf3 across
+# the same veth path). The peer agent runs `vfabric agent`; this script ends it (by PID) and removes what it
+# made, also on failure.
+# Usage: scripts/remote-bench-procs.sh loopback|netns [vfabric-bench remote args...]   (netns: as root)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?usage: scripts/remote-bench-procs.sh loopback|netns [args...]}
+shift
+BIN=${VFABRIC_BIN:-target/release}
+work=$(mktemp -d)
+pids=()
+export VF_NETNS_PREFIX="vfr$$"
+VF_NETNS_PREFIX=${VF_NETNS_PREFIX:0:12}
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    [ "$mode" = netns ] && scripts/netns.sh down >/dev/null 2>&1
+    rm -rf "$work"
+}
+trap cleanup EXIT
+case $mode in
+    loopback) a0=127.0.0.1:7710; a1=127.0.0.1:7711; peer_ip=127.0.0.1 ;;
+    netns) a0=10.77.0.1:7700; a1=10.77.0.2:7700; peer_ip=10.77.0.2 ;;
+    *) echo "mode: loopback or netns" >&2; exit 2 ;;
+esac
+cat > "$work/cluster.toml" <<TOML
+[cluster]
+name = "remote-bench"
+[device]
+backend = "emulated"
+emulated_gpus = 1
+emulated_gpu_memory = "1GiB"
+[memory]
+gpu_budget = "512MiB"
+host_arena = "768MiB"
+[network]
+mtu = ${VFABRIC_MTU:-6500}
+certs = "$work/certs"
+heartbeat_ms = 1000
+dead_after_ms = 30000
+[[node]]
+name = "n0"
+address = "$a0"
+[[node]]
+name = "n1"
+address = "$a1"
+TOML
+"$BIN/vfabric" cluster init --config "$work/cluster.toml" > /dev/null || exit 1
+run() { # I CMD...: in node I's namespace, or here. Execs, so that `run ... &` gives the command's own PID.
+    local i=$1; shift
+    if [ "$mode" = netns ]; then exec scripts/netns.sh exec "$i" "$@"; else exec "$@"; fi
+}
+if [ "$mode" = netns ]; then scripts/netns.sh up 2 > /dev/null || exit 1; fi
+run 1 "$BIN/vfabric" agent --config "$work/cluster.toml" --node n1 > "$work/n1.log" 2>&1 &
+pids+=($!)
+run 1 iperf3 -s -B "$peer_ip" > /dev/null 2>&1 &
+pids+=($!)
+for _ in $(seq 300); do grep -q "listening on" "$work/n1.log" && break; sleep 0.1; done
+if ! grep -q "listening on" "$work/n1.log"; then echo "the peer agent did not start:"; cat "$work/n1.log"; exit 1; fi
+(run 0 "$BIN/vfabric-bench" remote --cluster "$work/cluster.toml" --node n0 --peer n1 --iperf-server "$peer_ip" "$@")
