@@ -269,7 +269,7 @@ async fn measure(
                     ByteSize(args.total.bytes()),
                     ByteSize(size)
                 );
-                let (secs, bad) = throughput(&a, &region, write, size, streams, args.total.bytes(), &data).await?;
+                let (secs, bad) = throughput(a, &region, write, size, streams, args.total.bytes(), &data).await?;
                 let bytes = (args.total.bytes() / size).max(1) * size;
                 rows.push(Row {
                     mtu,
