@@ -250,7 +250,11 @@ fn remote_leases_put_pages_on_this_node_and_keep_the_home_coherent() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(freed, "the dropped read lease was let go at the home");
-        // Unknown leases are refused, typed.
+        // A range past the region's end is refused before anything is asked of the home or allocated here.
+        assert!(matches!(
+            a[0].acquire(&r, 0..(1 << 50), g0, vfabric::Mode::Read).await.map(|_| ()),
+            Err(FabricError::OutOfBounds { .. })
+        ));
         assert!(a[0].free(&r).await.is_ok());
         for x in &a {
             x.shutdown().await;

@@ -331,11 +331,13 @@ impl Agent {
             let l = in_place(|| self.shared.fabric.acquire(region, range, device, mode))?;
             return Ok(AgentLease { kind: LeaseKind::Local(l) });
         }
-        let len = range.end.checked_sub(range.start).filter(|&l| l > 0).ok_or(FabricError::OutOfBounds {
-            offset: range.start,
-            len: 0,
-            region_len: region.len,
-        })?;
+        let len = range.end.checked_sub(range.start).filter(|&l| l > 0 && range.end <= region.len).ok_or(
+            FabricError::OutOfBounds {
+                offset: range.start,
+                len: range.end.saturating_sub(range.start),
+                region_len: region.len,
+            },
+        )?;
         let ps = region.page_size.max(1);
         let first = range.start / ps;
         let pages = (range.start + len).div_ceil(ps) - first;
