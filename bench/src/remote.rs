@@ -59,6 +59,9 @@ pub struct RemoteArgs {
     /// loopback.
     #[arg(long)]
     pub iperf_server: Option<String>,
+    /// QUIC stream window of the agents started here (default: the configuration's).
+    #[arg(long)]
+    pub stream_window: Option<ByteSize>,
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
@@ -119,7 +122,13 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// The two-node cluster the benchmark runs: `n1` is the home of the region `n0` writes and reads.
-fn two_nodes(base: &ClusterConfig, mtu: u16, region: u64, page: u64) -> Result<ClusterConfig, String> {
+fn two_nodes(
+    base: &ClusterConfig,
+    mtu: u16,
+    region: u64,
+    page: u64,
+    window: Option<ByteSize>,
+) -> Result<ClusterConfig, String> {
     let mut c = base.clone();
     vfabric_allocator::PageSize::new(page).map_err(|e| format!("--sizes {}: {e}", ByteSize(page)))?;
     c.memory.page_size = ByteSize(page);
@@ -131,6 +140,10 @@ fn two_nodes(base: &ClusterConfig, mtu: u16, region: u64, page: u64) -> Result<C
     c.network.dead_after_ms = 30_000;
     c.memory.host_arena = ByteSize(c.memory.host_arena.bytes().max(region + (64 << 20)));
     c.nodes = (0..2).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
+    if let Some(w) = window {
+        c.network.stream_window = w;
+        c.network.connection_window = ByteSize(4 * w.bytes());
+    }
     Ok(c)
 }
 
@@ -362,7 +375,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     // page.
     let pairs = if args.cluster.is_some() { Vec::new() } else { args.mtus.clone() };
     for (&mtu, &size) in pairs.iter().flat_map(|m| sizes.iter().map(move |s| (m, s))) {
-        let cfg = two_nodes(&base, mtu, region_bytes, size)?;
+        let cfg = two_nodes(&base, mtu, region_bytes, size, args.stream_window)?;
         rt.block_on(async {
             let (a, b) = start_pair(&cfg).await?;
             if device.is_empty() {

@@ -169,6 +169,10 @@ pub struct NetworkSection {
     pub chunk: ByteSize,
     /// Largest control frame accepted, in bytes.
     pub max_frame: ByteSize,
+    /// QUIC flow-control window of one stream (one call), bytes.
+    pub stream_window: ByteSize,
+    /// QUIC flow-control window of a connection (all calls to one peer), bytes.
+    pub connection_window: ByteSize,
     /// Bytes of other nodes' pages an agent keeps after their leases end, so that acquiring them again costs
     /// a version check instead of a transfer when they have not changed (`0` keeps none).
     pub replica_cache: ByteSize,
@@ -184,6 +188,8 @@ impl Default for NetworkSection {
             chunk: ByteSize(1 << 20),
             max_frame: ByteSize(1 << 20),
             replica_cache: ByteSize(256 << 20),
+            stream_window: ByteSize(16 << 20),
+            connection_window: ByteSize(64 << 20),
         }
     }
 }
@@ -314,6 +320,12 @@ impl ClusterConfig {
         }
         if net.chunk.bytes() == 0 || net.chunk.bytes() > (64 << 20) {
             return Err(format!("network.chunk {} must be within 1B..=64MiB", net.chunk));
+        }
+        if net.stream_window.bytes() < (64 << 10) || net.connection_window.bytes() < net.stream_window.bytes() {
+            return Err(format!(
+                "network.stream_window ({}) must be at least 64KiB and network.connection_window ({}) at least that",
+                net.stream_window, net.connection_window
+            ));
         }
         if net.max_frame.bytes() < 4096 {
             return Err(format!("network.max_frame {} must be at least 4KiB", net.max_frame));

@@ -187,7 +187,12 @@ impl Agent {
             .await
             .map_err(|e| FabricError::Network(format!("starting the fabric: {e}")))??;
         // Bound only once the fabric is up: peers' handshakes wait for the accept loop, and would time out.
-        let settings = QuicSettings { mtu: net.mtu, ..QuicSettings::default() };
+        let settings = QuicSettings {
+            mtu: net.mtu,
+            stream_window: net.stream_window.bytes(),
+            connection_window: net.connection_window.bytes(),
+            ..QuicSettings::default()
+        };
         let endpoint = quic::endpoint(bind, identity, &settings).map_err(|e| FabricError::Network(e.to_string()))?;
         let mut peers = Vec::new();
         for i in 0..config.nodes.len() as u16 {
