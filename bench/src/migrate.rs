@@ -57,7 +57,7 @@ pub struct MigrateArgs {
     /// Results folder (JSON and Markdown).
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
-    /// Name for the result files (default: migrate-<device>-<time>).
+    /// Name for the result files (default: migrate-DEVICE-TIME).
     #[arg(long)]
     pub name: Option<String>,
     /// probe.json from torch_ceilings.py of the same device run.

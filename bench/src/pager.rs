@@ -44,7 +44,7 @@ pub struct PagerArgs {
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
-    /// Name for the result files (default: pager-<device>-<time>).
+    /// Name for the result files (default: pager-DEVICE-TIME).
     #[arg(long)]
     pub name: Option<String>,
 }

@@ -65,7 +65,7 @@ pub struct RemoteArgs {
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
-    /// Name for the result files (default: remote-<time>).
+    /// Name for the result files (default: remote-TIME).
     #[arg(long)]
     pub name: Option<String>,
 }

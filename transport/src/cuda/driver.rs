@@ -2,7 +2,7 @@
 //!
 //! cudarc's own `result` layer covers contexts, streams, events and modules, and those are used where they
 //! exist; the virtual-memory calls (reserve, create, map, set access, export, import) and batched copies are
-//! called through `cudarc::driver::sys` here, each through [`cu!`] so the failing call is named in the error.
+//! called through `cudarc::driver::sys` here, each through `cu!` so the failing call is named in the error.
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
