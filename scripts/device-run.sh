@@ -6,7 +6,8 @@
 #   VFABRIC_BENCH_ARGS   extra arguments for vfabric-bench migrate (default: --sweep --sm-sweep)
 #   VFABRIC_BENCH_NAME   name of the benchmark's result files (default: migrate-h200x2)
 #   VFABRIC_PAGER_ARGS   extra arguments for vfabric-bench pager
-#   VFABRIC_STEPS        steps to run (default: all): machine ptx tests info demo torch nccl migrate pager
+#   VFABRIC_REMOTE_ARGS  extra arguments for vfabric-bench remote
+#   VFABRIC_STEPS        steps to run (default: all): machine ptx tests info demo torch nccl migrate pager remote
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -16,7 +17,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine ptx tests info demo torch nccl migrate pager}
+STEPS=${VFABRIC_STEPS:-machine ptx tests info demo torch nccl migrate pager remote}
 CONFIG=cluster-configs/h200x2.toml
 summary=()
 
@@ -66,6 +67,10 @@ step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:
     --out "$OUT" --name "${VFABRIC_BENCH_NAME:-migrate-h200x2}" --torch-json "$W/probe.json" --nccl-log "$W/nccl.log"
 # shellcheck disable=SC2086
 step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name pager-h200x2
+# Two agents, one per GPU, QUIC on loopback: GPU -> host -> QUIC -> host -> GPU.
+# shellcheck disable=SC2086
+step remote env VFABRIC_BIN="$B" bash scripts/remote-bench-procs.sh config cluster-configs/h200x2-agents.toml g0 g1 \
+    --home-device gpu1 ${VFABRIC_REMOTE_ARGS:-} --out "$OUT" --name remote-h200x2
 
 echo
 echo "===== summary" | tee -a "$LOG"

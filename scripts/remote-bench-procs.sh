@@ -4,6 +4,8 @@
 # the same veth path). The peer agent runs `vfabric agent`; this script ends it (by PID) and removes what it
 # made, also on failure.
 # Usage: scripts/remote-bench-procs.sh loopback|netns [vfabric-bench remote args...]   (netns: as root)
+#        scripts/remote-bench-procs.sh config FILE THIS PEER [args...]   (the agents of FILE's nodes THIS and PEER,
+#        certificates made afresh; e.g. cluster-configs/h200x2-agents.toml g0 g1 on the GPU machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/remote-bench-procs.sh loopback|netns [args...]}
@@ -20,11 +22,20 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+this=n0
+peer=n1
 case $mode in
     loopback) a0=127.0.0.1:7710; a1=127.0.0.1:7711; peer_ip=127.0.0.1 ;;
     netns) a0=10.77.0.1:7700; a1=10.77.0.2:7700; peer_ip=10.77.0.2 ;;
-    *) echo "mode: loopback or netns" >&2; exit 2 ;;
+    config)
+        src=${1:?usage: scripts/remote-bench-procs.sh config FILE THIS PEER [args...]}
+        this=${2:?this node}; peer=${3:?peer node}; shift 3
+        peer_ip=127.0.0.1 ;;
+    *) echo "mode: loopback, netns or config" >&2; exit 2 ;;
 esac
+if [ "$mode" = config ]; then
+    sed "s|^certs = .*|certs = \"$work/certs\"|" "$src" > "$work/cluster.toml"
+else
 cat > "$work/cluster.toml" <<TOML
 [cluster]
 name = "remote-bench"
@@ -47,16 +58,22 @@ address = "$a0"
 name = "n1"
 address = "$a1"
 TOML
+fi
 "$BIN/vfabric" cluster init --config "$work/cluster.toml" > /dev/null || exit 1
 run() { # I CMD...: in node I's namespace, or here. Execs, so that `run ... &` gives the command's own PID.
     local i=$1; shift
     if [ "$mode" = netns ]; then exec scripts/netns.sh exec "$i" "$@"; else exec "$@"; fi
 }
 if [ "$mode" = netns ]; then scripts/netns.sh up 2 > /dev/null || exit 1; fi
-run 1 "$BIN/vfabric" agent --config "$work/cluster.toml" --node n1 > "$work/n1.log" 2>&1 &
+run 1 "$BIN/vfabric" agent --config "$work/cluster.toml" --node "$peer" > "$work/n1.log" 2>&1 &
 pids+=($!)
-run 1 iperf3 -s -B "$peer_ip" > /dev/null 2>&1 &
-pids+=($!)
+if command -v iperf3 > /dev/null; then
+    run 1 iperf3 -s -B "$peer_ip" > /dev/null 2>&1 &
+    pids+=($!)
+    iperf=(--iperf-server "$peer_ip")
+else
+    iperf=(--iperf-seconds 0)
+fi
 for _ in $(seq 300); do grep -q "listening on" "$work/n1.log" && break; sleep 0.1; done
 if ! grep -q "listening on" "$work/n1.log"; then echo "the peer agent did not start:"; cat "$work/n1.log"; exit 1; fi
-(run 0 "$BIN/vfabric-bench" remote --cluster "$work/cluster.toml" --node n0 --peer n1 --iperf-server "$peer_ip" "$@")
+(run 0 "$BIN/vfabric-bench" remote --cluster "$work/cluster.toml" --node "$this" --peer "$peer" "${iperf[@]}" "$@")

@@ -59,6 +59,13 @@ pub struct RemoteArgs {
     /// loopback.
     #[arg(long)]
     pub iperf_server: Option<String>,
+    /// Where the region's pages live at its home: `host`, or a GPU of the home node such as `gpu1` (then writes
+    /// end in host -> GPU copies there and reads start with GPU -> host copies).
+    #[arg(long, default_value = "host")]
+    pub home_device: Location,
+    /// Where this end's acquires put the pages (a device of this node).
+    #[arg(long, default_value = "gpu0")]
+    pub acquire_device: Location,
     /// QUIC stream window of the agents started here (default: the configuration's).
     #[arg(long)]
     pub stream_window: Option<ByteSize>,
@@ -271,7 +278,7 @@ async fn measure(
     rows: &mut Vec<Row>,
     lat: &mut Vec<Latency>,
 ) -> Result<(), String> {
-    let region = a.alloc(peer, region_bytes, Some(Location::Host)).await.map_err(|e| e.to_string())?;
+    let region = a.alloc(peer, region_bytes, Some(args.home_device)).await.map_err(|e| e.to_string())?;
     {
         let data = std::sync::Arc::new(vfabric::pattern::bytes(u64::from(mtu) ^ size, 0, size as usize));
         for &streams in &args.streams {
@@ -314,7 +321,7 @@ async fn measure(
             for v in [&mut cold, &mut warm] {
                 let t = Instant::now();
                 let l = a
-                    .acquire(&region, off..off + size, Location::Gpu(0), vfabric::Mode::Read)
+                    .acquire(&region, off..off + size, args.acquire_device, vfabric::Mode::Read)
                     .await
                     .map_err(|e| e.to_string())?;
                 v.push(t.elapsed().as_secs_f64() * 1e6);
@@ -405,6 +412,11 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         _ => "two agents in one process on 127.0.0.1; the region's home is the other agent".to_string(),
     };
     let _ = writeln!(md, "- {setup}; QUIC with mutual TLS (encrypted), page payloads in 1 MiB checksummed (xxh3) chunks; device layer: {device}");
+    let _ = writeln!(
+        md,
+        "- the region's pages live on {} of their home; acquires put them on {} here",
+        args.home_device, args.acquire_device
+    );
     let _ = writeln!(md, "- machine: {} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
     match &tcp {
         Ok(v) => {
@@ -438,7 +450,8 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);
     let _ = writeln!(
         md,
-        "| packet | size | read p50 / p99 | acquire(Read) onto gpu0, new copy p50 / p99 | again, copy current p50 / p99 | ranges |"
+        "| packet | size | read p50 / p99 | acquire(Read) onto {}, new copy p50 / p99 | again, copy current p50 / p99 | ranges |",
+        args.acquire_device
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|");
     for l in &lat {

@@ -352,6 +352,10 @@ mod tests {
         assert_eq!(netns.node_index("n2").expect("n2"), 2);
         assert_eq!(netns.network.mtu, 6500);
         assert!(netns.node_index("n9").is_err());
+        let agents = ClusterConfig::from_toml(include_str!("../../cluster-configs/h200x2-agents.toml"), "agents")
+            .expect("h200x2-agents.toml");
+        assert_eq!(agents.nodes[1].gpus, Some(vec![1]));
+        ClusterConfig::from_toml(include_str!("../../cluster-configs/mpirun.toml"), "mpirun").expect("mpirun.toml");
     }
 
     #[test]
