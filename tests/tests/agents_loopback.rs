@@ -93,6 +93,22 @@ fn remote_regions_round_trip_through_their_home() {
             other => panic!("double free at home: {other:?}"),
         }
         assert!(a[0].ping(2).await.is_ok());
+        // A migration asked from n0 happens at the home, n1: the region's pages go to n1's gpu1.
+        let m = a[0].alloc(1, 4 << 20, Some(Location::Gpu(0))).await.expect("alloc on n1's gpu0");
+        a[0].write(&m, 0, &pattern::bytes(3, 0, 4 << 20)).await.expect("write");
+        let on = |dev: Location| {
+            a[1].fabric().stats().directory.devices.iter().find(|d| d.location == dev).map_or(0, |d| d.used)
+        };
+        let before = on(Location::Gpu(1));
+        a[0].migrate(&m, Location::Gpu(1)).await.expect("remote migrate");
+        assert_eq!(on(Location::Gpu(1)), before + 2, "both pages now on n1's gpu1");
+        let mut back = vec![0u8; 4 << 20];
+        a[2].read(&m, 0, &mut back).await.expect("read after the migration");
+        assert_eq!(pattern::first_mismatch(3, 0, &back), None);
+        match a[0].migrate(&m, Location::Gpu(7)).await {
+            Err(FabricError::Remote { node: 1, kind: ErrorKind::DeviceUnavailable, .. }) => {}
+            other => panic!("a migration to a device n1 lacks: {other:?}"),
+        }
         for x in &a {
             x.shutdown().await;
         }

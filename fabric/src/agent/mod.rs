@@ -502,6 +502,23 @@ impl Agent {
         }
     }
 
+    /// Moves a region to `device` of its home node (a migration at the home: pages on the home's other GPUs
+    /// move there over NVLink, those that do not fit go to host memory). Moving a region's pages to another
+    /// node's device is not supported yet: a region's pages live at its home.
+    pub async fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {
+        let home = region.addr.node().0;
+        if home == self.shared.node {
+            return in_place(|| self.shared.fabric.migrate(region, device));
+        }
+        match self
+            .call(home, &Message::Migrate { region: WireRegion::from(region), device: device.into() }, &[])
+            .await?
+        {
+            (Message::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(home, &other)),
+        }
+    }
+
     /// Round trip to a peer's agent.
     pub async fn ping(&self, node: u16) -> Result<Duration, FabricError> {
         let t = Instant::now();

@@ -153,6 +153,10 @@ async fn serve_stream(
             return grant(shared, peer, (&region, offset, len, mode, cached), &mut send, chunk).await;
         }
         Message::Release { lease } => take_back(shared, peer, lease, &mut recv, chunk).await,
+        Message::Migrate { region, device } => match home_region(shared, &region) {
+            Ok(r) => tokio::task::block_in_place(|| shared.fabric.migrate(&r, device.into())).map(|()| Message::Done),
+            Err(e) => Err(e),
+        },
         other => Err(FabricError::Protocol(format!("`{}` is not served yet", other.name()))),
     };
     let answer = match reply {
