@@ -172,7 +172,7 @@ fn a_stopped_agent_fails_calls_instead_of_hanging() {
     runtime().block_on(async {
         let cfg = config(3);
         let ca = ClusterCa::generate("loop").expect("ca");
-        let a = cluster(&cfg, &ca).await;
+        let mut a = cluster(&cfg, &ca).await;
         let on2 = a[0].alloc(2, 1 << 20, None).await.expect("alloc on n2");
         let on1 = a[0].alloc(1, 1 << 20, None).await.expect("alloc on n1");
         a[2].shutdown().await;
@@ -189,6 +189,34 @@ fn a_stopped_agent_fails_calls_instead_of_hanging() {
         // The others are untouched.
         a[0].write(&on1, 0, &buf).await.expect("n1 still works");
         assert!(a[0].is_alive(1).await.expect("known"));
+        // n2 comes back at the same address: n0's heartbeats see it again, with nobody telling n0.
+        let n2_addr = a[2].local_addr();
+        drop(a.pop());
+        let id = ca.issue("n2").expect("cert");
+        // The stopped agent's socket goes once the last handle on it is dropped.
+        let mut restarted = None;
+        for _ in 0..50 {
+            match Agent::start(&cfg, "n2", &id, Some(n2_addr)).await {
+                Ok(x) => {
+                    restarted = Some(x);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let back = restarted.expect("n2 restarts at its address");
+        // (n2 is not told where n0 is, so only n0's own heartbeats can find it.)
+        let mut alive = false;
+        for _ in 0..100 {
+            if a[0].is_alive(2).await.expect("known") {
+                alive = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(alive, "the restarted n2 is alive again for n0");
+        a[0].alloc(2, 1 << 20, None).await.expect("calls to n2 work again");
+        back.shutdown().await;
         a[0].shutdown().await;
         a[1].shutdown().await;
     });

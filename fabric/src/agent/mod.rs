@@ -560,12 +560,13 @@ impl Agent {
     }
 
     /// The connection to peer `node`, dialled and greeted on first use (and again after it closed).
-    async fn connection(&self, node: u16) -> Result<quinn::Connection, FabricError> {
+    /// `probe` (pings) dials even a peer thought dead: that is how one that comes back is seen again.
+    async fn connection(&self, node: u16, probe: bool) -> Result<quinn::Connection, FabricError> {
         if node == self.shared.node {
             return Err(FabricError::InvalidAddress(format!("node {node} is this node")));
         }
         let mut p = self.peer(node)?.lock().await;
-        if !self.alive(&p) {
+        if !probe && !self.alive(&p) {
             return Err(FabricError::PeerDead {
                 node,
                 name: p.name.clone(),
@@ -614,7 +615,7 @@ impl Agent {
     /// One request to `node`: the frame, then `payload` as checksummed chunks; returns the response frame.
     async fn call(&self, node: u16, msg: &Message, payload: &[u8]) -> Result<(Message, ()), FabricError> {
         let work = async {
-            let conn = self.connection(node).await?;
+            let conn = self.connection(node, matches!(msg, Message::Ping { .. })).await?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             let chunk = self.shared.net.chunk.bytes() as usize;
@@ -649,7 +650,7 @@ impl Agent {
     ) -> Result<Message, FabricError> {
         let max_chunk = self.shared.net.chunk.bytes();
         let work = async {
-            let conn = self.connection(node).await?;
+            let conn = self.connection(node, false).await?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
