@@ -276,8 +276,8 @@ impl Agent {
         }
         let msg = Message::Alloc { size, device: device.map(Into::into) };
         match self.call(node, &msg, &[]).await? {
-            (Message::Allocated { region }, _) => Ok(Region::from(&region)),
-            (other, _) => Err(unexpected(node, &other)),
+            Message::Allocated { region } => Ok(Region::from(&region)),
+            other => Err(unexpected(node, &other)),
         }
     }
 
@@ -288,8 +288,8 @@ impl Agent {
             return in_place(|| self.shared.fabric.free(region));
         }
         match self.call(home, &Message::Free { region: WireRegion::from(region) }, &[]).await? {
-            (Message::Done, _) => Ok(()),
-            (other, _) => Err(unexpected(home, &other)),
+            Message::Done => Ok(()),
+            other => Err(unexpected(home, &other)),
         }
     }
 
@@ -301,8 +301,8 @@ impl Agent {
         }
         let msg = Message::Write { region: WireRegion::from(region), offset, len: data.len() as u64 };
         match self.call(home, &msg, data).await? {
-            (Message::Done, _) => Ok(()),
-            (other, _) => Err(unexpected(home, &other)),
+            Message::Done => Ok(()),
+            other => Err(unexpected(home, &other)),
         }
     }
 
@@ -486,7 +486,7 @@ impl Agent {
             }
         };
         match self.call(r.home, &Message::Release { lease: r.id }, &bytes).await {
-            Ok((Message::Done, _)) => {
+            Ok(Message::Done) => {
                 // A write lease's release bumps each of its pages' versions once at the home.
                 let version = if mode == Mode::Write { r.version.wrapping_add(r.pages) } else { r.version };
                 self.keep_replica(r.key, shadow, version);
@@ -495,7 +495,7 @@ impl Agent {
             other => {
                 let _ = in_place(|| f.free(&shadow));
                 match other {
-                    Ok((m, _)) => Err(unexpected(r.home, &m)),
+                    Ok(m) => Err(unexpected(r.home, &m)),
                     Err(e) => Err(e),
                 }
             }
@@ -514,8 +514,8 @@ impl Agent {
             .call(home, &Message::Migrate { region: WireRegion::from(region), device: device.into() }, &[])
             .await?
         {
-            (Message::Done, _) => Ok(()),
-            (other, _) => Err(unexpected(home, &other)),
+            Message::Done => Ok(()),
+            other => Err(unexpected(home, &other)),
         }
     }
 
@@ -524,8 +524,8 @@ impl Agent {
         let t = Instant::now();
         let nonce = t.elapsed().as_nanos() as u64 ^ 0x5eed;
         match self.call(node, &Message::Ping { nonce }, &[]).await? {
-            (Message::Pong { nonce: n }, _) if n == nonce => Ok(t.elapsed()),
-            (other, _) => Err(unexpected(node, &other)),
+            Message::Pong { nonce: n } if n == nonce => Ok(t.elapsed()),
+            other => Err(unexpected(node, &other)),
         }
     }
 
@@ -613,7 +613,7 @@ impl Agent {
     }
 
     /// One request to `node`: the frame, then `payload` as checksummed chunks; returns the response frame.
-    async fn call(&self, node: u16, msg: &Message, payload: &[u8]) -> Result<(Message, ()), FabricError> {
+    async fn call(&self, node: u16, msg: &Message, payload: &[u8]) -> Result<Message, FabricError> {
         let work = async {
             let conn = self.connection(node, matches!(msg, Message::Ping { .. })).await?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
@@ -629,7 +629,7 @@ impl Agent {
             self.heard_from(node).await;
             reply_or_error(node, reply)
         };
-        self.bounded(node, work).await.map(|m| (m, ()))
+        self.bounded(node, work).await
     }
 
     /// A read request to `node`: the response frame, then the chunks, written into `buf` (whose first byte is
@@ -738,13 +738,6 @@ fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<T, FabricEr
         Ok(tokio::runtime::RuntimeFlavor::CurrentThread) | Err(_) => f(),
         Ok(_) => tokio::task::block_in_place(f),
     }
-}
-
-/// Runs a blocking fabric call off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, FabricError> + Send + 'static,
-) -> Result<T, FabricError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| FabricError::Network(format!("a fabric call failed: {e}")))?
 }
 
 fn reply_or_error(node: u16, reply: Option<Message>) -> Result<Message, FabricError> {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use vfabric_transport::quic;
 
 use super::wire::error_kind;
-use super::{blocking, Shared};
+use super::{in_place, Shared};
 use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
 use crate::fabric::{Lease, Region};
@@ -87,14 +87,7 @@ async fn serve_connection(shared: Arc<Shared>, conn: quinn::Connection) {
     };
     if !gone.is_empty() {
         tracing::warn!(peer = %name, leases = gone.len(), "connection closed: releasing the leases it held");
-        let f = shared.fabric.clone();
-        let _ = blocking(move || {
-            for l in gone {
-                f.release(l)?;
-            }
-            Ok(())
-        })
-        .await;
+        let _ = in_place(|| gone.into_iter().try_for_each(|l| shared.fabric.release(l)));
     }
 }
 
@@ -132,17 +125,12 @@ async fn serve_stream(
     let reply = match msg {
         Message::Ping { nonce } => Ok(Message::Pong { nonce }),
         Message::Alloc { size, device } => {
-            let f = shared.fabric.clone();
             let placement = device.map(|d| Placement::on(d.into())).unwrap_or_default();
-            blocking(move || f.alloc(size, placement))
-                .await
+            in_place(|| shared.fabric.alloc(size, placement))
                 .map(|r| Message::Allocated { region: WireRegion::from(&r) })
         }
         Message::Free { region } => match home_region(shared, &region) {
-            Ok(r) => {
-                let f = shared.fabric.clone();
-                blocking(move || f.free(&r)).await.map(|()| Message::Done)
-            }
+            Ok(r) => in_place(|| shared.fabric.free(&r)).map(|()| Message::Done),
             Err(e) => Err(e),
         },
         Message::Write { region, offset, len } => receive_write(shared, &region, offset, len, &mut recv, chunk).await,
@@ -154,7 +142,7 @@ async fn serve_stream(
         }
         Message::Release { lease } => take_back(shared, peer, lease, &mut recv, chunk).await,
         Message::Migrate { region, device } => match home_region(shared, &region) {
-            Ok(r) => tokio::task::block_in_place(|| shared.fabric.migrate(&r, device.into())).map(|()| Message::Done),
+            Ok(r) => in_place(|| shared.fabric.migrate(&r, device.into())).map(|()| Message::Done),
             Err(e) => Err(e),
         },
         other => Err(FabricError::Protocol(format!("`{}` is not served yet", other.name()))),
@@ -188,7 +176,7 @@ async fn grant(
     };
     let leased = home_region(shared, region).and_then(|r| {
         let end = offset.checked_add(len).ok_or(FabricError::OutOfBounds { offset, len, region_len: r.len })?;
-        tokio::task::block_in_place(|| shared.fabric.acquire(&r, offset..end, Location::Host, Mode::from(mode)))
+        in_place(|| shared.fabric.acquire(&r, offset..end, Location::Host, Mode::from(mode)))
     });
     let lease = match leased {
         Ok(l) => l,
@@ -300,8 +288,7 @@ async fn take_back(
         }
     }
     // The lease ends either way.
-    let f = shared.fabric.clone();
-    blocking(move || f.release(lease)).await?;
+    in_place(|| shared.fabric.release(lease))?;
     match failed {
         Some(FabricError::Protocol(why)) => Err(FabricError::Protocol(why)),
         Some(e) => Err(e),
@@ -354,7 +341,7 @@ async fn receive_write(
         };
         got += buf.len() as u64;
         // In place on this worker (the agent runs on a multi-threaded runtime): no thread hop, no copy.
-        tokio::task::block_in_place(|| shared.fabric.write(&r, start, &buf))?;
+        in_place(|| shared.fabric.write(&r, start, &buf))?;
     }
     if got != len {
         return Err(FabricError::Protocol(format!("a write of {len} bytes brought {got}")));
@@ -394,7 +381,7 @@ async fn send_read(
     while at < offset + len {
         let n = chunk.min(offset + len - at);
         piece.resize(n as usize, 0);
-        let read = tokio::task::block_in_place(|| shared.fabric.read(&r, at, &mut piece));
+        let read = in_place(|| shared.fabric.read(&r, at, &mut piece));
         match read {
             Ok(()) => {}
             Err(e) if first => {

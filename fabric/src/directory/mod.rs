@@ -767,6 +767,11 @@ impl Directory {
         Ok(Step::Stage(self.plan_fetch(dev, &sub, &frames, &none)))
     }
 
+    /// The copy a page is fetched from: a GPU's (NVLink) before the host's; `None` for a page never written.
+    fn fetch_source(&self, e: &PageEntry) -> Option<Copy> {
+        e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next())
+    }
+
     /// Copies `pages` into `targets` (already taken) on `dev`: from their copy on `dev` when they have one
     /// (`cur`), else from a GPU copy (NVLink) before a host copy, else zeros.
     fn plan_fetch(&mut self, dev: DevIdx, pages: &[PageRef], targets: &[u32], cur: &[Option<u32>]) -> Stage {
@@ -780,9 +785,7 @@ impl Directory {
                 stage.updates.push(Update::Relocate { page, old: Copy { dev, frame: old }, new });
                 continue;
             }
-            let e = self.page(page);
-            let src = e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next());
-            match src {
+            match self.fetch_source(self.page(page)) {
                 Some(s) => stage.copy(self.loc(s.dev), to, s.frame, new.frame),
                 None => stage.zero.push((to, new.frame)),
             }
@@ -855,13 +858,10 @@ impl Directory {
                 Some(_) if !runs => continue,
                 Some(c) if frames.lease_count(c.frame) > 0 => break,
                 Some(c) => wanted.push((PageRef { slot, page }, Some(c), c)),
-                None => {
-                    let gpu = e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu());
-                    match gpu.or_else(|| e.copies().next()) {
-                        Some(src) => wanted.push((PageRef { slot, page }, None, src)),
-                        None => break,
-                    }
-                }
+                None => match self.fetch_source(e) {
+                    Some(src) => wanted.push((PageRef { slot, page }, None, src)),
+                    None => break,
+                },
             }
         }
         if wanted.iter().all(|w| w.1.is_some()) && (!runs || wanted.len() < 2) {
