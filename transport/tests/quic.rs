@@ -328,12 +328,13 @@ async fn a_stream_that_ends_inside_a_chunk_is_a_read_error() {
     }
 }
 
-/// The MTU is pinned on both sides of a connection, with GSO (6500) and without it (9000).
+/// The MTU is pinned on both sides of a connection, with GSO (6500) and without it (9000, and the largest
+/// allowed, where quinn's packet length field is nearly full).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_configured_mtu_is_the_packet_size() {
     let ca = ClusterCa::generate("test").unwrap();
     let (n0, n1) = (ca.issue("n0").unwrap(), ca.issue("n1").unwrap());
-    for mtu in [1200, 6500, 9000] {
+    for mtu in [1200, 6500, 9000, vfabric_transport::quic::MAX_MTU] {
         let settings = QuicSettings { mtu, ..settings() };
         assert_eq!(settings.segmentation_offload(), mtu <= 6500);
         let payload = random_bytes(2 << 20, u64::from(mtu));
@@ -369,7 +370,8 @@ fn settings_are_validated() {
     assert_eq!(d().mtu, 1452);
     for bad in [
         QuicSettings { mtu: 1199, ..d() },
-        QuicSettings { mtu: 65_508, ..d() },
+        QuicSettings { mtu: 16_384, ..d() },
+        QuicSettings { mtu: 65_507, ..d() },
         QuicSettings { stream_window: 0, ..d() },
         QuicSettings { connection_window: 0, ..d() },
         QuicSettings { max_concurrent_streams: 0, ..d() },
@@ -379,7 +381,7 @@ fn settings_are_validated() {
         assert!(matches!(bad.validate(), Err(QuicError::Config(_))), "{bad:?}");
     }
     // Above 6500 bytes only without segmentation offload, which the settings turn off.
-    for (mtu, gso) in [(1200, true), (6500, true), (6501, false), (9000, false), (65_507, false)] {
+    for (mtu, gso) in [(1200, true), (6500, true), (6501, false), (9000, false), (16_383, false)] {
         let s = QuicSettings { mtu, ..d() };
         s.validate().unwrap();
         assert_eq!(s.segmentation_offload(), gso, "mtu {mtu}");

@@ -33,8 +33,11 @@ pub const DEFAULT_MTU: u16 = 1452;
 /// without keeping the batch under the kernel's 64 KiB limit; above about 6,550 bytes the kernel refuses the
 /// batch and quinn-udp drops it silently. MTUs above this turn GSO off (see [`QuicSettings::mtu`]).
 pub const MAX_MTU_WITH_GSO: u16 = 6500;
-/// The largest MTU allowed at all: the largest UDP payload over IPv4.
-pub const MAX_MTU: u16 = 65_507;
+/// The largest MTU allowed at all. quinn-proto 0.11 writes a long-header packet's length as a two-byte varint
+/// and asserts that it is below 2^14 (`packet.rs`, `set_payload_length`): at a 16,384-byte MTU and above, the
+/// first padded handshake packet panics inside the endpoint driver. Measured here: 16384 and 60000 abort the
+/// process. A packet's length field covers less than the packet, so 16,383 bytes is safe.
+pub const MAX_MTU: u16 = 16_383;
 /// The smallest UDP payload the endpoint accepts from peers whatever its own MTU (quinn's default), so a peer
 /// configured with a larger MTU still gets its handshake through.
 const MIN_ACCEPTED_PAYLOAD: u16 = 1472;
@@ -48,7 +51,7 @@ pub struct QuicSettings {
     /// off (default 1452). Every node of a cluster must use a value that its links carry: a packet too large
     /// for the path is lost, and with the minimum pinned the connection does not fall back.
     ///
-    /// 1200..=6500 is sent with segmentation offload (GSO). 6501..=65507 is allowed with GSO turned off
+    /// 1200..=6500 is sent with segmentation offload (GSO). 6501..=16383 ([`MAX_MTU`]) is allowed with GSO turned off
     /// (quinn's `TransportConfig::enable_segmentation_offload(false)`: one `sendmsg` per packet), because
     /// stock quinn silently loses whole GSO batches above about 6,550-byte packets; jumbo frames (MTU 9000,
     /// so 8952 bytes here over IPv6) take this path.
@@ -86,7 +89,7 @@ impl Default for QuicSettings {
 }
 
 impl QuicSettings {
-    /// Checks the settings, saying what is wrong: the MTU within 1200..=65507, windows and stream counts
+    /// Checks the settings, saying what is wrong: the MTU within 1200..=16383, windows and stream counts
     /// nonzero (and windows within QUIC's 2^62 - 1), an idle timeout quinn can represent, and keep-alives
     /// more frequent than the idle timeout.
     pub fn validate(&self) -> Result<(), QuicError> {
@@ -95,7 +98,11 @@ impl QuicSettings {
             return bad(format!("mtu {} is below QUIC's minimum of {MIN_MTU} bytes", self.mtu));
         }
         if self.mtu > MAX_MTU {
-            return bad(format!("mtu {} is above the largest UDP payload, {MAX_MTU} bytes", self.mtu));
+            return bad(format!(
+                "mtu {} is above {MAX_MTU} bytes, the largest packet quinn 0.11 can send (its length field is \
+                 two bytes)",
+                self.mtu
+            ));
         }
         for (name, window) in [("stream_window", self.stream_window), ("connection_window", self.connection_window)] {
             if window == 0 {
@@ -282,9 +289,10 @@ mod tests {
         let with = |mtu| QuicSettings { mtu, ..QuicSettings::default() };
         assert!(matches!(with(1199).validate(), Err(QuicError::Config(_))));
         assert!(matches!(with(0).validate(), Err(QuicError::Config(_))));
-        assert!(matches!(with(65_508).validate(), Err(QuicError::Config(_))));
+        assert!(matches!(with(16_384).validate(), Err(QuicError::Config(_))));
+        assert!(matches!(with(65_507).validate(), Err(QuicError::Config(_))));
         assert!(matches!(with(u16::MAX).validate(), Err(QuicError::Config(_))));
-        for ok in [1200, 1452, 6500, 6501, 8952, 65_507] {
+        for ok in [1200, 1452, 6500, 6501, 8952, 16_383] {
             with(ok).validate().unwrap();
             with(ok).transport_config().unwrap();
         }
