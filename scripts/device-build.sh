@@ -25,4 +25,23 @@ cp target/release/vfabric target/release/vfabric-bench "$bin/"
 cp "$gpu_test" "$bin/gpu-tests"
 strip "$bin/gpu-tests" 2>/dev/null || true
 cp bench/scripts/*.py "$bin/"
+# iperf3, the TCP baseline of `vfabric-bench remote`, with the libraries it links (the GPU machine has no
+# iperf3 and no internet). `iperf3/iperf3` is a wrapper that points the loader at them; device-run.sh puts it
+# on PATH. Skipped, with a note, where this machine has no iperf3.
+if command -v iperf3 > /dev/null; then
+    mkdir -p "$bin/iperf3/lib"
+    cp "$(command -v iperf3)" "$bin/iperf3/iperf3.bin"
+    for lib in libiperf.so.0 libsctp.so.1 libcrypto.so.3; do
+        path=$(ldd "$(command -v iperf3)" | awk -v l="$lib" '$1 == l { print $3 }')
+        [ -n "$path" ] && cp -L "$path" "$bin/iperf3/lib/$lib"
+    done
+    cat > "$bin/iperf3/iperf3" <<'SH'
+#!/bin/sh
+here=$(dirname "$(readlink -f "$0")")
+LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/iperf3.bin" "$@"
+SH
+    chmod +x "$bin/iperf3/iperf3"
+else
+    echo "no iperf3 here (apt install iperf3): the GPU run's remote step will have no TCP baseline" >&2
+fi
 du -sh "$bin"/*

@@ -13,6 +13,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/vfabric-out}
 mkdir -p "$OUT"
 B=.device-bin
+# The iperf3 that device-build.sh carried (the GPU machine has none), for the remote step's TCP baseline.
+[ -x "$B/iperf3/iperf3" ] && ! command -v iperf3 > /dev/null && export PATH="$PWD/$B/iperf3:$PATH"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
@@ -41,6 +43,7 @@ machine() {
     nvcc --version | tail -2
     nproc
     uname -r
+    command -v iperf3 > /dev/null && iperf3 --version | head -1
 }
 
 ptx() {

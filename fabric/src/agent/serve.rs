@@ -26,6 +26,13 @@ pub(super) async fn accept_loop(shared: Arc<Shared>) {
             let from = incoming.remote_address();
             match incoming.await {
                 Ok(conn) => serve_connection(s, conn).await,
+                // A peer that gave up its own dial (a heartbeat's dial to a node that was not up yet times out and
+                // is dropped; its first packets still arrive once this node listens): nothing is wrong here.
+                Err(quinn::ConnectionError::ConnectionClosed(c))
+                    if c.error_code == quinn::TransportErrorCode::APPLICATION_ERROR =>
+                {
+                    tracing::debug!(%from, "a peer abandoned a connection attempt during the handshake")
+                }
                 // A peer without a certificate from the cluster CA ends here.
                 Err(e) => tracing::warn!(%from, error = %e, "refused a connection"),
             }
