@@ -6,10 +6,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bytes::Bytes;
 use quinn::{Connection, Endpoint};
 use vfabric_transport::quic::{
-    connect, endpoint, peer_name, read_chunk, write_chunk, ChunkHeader, ClusterCa, NodeIdentity, QuicError,
-    QuicSettings, CHUNK_HEADER_LEN,
+    connect, endpoint, peer_name, read_chunk, read_chunk_header, read_chunk_payload, write_chunk, ChunkHeader,
+    ClusterCa, NodeIdentity, QuicError, QuicSettings, CHUNK_HEADER_LEN,
 };
 
 /// Short idle timeout so a test that goes wrong fails soon rather than hanging.
@@ -199,7 +200,7 @@ async fn a_peer_name_that_is_no_dns_name_is_a_connect_error() {
 async fn send_chunks(conn: &Connection, chunks: &[(u64, Vec<u8>)]) {
     let mut stream = conn.open_uni().await.unwrap();
     for (offset, payload) in chunks {
-        write_chunk(&mut stream, *offset, payload).await.unwrap();
+        write_chunk(&mut stream, *offset, Bytes::copy_from_slice(payload)).await.unwrap();
     }
     stream.finish().unwrap();
     let _ = stream.stopped().await;
@@ -251,7 +252,7 @@ async fn a_corrupted_chunk_is_a_checksum_error() {
         let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
         let send = async {
             let mut stream = dialed.open_uni().await.unwrap();
-            write_chunk(&mut stream, 0, &good).await.unwrap();
+            write_chunk(&mut stream, 0, Bytes::copy_from_slice(&good)).await.unwrap();
             stream.write_all(&header.encode()).await.unwrap();
             stream.write_all(&bad).await.unwrap();
             stream.finish().unwrap();
@@ -285,7 +286,7 @@ async fn a_chunk_longer_than_max_is_refused() {
         let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
         let send = async {
             let mut stream = dialed.open_uni().await.unwrap();
-            write_chunk(&mut stream, 0, &random_bytes(4097, 8)).await.unwrap();
+            write_chunk(&mut stream, 0, random_bytes(4097, 8).into()).await.unwrap();
             stream.finish().unwrap();
         };
         let receive = async {
@@ -297,6 +298,36 @@ async fn a_chunk_longer_than_max_is_refused() {
         };
         let ((), r) = tokio::join!(send, receive);
         assert!(matches!(r, Err(QuicError::ChunkTooLarge { len: 4097, max: 4096 })), "{r:?}");
+    })
+    .await;
+}
+
+/// Payloads read straight into their destination: the header first, then exactly its length, verified.
+#[tokio::test]
+async fn payloads_read_into_place_are_verified_and_sized() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let (n0, n1) = (ca.issue("n0").unwrap(), ca.issue("n1").unwrap());
+    let (a, b) = (random_bytes(5000, 1), random_bytes(3000, 2));
+    guard(async {
+        let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
+        let chunks = [(7, a.clone()), (9, b.clone())];
+        let receive = async {
+            let mut stream = accepted.accept_uni().await.unwrap();
+            let h = read_chunk_header(&mut stream).await.unwrap().unwrap();
+            assert_eq!((h.offset, h.len), (7, 5000));
+            let mut dst = vec![0u8; 5000];
+            read_chunk_payload(&mut stream, &h, &mut dst).await.unwrap();
+            assert!(dst == a);
+            let h = read_chunk_header(&mut stream).await.unwrap().unwrap();
+            // Room of another size is refused before anything is read.
+            let r = read_chunk_payload(&mut stream, &h, &mut [0u8; 2999]).await;
+            assert!(matches!(r, Err(QuicError::Read(_))), "{r:?}");
+            let mut dst = vec![0u8; 3000];
+            read_chunk_payload(&mut stream, &h, &mut dst).await.unwrap();
+            assert!(dst == b);
+            assert!(read_chunk_header(&mut stream).await.unwrap().is_none());
+        };
+        tokio::join!(send_chunks(&dialed, &chunks), receive);
     })
     .await;
 }

@@ -620,7 +620,7 @@ impl Agent {
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             let chunk = self.shared.net.chunk.bytes() as usize;
             for (i, piece) in payload.chunks(chunk).enumerate() {
-                quic::write_chunk(&mut send, (i * chunk) as u64, piece)
+                quic::write_chunk(&mut send, (i * chunk) as u64, bytes::Bytes::copy_from_slice(piece))
                     .await
                     .map_err(|e| FabricError::Network(e.to_string()))?;
             }
@@ -655,18 +655,24 @@ impl Agent {
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
             let reply = reply_or_error(node, read_frame(&mut recv, self.max_frame()).await.map_err(proto)?)?;
-            let mut got = 0u64;
-            let mut chunk = Vec::new();
-            while let Some(at) = quic::read_chunk(&mut recv, max_chunk, &mut chunk).await.map_err(|e| match e {
+            // Each chunk goes straight into its place in `buf`; a bad one fails the whole call, so the caller
+            // never takes bytes from it.
+            let chunk_failed = |e: quic::QuicError| match e {
                 quic::QuicError::Checksum { .. } => FabricError::Checksum(format!("from node {node}: {e}")),
                 other => FabricError::Network(other.to_string()),
-            })? {
-                let start = at.checked_sub(offset).filter(|s| s + chunk.len() as u64 <= buf.len() as u64);
+            };
+            let mut got = 0u64;
+            while let Some(header) = quic::read_chunk_header(&mut recv).await.map_err(chunk_failed)? {
+                let (at, len) = (header.offset, u64::from(header.len));
+                let start = at.checked_sub(offset).filter(|s| s + len <= buf.len() as u64 && len <= max_chunk);
                 let Some(start) = start else {
-                    return Err(FabricError::Protocol(format!("node {node} sent bytes at {at:#x}, outside the read")));
+                    return Err(FabricError::Protocol(format!(
+                        "node {node} sent {len} bytes at {at:#x}, outside the read"
+                    )));
                 };
-                buf[start as usize..start as usize + chunk.len()].copy_from_slice(&chunk);
-                got += chunk.len() as u64;
+                let dst = &mut buf[start as usize..(start + len) as usize];
+                quic::read_chunk_payload(&mut recv, &header, dst).await.map_err(chunk_failed)?;
+                got += len;
             }
             if got != expect(&reply) {
                 return Err(FabricError::Protocol(format!("node {node} sent {got} of {} bytes", expect(&reply))));

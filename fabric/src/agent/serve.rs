@@ -219,20 +219,22 @@ async fn grant(
         let _ = send.finish();
         return Ok(());
     }
-    // The pages, straight from the leased host frames (a write lease here makes `Fabric::read` refuse).
-    let mut buf = vec![0u8; ps.min(chunk.max(1)) as usize];
+    // The pages, straight from the leased host frames (a write lease here makes `Fabric::read` refuse), each
+    // piece read into a fresh buffer that quinn then sends without another copy.
+    let piece_len = ps.min(chunk.max(1));
     for (i, &f) in frames.iter().enumerate() {
         let mut at = 0;
         while at < ps {
-            let n = buf.len().min((ps - at) as usize);
-            if host.read(u64::from(f) * ps + at, &mut buf[..n]).is_err() {
+            let mut piece = vec![0u8; piece_len.min(ps - at) as usize];
+            if host.read(u64::from(f) * ps + at, &mut piece).is_err() {
                 let _ = send.reset(quinn::VarInt::from_u32(ErrorKind::Internal as u32));
                 return Ok(());
             }
-            if quic::write_chunk(send, (first_page + i as u64) * ps + at, &buf[..n]).await.is_err() {
+            let n = piece.len() as u64;
+            if quic::write_chunk(send, (first_page + i as u64) * ps + at, piece.into()).await.is_err() {
                 return Ok(());
             }
-            at += n as u64;
+            at += n;
         }
     }
     let _ = send.finish();
@@ -260,28 +262,33 @@ async fn take_back(
     let host = shared.fabric.arena(Location::Host)?;
     // All of a write-back arrives (each chunk verified) before any of it is written: a release that fails
     // midway leaves the pages as they were before the lease.
+    // Each chunk is read straight into its place in `data`.
     let mut data = vec![0u8; if lease.mode() == Mode::Write { lease.len() as usize } else { 0 }];
-    let mut buf = Vec::new();
     let mut got = 0u64;
     let mut failed = None;
+    let chunk_failed = |e: quic::QuicError| match e {
+        quic::QuicError::Checksum { .. } => FabricError::Checksum(e.to_string()),
+        other => FabricError::Network(other.to_string()),
+    };
     loop {
-        let at = match quic::read_chunk(recv, max_chunk, &mut buf).await {
-            Ok(Some(at)) => at,
+        let header = match quic::read_chunk_header(recv).await {
+            Ok(Some(h)) => h,
             Ok(None) => break,
             Err(e) => {
-                failed = Some(match e {
-                    quic::QuicError::Checksum { .. } => FabricError::Checksum(e.to_string()),
-                    other => FabricError::Network(other.to_string()),
-                });
+                failed = Some(chunk_failed(e));
                 break;
             }
         };
-        let Some(end) = at.checked_add(buf.len() as u64).filter(|&e| e <= data.len() as u64) else {
-            failed = Some(FabricError::Protocol(format!("release of lease {id} brought bytes at +{at:#x}")));
+        let (at, len) = (header.offset, u64::from(header.len));
+        let Some(end) = at.checked_add(len).filter(|&e| e <= data.len() as u64 && len <= max_chunk) else {
+            failed = Some(FabricError::Protocol(format!("release of lease {id} brought {len} bytes at +{at:#x}")));
             break;
         };
-        data[at as usize..end as usize].copy_from_slice(&buf);
-        got += buf.len() as u64;
+        if let Err(e) = quic::read_chunk_payload(recv, &header, &mut data[at as usize..end as usize]).await {
+            failed = Some(chunk_failed(e));
+            break;
+        }
+        got += len;
     }
     if failed.is_none() && got != data.len() as u64 {
         failed = Some(FabricError::Protocol(format!("release of lease {id} brought {got} of {} bytes", data.len())));
@@ -382,12 +389,12 @@ async fn send_read(
         }
     };
     // Read the first piece before answering, so that a refused read gets an error, not a truncated stream.
+    // Each piece is read into a fresh buffer that quinn then sends without another copy.
     let mut at = offset;
     let mut first = true;
-    let mut piece = Vec::new();
     while at < offset + len {
         let n = chunk.min(offset + len - at);
-        piece.resize(n as usize, 0);
+        let mut piece = vec![0u8; n as usize];
         let read = in_place(|| shared.fabric.read(&r, at, &mut piece));
         match read {
             Ok(()) => {}
@@ -410,7 +417,7 @@ async fn send_read(
             }
             first = false;
         }
-        if quic::write_chunk(send, at, &piece).await.is_err() {
+        if quic::write_chunk(send, at, piece.into()).await.is_err() {
             return Ok(());
         }
         at += n;

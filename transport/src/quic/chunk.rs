@@ -1,14 +1,16 @@
 //! Page payloads on QUIC streams: each chunk is a fixed header, then the raw bytes.
 //!
 //! Page data never goes through the control codec: a sender writes chunks with [`write_chunk`] (header, then the
-//! payload as it is, no copy into a message) and finishes the stream; a receiver calls [`read_chunk`] until it
-//! returns `Ok(None)`. Every chunk carries the xxh3-64 of its payload, checked on arrival, so a page that
+//! payload buffer handed to quinn as it is) and finishes the stream; a receiver calls [`read_chunk`] until it
+//! returns `Ok(None)`, or [`read_chunk_header`] and [`read_chunk_payload`] to put each payload straight where it
+//! belongs. Every chunk carries the xxh3-64 of its payload, checked on arrival, so a page that
 //! changed on the way is never written into an arena.
 //!
 //! ```text
 //! | offset: u64 BE | len: u32 BE | xxh3-64 of payload: u64 BE | payload: len bytes |
 //! ```
 
+use bytes::Bytes;
 use quinn::{ReadExactError, RecvStream, SendStream};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -62,16 +64,61 @@ impl ChunkHeader {
     }
 }
 
-/// Writes one checksummed chunk (header then the raw bytes; no copy of the payload).
+/// Writes one checksummed chunk: the header, then `payload` handed to quinn as it is. quinn keeps the buffer
+/// (reference-counted, never copied) until the peer has acknowledged it, so a sender that fills a fresh buffer
+/// and moves it in here copies each byte once on its way to the packet.
 ///
 /// Payloads longer than `u32::MAX` bytes give [`QuicError::ChunkTooLarge`] before anything is written.
-pub async fn write_chunk(stream: &mut SendStream, offset: u64, payload: &[u8]) -> Result<(), QuicError> {
+pub async fn write_chunk(stream: &mut SendStream, offset: u64, payload: Bytes) -> Result<(), QuicError> {
     if u32::try_from(payload.len()).is_err() {
         return Err(QuicError::ChunkTooLarge { len: payload.len() as u64, max: u64::from(u32::MAX) });
     }
-    let header = ChunkHeader::for_payload(offset, payload);
-    stream.write_all(&header.encode()).await?;
-    stream.write_all(payload).await?;
+    let header = ChunkHeader::for_payload(offset, &payload);
+    let mut parts = [Bytes::copy_from_slice(&header.encode()), payload];
+    stream.write_all_chunks(&mut parts).await?;
+    Ok(())
+}
+
+/// Reads the next chunk's header; `Ok(None)` at a clean end of stream (finish) before one. The payload follows:
+/// take it with [`read_chunk_payload`].
+pub async fn read_chunk_header(stream: &mut RecvStream) -> Result<Option<ChunkHeader>, QuicError> {
+    let mut raw = [0u8; CHUNK_HEADER_LEN];
+    match stream.read_exact(&mut raw).await {
+        Ok(()) => Ok(Some(ChunkHeader::decode(&raw))),
+        Err(ReadExactError::FinishedEarly(0)) => Ok(None),
+        Err(ReadExactError::FinishedEarly(n)) => {
+            Err(QuicError::Read(format!("stream finished {n} bytes into a {CHUNK_HEADER_LEN}-byte chunk header")))
+        }
+        Err(ReadExactError::ReadError(e)) => Err(QuicError::Read(e.to_string())),
+    }
+}
+
+/// Reads the payload that `header` announced into `dst` (which must be exactly `header.len` bytes long) and
+/// verifies its checksum. Straight from quinn's receive buffers into `dst`: a receiver that reads into the
+/// bytes' destination copies them once. On [`QuicError::Checksum`] `dst` holds the bytes as they arrived, so a
+/// caller that must never expose a bad chunk reads into a staging buffer ([`read_chunk`]).
+pub async fn read_chunk_payload(
+    stream: &mut RecvStream,
+    header: &ChunkHeader,
+    dst: &mut [u8],
+) -> Result<(), QuicError> {
+    if dst.len() as u64 != u64::from(header.len) {
+        return Err(QuicError::Read(format!("a {}-byte chunk read into {} bytes of room", header.len, dst.len())));
+    }
+    match stream.read_exact(dst).await {
+        Ok(()) => {}
+        Err(ReadExactError::FinishedEarly(n)) => {
+            return Err(QuicError::Read(format!(
+                "stream finished {n} bytes into the {}-byte chunk at offset {:#x}",
+                header.len, header.offset
+            )))
+        }
+        Err(ReadExactError::ReadError(e)) => return Err(QuicError::Read(e.to_string())),
+    }
+    let found = xxh3_64(dst);
+    if found != header.checksum {
+        return Err(QuicError::Checksum { offset: header.offset, expected: header.checksum, found });
+    }
     Ok(())
 }
 
@@ -81,37 +128,15 @@ pub async fn write_chunk(stream: &mut SendStream, offset: u64, payload: &[u8]) -
 /// After [`QuicError::ChunkTooLarge`] the payload is still on the stream, unread; after any error the stream is
 /// out of step and should be stopped. A stream that ends inside a chunk, or is reset, gives [`QuicError::Read`].
 pub async fn read_chunk(stream: &mut RecvStream, max: u64, buf: &mut Vec<u8>) -> Result<Option<u64>, QuicError> {
-    let mut raw = [0u8; CHUNK_HEADER_LEN];
-    match stream.read_exact(&mut raw).await {
-        Ok(()) => {}
-        Err(ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(ReadExactError::FinishedEarly(n)) => {
-            return Err(QuicError::Read(format!(
-                "stream finished {n} bytes into a {CHUNK_HEADER_LEN}-byte chunk header"
-            )))
-        }
-        Err(ReadExactError::ReadError(e)) => return Err(QuicError::Read(e.to_string())),
-    }
-    let header = ChunkHeader::decode(&raw);
+    let Some(header) = read_chunk_header(stream).await? else {
+        return Ok(None);
+    };
     let len = u64::from(header.len);
     let Some(len_usize) = usize::try_from(header.len).ok().filter(|_| len <= max) else {
         return Err(QuicError::ChunkTooLarge { len, max });
     };
     buf.resize(len_usize, 0);
-    match stream.read_exact(buf).await {
-        Ok(()) => {}
-        Err(ReadExactError::FinishedEarly(n)) => {
-            return Err(QuicError::Read(format!(
-                "stream finished {n} bytes into the {len}-byte chunk at offset {:#x}",
-                header.offset
-            )))
-        }
-        Err(ReadExactError::ReadError(e)) => return Err(QuicError::Read(e.to_string())),
-    }
-    let found = xxh3_64(buf);
-    if found != header.checksum {
-        return Err(QuicError::Checksum { offset: header.offset, expected: header.checksum, found });
-    }
+    read_chunk_payload(stream, &header, buf).await?;
     Ok(Some(header.offset))
 }
 

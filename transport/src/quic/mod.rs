@@ -36,6 +36,6 @@ pub mod endpoint;
 mod error;
 
 pub use ca::{ClusterCa, NodeIdentity};
-pub use chunk::{read_chunk, write_chunk, ChunkHeader, CHUNK_HEADER_LEN};
+pub use chunk::{read_chunk, read_chunk_header, read_chunk_payload, write_chunk, ChunkHeader, CHUNK_HEADER_LEN};
 pub use endpoint::{connect, endpoint, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MAX_MTU_WITH_GSO, MIN_MTU};
 pub use error::QuicError;
