@@ -106,6 +106,13 @@ pub enum FabricError {
         /// Its message.
         message: String,
     },
+    /// The region's home moved its pages (a migration to another node): they are in region `to` now. The agent
+    /// follows this itself; a caller sees it only when a region keeps moving faster than calls can follow.
+    #[error("the region's pages moved to {to} (node {})", to.addr.node().0)]
+    Moved {
+        /// Where the pages are now.
+        to: crate::fabric::Region,
+    },
 }
 
 impl FabricError {

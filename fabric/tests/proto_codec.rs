@@ -63,6 +63,8 @@ fn every_message() -> Vec<Message> {
         Message::Error { kind: ErrorKind::Protocol, message: "i".into() },
         Message::Error { kind: ErrorKind::Checksum, message: "j".into() },
         Message::Error { kind: ErrorKind::Internal, message: "x".repeat(10_000) },
+        Message::MigrateTo { region, node: u16::MAX, device: WireLocation::Gpu(255) },
+        Message::Moved { to: region },
     ]
 }
 
@@ -312,7 +314,7 @@ proptest! {
         // Steer half the bodies towards real variants so bincode gets past the first byte.
         let mut body = body;
         if let Some(first) = body.first_mut() {
-            if variant < 17 {
+            if variant < 19 {
                 *first = variant;
             }
         }

@@ -395,3 +395,109 @@ fn copies_of_remote_pages_are_reused_while_current_and_refreshed_after_a_write()
         }
     });
 }
+
+/// Pages used by regions on one node's devices (the directory's count).
+fn pages_on(agent: &Agent, dev: Location) -> u32 {
+    agent.fabric().stats().directory.devices.iter().find(|d| d.location == dev).map_or(0, |d| d.used)
+}
+
+#[test]
+fn regions_move_to_other_nodes_and_callers_follow_hints() {
+    runtime().block_on(async {
+        let cfg = config(3);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let len = 3 * (1 << 20) + 4321;
+        let r = a[0].alloc(0, len as u64, Some(Location::Gpu(0))).await.expect("alloc on n0");
+        let data = pattern::bytes(11, 0, len);
+        a[0].write(&r, 0, &data).await.expect("write");
+        let read_all = async |agent: &Agent| {
+            let mut back = vec![0u8; len];
+            agent.read(&r, 0, &mut back).await.map(|()| back)
+        };
+        let n0_gpu0 = pages_on(&a[0], Location::Gpu(0));
+        let n2_gpu0 = pages_on(&a[2], Location::Gpu(0));
+
+        // n1 asks the home, n0, to move the region to n2's gpu0: the pages leave n0 and land on n2.
+        a[1].migrate_to(&r, 2, Location::Gpu(0)).await.expect("migrate to n2");
+        assert_eq!(pages_on(&a[0], Location::Gpu(0)), n0_gpu0 - 2, "n0's copy is freed");
+        assert_eq!(pages_on(&a[2], Location::Gpu(0)), n2_gpu0 + 2, "the pages are on n2's gpu0");
+        // Every node reads the same bytes under the region's own address (n0 and n1 are told where by the
+        // home; n2 finds its own hosted copy the same way).
+        for (i, x) in a.iter().enumerate() {
+            let back = read_all(x).await.unwrap_or_else(|e| panic!("read from n{i}: {e}"));
+            assert_eq!(pattern::first_mismatch(11, 0, &back), None, "bytes read from n{i}");
+        }
+        // Writes from anywhere land in the moved pages.
+        let patch = pattern::bytes(12, 0, 100_000);
+        a[2].write(&r, 2_000_000, &patch).await.expect("write at n2, the pages' node");
+        let mut expect = data.clone();
+        expect[2_000_000..2_100_000].copy_from_slice(&patch);
+        assert!(read_all(&a[1]).await.expect("read") == expect);
+        // A lease on the moved region comes from n2, and keeps it from moving again.
+        let lease = a[0].acquire(&r, 0..(1 << 20), Location::Gpu(0), vfabric::Mode::Read).await.expect("acquire");
+        assert_eq!(lease.home(&a[0]), 2, "the lease comes from the node that has the pages");
+        assert_eq!(&leased_bytes(&a[0], &lease)[..1 << 20], &expect[..1 << 20]);
+        match a[1].migrate_to(&r, 1, Location::Gpu(0)).await {
+            Err(FabricError::Remote { node: 0, kind: ErrorKind::LeasedElsewhere, .. }) => {}
+            other => panic!("a migration of a leased region: {other:?}"),
+        }
+        assert_eq!(pages_on(&a[1], Location::Gpu(0)), 0, "the failed migration's copy is freed");
+        a[0].release(lease).await.expect("release");
+        assert!(read_all(&a[0]).await.expect("still readable") == expect);
+
+        // It moves on to n1: n0's and n2's hints name a freed copy now; their next calls find the new place.
+        a[0].migrate_to(&r, 1, Location::Host).await.expect("migrate to n1's host memory");
+        assert_eq!(pages_on(&a[2], Location::Gpu(0)), n2_gpu0, "n2's copy is freed");
+        for (i, x) in a.iter().enumerate() {
+            let back = read_all(x).await.unwrap_or_else(|e| panic!("read from n{i} after the second move: {e}"));
+            assert!(back == expect, "bytes read from n{i} after the second move");
+        }
+        // The hint needs no home: with n0 stopped, n2 still reads the pages on n1.
+        // (Back home first, to check that too, then away again.)
+        let away = pages_on(&a[0], Location::Gpu(0));
+        a[2].migrate(&r, Location::Gpu(0)).await.expect("back to the home's gpu0");
+        assert_eq!(pages_on(&a[0], Location::Gpu(0)), away + 2, "home again");
+        assert!(read_all(&a[1]).await.expect("read at home") == expect);
+        a[2].migrate_to(&r, 1, Location::Gpu(0)).await.expect("to n1 again");
+        assert!(read_all(&a[2]).await.expect("read, learning the hint") == expect);
+        a[0].shutdown().await;
+        assert!(read_all(&a[2]).await.expect("read through the hint, home stopped") == expect);
+        match a[2].free(&r).await {
+            Err(FabricError::Network(_) | FabricError::PeerDead { .. }) => {}
+            other => panic!("a free needs the home: {other:?}"),
+        }
+        a[1].shutdown().await;
+        a[2].shutdown().await;
+    });
+}
+
+#[test]
+fn freeing_a_moved_region_frees_its_pages_where_they_are() {
+    runtime().block_on(async {
+        let cfg = config(2);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let r = a[1].alloc(0, 2 << 20, None).await.expect("alloc on n0");
+        a[1].write(&r, 0, &pattern::bytes(5, 0, 2 << 20)).await.expect("write");
+        let before = pages_on(&a[1], Location::Gpu(0));
+        a[1].migrate_to(&r, 1, Location::Gpu(0)).await.expect("to n1");
+        assert_eq!(pages_on(&a[1], Location::Gpu(0)), before + 1);
+        match a[0].migrate_to(&r, 9, Location::Gpu(0)).await {
+            Err(FabricError::InvalidAddress(_)) => {}
+            other => panic!("a migration to a node not in the cluster: {other:?}"),
+        }
+        a[1].free(&r).await.expect("free through the home");
+        assert_eq!(pages_on(&a[1], Location::Gpu(0)), before, "the hosted copy is freed");
+        let mut buf = vec![0u8; 16];
+        for x in &a {
+            match x.read(&r, 0, &mut buf).await {
+                Err(FabricError::UseAfterFree(_)) | Err(FabricError::Remote { kind: ErrorKind::UseAfterFree, .. }) => {}
+                other => panic!("a read after the free: {other:?}"),
+            }
+        }
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}

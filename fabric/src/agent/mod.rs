@@ -13,6 +13,7 @@
 
 pub mod launch;
 pub mod local;
+mod moves;
 mod serve;
 mod wire;
 
@@ -56,6 +57,10 @@ struct Shared {
     remote_leases: std::sync::Mutex<std::collections::HashMap<u64, (u16, Lease)>>,
     next_remote_lease: std::sync::atomic::AtomicU64,
     replicas: std::sync::Mutex<ReplicaCache>,
+    /// Forwarding entries of this node's regions whose pages moved to another node.
+    moves: moves::Moves,
+    /// Location hints: where the pages of other nodes' regions were last found (region -> hosted copy).
+    hints: std::sync::Mutex<std::collections::HashMap<Region, Region>>,
 }
 
 /// Copies of other nodes' pages kept after their leases end, each at the version the home gave it: the next
@@ -216,6 +221,8 @@ impl Agent {
             remote_leases: std::sync::Mutex::new(std::collections::HashMap::new()),
             next_remote_lease: std::sync::atomic::AtomicU64::new(1),
             replicas: std::sync::Mutex::new(ReplicaCache::default()),
+            moves: moves::Moves::default(),
+            hints: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         let agent = Agent { shared };
         let serving = tokio::spawn(serve::accept_loop(Arc::clone(&agent.shared)));
@@ -281,42 +288,62 @@ impl Agent {
         }
     }
 
-    /// Frees a region at its home.
+    /// Frees a region at its home (and its pages wherever they moved).
     pub async fn free(&self, region: &Region) -> Result<(), FabricError> {
         let home = region.addr.node().0;
-        if home == self.shared.node {
-            return in_place(|| self.shared.fabric.free(region));
-        }
-        match self.call(home, &Message::Free { region: WireRegion::from(region) }, &[]).await? {
-            Message::Done => Ok(()),
-            other => Err(unexpected(home, &other)),
-        }
+        let freed = if home == self.shared.node {
+            self.free_at_home(region).await
+        } else {
+            match self.call(home, &Message::Free { region: WireRegion::from(region) }, &[]).await {
+                Ok(Message::Done) => Ok(()),
+                Ok(other) => Err(unexpected(home, &other)),
+                Err(e) => Err(e),
+            }
+        };
+        self.hints().remove(region);
+        freed
     }
 
-    /// Writes `data` into the region at `offset`, wherever its home is.
+    /// Writes `data` into the region at `offset`, wherever its pages are.
     pub async fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
-        let home = region.addr.node().0;
-        if home == self.shared.node {
-            return in_place(|| self.shared.fabric.write(region, offset, data));
-        }
-        let msg = Message::Write { region: WireRegion::from(region), offset, len: data.len() as u64 };
-        match self.call(home, &msg, data).await? {
-            Message::Done => Ok(()),
-            other => Err(unexpected(home, &other)),
+        let mut route = moves::Route::new(self, region);
+        loop {
+            let at = route.target();
+            let r = async {
+                let _staying = self.stay_if_here(&at).await?;
+                self.write_direct(&at, offset, data).await
+            };
+            if let Some(r) = route.settle(r.await) {
+                return r;
+            }
         }
     }
 
-    /// Reads the region at `offset` into `buf`, wherever its home is. Every byte that crossed the wire was
+    /// Reads the region at `offset` into `buf`, wherever its pages are. Every byte that crossed the wire was
     /// checksummed and verified.
     pub async fn read(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
-        let home = region.addr.node().0;
-        if home == self.shared.node {
-            return in_place(|| self.shared.fabric.read(region, offset, buf));
+        let mut route = moves::Route::new(self, region);
+        loop {
+            let at = route.target();
+            let r = async {
+                let _staying = self.stay_if_here(&at).await?;
+                self.read_direct(&at, offset, buf).await
+            };
+            if let Some(r) = route.settle(r.await) {
+                return r;
+            }
         }
-        let msg = Message::Read { region: WireRegion::from(region), offset, len: buf.len() as u64 };
-        match self.call_read(home, &msg, offset, buf).await? {
-            Message::Data { len } if len == buf.len() as u64 => Ok(()),
-            other => Err(unexpected(home, &other)),
+    }
+
+    /// For a call on `region` when it is a region of this node: the guard that keeps it here meanwhile.
+    async fn stay_if_here(
+        &self,
+        region: &Region,
+    ) -> Result<Option<tokio::sync::OwnedRwLockReadGuard<Option<Region>>>, FabricError> {
+        if region.addr.node().0 == self.shared.node {
+            self.staying(region).await.map(Some)
+        } else {
+            Ok(None)
         }
     }
 
@@ -331,8 +358,32 @@ impl Agent {
         device: Location,
         mode: Mode,
     ) -> Result<AgentLease, FabricError> {
+        // Checked against the region as its user knows it: a hosted copy may be longer (another page size).
+        if range.end > region.len {
+            let len = range.end.saturating_sub(range.start);
+            return Err(FabricError::OutOfBounds { offset: range.start, len, region_len: region.len });
+        }
+        let mut route = moves::Route::new(self, region);
+        loop {
+            let at = route.target();
+            if let Some(r) = route.settle(self.acquire_at(&at, range.clone(), device, mode).await) {
+                return r;
+            }
+        }
+    }
+
+    /// [`Agent::acquire`] on the region that has the pages (this node's, or a peer's: then it is that peer's
+    /// home region, and the pages come from there).
+    async fn acquire_at(
+        &self,
+        region: &Region,
+        range: std::ops::Range<u64>,
+        device: Location,
+        mode: Mode,
+    ) -> Result<AgentLease, FabricError> {
         let home = region.addr.node().0;
         if home == self.shared.node {
+            let _staying = self.staying(region).await?;
             let l = in_place(|| self.shared.fabric.acquire(region, range, device, mode))?;
             return Ok(AgentLease { kind: LeaseKind::Local(l) });
         }
@@ -503,20 +554,31 @@ impl Agent {
     }
 
     /// Moves a region to `device` of its home node (a migration at the home: pages on the home's other GPUs
-    /// move there over NVLink, those that do not fit go to host memory). Moving a region's pages to another
-    /// node's device is not supported yet: a region's pages live at its home.
+    /// move there over NVLink, those that do not fit go to host memory); pages that had moved to another node
+    /// come back. The same as [`Agent::migrate_to`] the home.
     pub async fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {
+        self.migrate_to(region, region.addr.node().0, device).await
+    }
+
+    /// Moves a region's pages to `device` of node `node`, any node of the cluster. The region keeps its address
+    /// and its home: the home copies the pages there (checksummed on the wire like every page), frees its own
+    /// copy and forwards later calls; callers learn the new place once and go there directly after (a location
+    /// hint, corrected when it goes stale). Fails, leaving the region where it was, while a lease is held on it.
+    pub async fn migrate_to(&self, region: &Region, node: u16, device: Location) -> Result<(), FabricError> {
         let home = region.addr.node().0;
-        if home == self.shared.node {
-            return in_place(|| self.shared.fabric.migrate(region, device));
-        }
-        match self
-            .call(home, &Message::Migrate { region: WireRegion::from(region), device: device.into() }, &[])
-            .await?
-        {
-            Message::Done => Ok(()),
-            other => Err(unexpected(home, &other)),
-        }
+        let moved = if home == self.shared.node {
+            self.migrate_at_home(region, node, device).await
+        } else {
+            let msg = Message::MigrateTo { region: WireRegion::from(region), node, device: device.into() };
+            match self.call(home, &msg, &[]).await {
+                Ok(Message::Done) => Ok(()),
+                Ok(other) => Err(unexpected(home, &other)),
+                Err(e) => Err(e),
+            }
+        };
+        // Whatever this node knew of the region's place may be stale now: ask the home next time.
+        self.hints().remove(region);
+        moved
     }
 
     /// Round trip to a peer's agent.
@@ -749,6 +811,7 @@ fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<T, FabricEr
 fn reply_or_error(node: u16, reply: Option<Message>) -> Result<Message, FabricError> {
     match reply {
         Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
+        Some(Message::Moved { to }) => Err(FabricError::Moved { to: Region::from(&to) }),
         Some(m) => Ok(m),
         None => Err(FabricError::Protocol(format!("node {node} closed the stream without answering"))),
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use vfabric_transport::quic;
 
 use super::wire::error_kind;
-use super::{in_place, Shared};
+use super::{in_place, Agent, Shared};
 use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
 use crate::fabric::{Lease, Region};
@@ -111,7 +111,7 @@ async fn find_peer(shared: &Shared, name: &str) -> Option<u16> {
 
 /// Answers one request. `Err` carries a protocol violation: the caller closes the connection with it.
 async fn serve_stream(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     peer: u16,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
@@ -137,7 +137,7 @@ async fn serve_stream(
                 .map(|r| Message::Allocated { region: WireRegion::from(&r) })
         }
         Message::Free { region } => match home_region(shared, &region) {
-            Ok(r) => in_place(|| shared.fabric.free(&r)).map(|()| Message::Done),
+            Ok(r) => as_agent(shared).free_at_home(&r).await.map(|()| Message::Done),
             Err(e) => Err(e),
         },
         Message::Write { region, offset, len } => receive_write(shared, &region, offset, len, &mut recv, chunk).await,
@@ -149,7 +149,11 @@ async fn serve_stream(
         }
         Message::Release { lease } => take_back(shared, peer, lease, &mut recv, chunk).await,
         Message::Migrate { region, device } => match home_region(shared, &region) {
-            Ok(r) => in_place(|| shared.fabric.migrate(&r, device.into())).map(|()| Message::Done),
+            Ok(r) => as_agent(shared).migrate_at_home(&r, shared.node, device.into()).await.map(|()| Message::Done),
+            Err(e) => Err(e),
+        },
+        Message::MigrateTo { region, node, device } => match home_region(shared, &region) {
+            Ok(r) => as_agent(shared).migrate_at_home(&r, node, device.into()).await.map(|()| Message::Done),
             Err(e) => Err(e),
         },
         other => Err(FabricError::Protocol(format!("`{}` is not served yet", other.name()))),
@@ -157,7 +161,7 @@ async fn serve_stream(
     let answer = match reply {
         Ok(m) => m,
         Err(FabricError::Protocol(why)) => return Err(why),
-        Err(e) => Message::Error { kind: error_kind(&e), message: e.to_string() },
+        Err(e) => refusal(&e),
     };
     // The requester may have gone; nothing to do about it here.
     let _ = write_frame(&mut send, &answer, max).await;
@@ -178,10 +182,11 @@ async fn grant(
 ) -> Result<(), String> {
     let max = shared.net.max_frame.bytes() as usize;
     let refuse = async |send: &mut quinn::SendStream, e: FabricError| {
-        let _ = write_frame(send, &Message::Error { kind: error_kind(&e), message: e.to_string() }, max).await;
+        let _ = write_frame(send, &refusal(&e), max).await;
         let _ = send.finish();
     };
-    let leased = home_region(shared, region).and_then(|r| {
+    // Once leased, the region cannot move (a migration frees the old copy, which a lease prevents).
+    let leased = staying_here(shared, region).await.and_then(|(r, _staying)| {
         let end = offset.checked_add(len).ok_or(FabricError::OutOfBounds { offset, len, region_len: r.len })?;
         in_place(|| shared.fabric.acquire(&r, offset..end, Location::Host, Mode::from(mode)))
     });
@@ -319,6 +324,29 @@ fn home_region(shared: &Shared, w: &WireRegion) -> Result<Region, FabricError> {
     Ok(r)
 }
 
+/// A region named by a peer, which must live here and have its pages here; with the guard that keeps them here
+/// while the request runs (a region whose pages moved gives `Moved`).
+async fn staying_here(
+    shared: &Shared,
+    w: &WireRegion,
+) -> Result<(Region, tokio::sync::OwnedRwLockReadGuard<Option<Region>>), FabricError> {
+    let r = home_region(shared, w)?;
+    Ok((r, shared.moves.staying(&r).await?))
+}
+
+/// The agent serving these requests, for the calls that reach other nodes themselves (a migration, a free).
+fn as_agent(shared: &Arc<Shared>) -> Agent {
+    Agent { shared: Arc::clone(shared) }
+}
+
+/// The answer to a request that failed: `Moved` for a region whose pages are elsewhere, else the error.
+fn refusal(e: &FabricError) -> Message {
+    match e {
+        FabricError::Moved { to } => Message::Moved { to: WireRegion::from(to) },
+        e => Message::Error { kind: error_kind(e), message: e.to_string() },
+    }
+}
+
 /// Takes a write's chunks off the stream, checks each one's checksum and place, and writes them. A bad chunk
 /// fails the call before anything of it is written (the chunks before it are).
 async fn receive_write(
@@ -329,7 +357,7 @@ async fn receive_write(
     recv: &mut quinn::RecvStream,
     max_chunk: u64,
 ) -> Result<Message, FabricError> {
-    let r = home_region(shared, region)?;
+    let (r, _staying) = staying_here(shared, region).await?;
     let end = offset.checked_add(len).filter(|&e| e <= r.len).ok_or(FabricError::OutOfBounds {
         offset,
         len,
@@ -373,17 +401,16 @@ async fn send_read(
     chunk: u64,
 ) -> Result<(), String> {
     let max = shared.net.max_frame.bytes() as usize;
-    let checked = home_region(shared, region).and_then(|r| {
-        offset.checked_add(len).filter(|&e| e <= r.len && len > 0).map(|_| r).ok_or(FabricError::OutOfBounds {
-            offset,
-            len,
-            region_len: r.len,
-        })
+    let checked = staying_here(shared, region).await.and_then(|(r, staying)| {
+        match offset.checked_add(len).filter(|&e| e <= r.len && len > 0) {
+            Some(_) => Ok((r, staying)),
+            None => Err(FabricError::OutOfBounds { offset, len, region_len: r.len }),
+        }
     });
-    let r = match checked {
-        Ok(r) => r,
+    let (r, _staying) = match checked {
+        Ok(found) => found,
         Err(e) => {
-            let _ = write_frame(send, &Message::Error { kind: error_kind(&e), message: e.to_string() }, max).await;
+            let _ = write_frame(send, &refusal(&e), max).await;
             let _ = send.finish();
             return Ok(());
         }

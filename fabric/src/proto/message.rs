@@ -206,6 +206,24 @@ pub enum Message {
         /// Details for humans (logs); nothing should parse it.
         message: String,
     },
+
+    // Added in protocol 1 after the first release of the enum: requests and responses mixed, at the end.
+    /// Asks a region's home to move the region's pages to `device` of node `node` (any node of the cluster,
+    /// the home included). The home copies them there and keeps answering for the region.
+    MigrateTo {
+        /// The region to move.
+        region: WireRegion,
+        /// The node its pages should go to.
+        node: u16,
+        /// The device of that node.
+        device: WireLocation,
+    },
+    /// Answers a request naming a region whose pages the home moved: they are now in region `to` (on the node
+    /// its address names). The requester asks there, and keeps `to` as a hint for the next time.
+    Moved {
+        /// Where the region's pages are now.
+        to: WireRegion,
+    },
 }
 
 impl Message {
@@ -222,14 +240,16 @@ impl Message {
             | Message::Acquire { .. }
             | Message::Release { .. }
             | Message::Migrate { .. }
-            | Message::Invalidate { .. } => true,
+            | Message::Invalidate { .. }
+            | Message::MigrateTo { .. } => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
             | Message::Allocated { .. }
             | Message::Done
             | Message::Data { .. }
             | Message::Granted { .. }
-            | Message::Error { .. } => false,
+            | Message::Error { .. }
+            | Message::Moved { .. } => false,
         }
     }
 
@@ -253,6 +273,8 @@ impl Message {
             Message::Data { .. } => "data",
             Message::Granted { .. } => "granted",
             Message::Error { .. } => "error",
+            Message::MigrateTo { .. } => "migrateto",
+            Message::Moved { .. } => "moved",
         }
     }
 }
@@ -294,14 +316,17 @@ mod tests {
             Message::Data { len: 1 },
             Message::Granted { lease: 1, first_page: 0, pages: 1, version: 0, unchanged: false },
             Message::Error { kind: ErrorKind::Internal, message: "x".into() },
+            Message::MigrateTo { region, node: 1, device: WireLocation::Gpu(0) },
+            Message::Moved { to: region },
         ]
     }
 
     #[test]
-    fn requests_are_the_first_ten_variants() {
+    fn requests_are_the_first_ten_variants_and_the_later_ones_alternate() {
         let kinds: Vec<bool> = all().iter().map(Message::is_request).collect();
         let mut expected = vec![true; 10];
         expected.extend([false; 7]);
+        expected.extend([true, false]);
         assert_eq!(kinds, expected);
     }
 

@@ -1,0 +1,255 @@
+//! Regions whose pages live on another node than their home, and the location hints that find them.
+//!
+//! A region's global address names its home for the region's whole life; a migration to another node's device
+//! ([`Agent::migrate_to`]) does not change that. The home copies the pages into a region of its own making on
+//! the target node (the *hosted* copy), frees its own, and keeps a forwarding entry: a request that names the
+//! region at the home is answered `Moved { to }`. The requester follows it and caches `to` as a *hint*, so its
+//! next calls go straight to the node that has the pages. A hint goes stale when the region moves again (or is
+//! freed): the hosted copy it names is gone, the node answers `UseAfterFree` (its generation check sees a
+//! freed handle, also when the slot holds a newer region), and the requester drops the hint and asks the home.
+//!
+//! While a region moves, no write may land in pages being copied away and no write may be lost: every
+//! operation on a region of this node holds a read guard on the region's entry in [`Moves`] while it runs, and
+//! a migration holds the write guard from the first copied byte until the forwarding entry is in place. The
+//! guards are per region, so two nodes moving regions to each other at once cannot wait on each other. A region
+//! with a lease held on it is not moved (freeing the old copy fails, so the migration is undone).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+use vfabric_transport::Location;
+
+use super::{in_place, unexpected, Agent};
+use crate::directory::Placement;
+use crate::error::FabricError;
+use crate::fabric::Region;
+use crate::proto::{ErrorKind, Message, WireRegion};
+
+/// The forwarding entries of a home, one lock per region of this node that an operation has named: `None`
+/// while its pages are here, `Some(to)` once they moved to region `to` (on the node its address names).
+#[derive(Default)]
+pub(super) struct Moves {
+    regions: std::sync::Mutex<HashMap<Region, Arc<RwLock<Option<Region>>>>>,
+}
+
+impl Moves {
+    fn entry(&self, region: &Region) -> Arc<RwLock<Option<Region>>> {
+        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(regions.entry(*region).or_default())
+    }
+
+    fn forget(&self, region: &Region) {
+        self.regions.lock().unwrap_or_else(|p| p.into_inner()).remove(region);
+    }
+
+    /// For an operation on `region`, a region of this node: a read guard that keeps it from moving while the
+    /// operation runs, or `Moved` when its pages are elsewhere.
+    pub(super) async fn staying(&self, region: &Region) -> Result<OwnedRwLockReadGuard<Option<Region>>, FabricError> {
+        let guard = self.entry(region).read_owned().await;
+        match *guard {
+            Some(to) => Err(FabricError::Moved { to }),
+            None => Ok(guard),
+        }
+    }
+}
+
+/// How many times one call follows a `Moved` answer or drops a stale hint before it gives up.
+const MAX_HOPS: usize = 4;
+
+/// Bytes copied per step when a region moves between nodes (bounds the copy buffer).
+const MOVE_PIECE: u64 = 64 << 20;
+
+/// Where one call on a region goes: the hint when there is one, else the region itself (its home), following
+/// `Moved` answers and dropping stale hints.
+pub(super) struct Route<'a> {
+    agent: &'a Agent,
+    region: Region,
+    target: Region,
+    hops: usize,
+}
+
+impl<'a> Route<'a> {
+    pub(super) fn new(agent: &'a Agent, region: &Region) -> Route<'a> {
+        let target = agent.hints().get(region).copied().unwrap_or(*region);
+        Route { agent, region: *region, target, hops: 0 }
+    }
+
+    /// The region to name in the next attempt (the hosted copy, or the region itself).
+    pub(super) fn target(&self) -> Region {
+        self.target
+    }
+
+    /// The attempt's outcome, or `None` to try again at the new target: after `Moved` (the hint is kept) or
+    /// after a stale hint failed (it is dropped and the home is asked).
+    pub(super) fn settle<T>(&mut self, r: Result<T, FabricError>) -> Option<Result<T, FabricError>> {
+        if self.hops >= MAX_HOPS {
+            return Some(r);
+        }
+        match &r {
+            Err(FabricError::Moved { to }) => {
+                self.agent.hints().insert(self.region, *to);
+                self.target = *to;
+            }
+            Err(e) if self.target != self.region && is_stale(e) => {
+                let mut hints = self.agent.hints();
+                if hints.get(&self.region) == Some(&self.target) {
+                    hints.remove(&self.region);
+                }
+                self.target = self.region;
+            }
+            _ => return Some(r),
+        }
+        self.hops += 1;
+        None
+    }
+}
+
+/// Whether an error says that the region named is gone: a hint to a hosted copy that moved on.
+fn is_stale(e: &FabricError) -> bool {
+    matches!(
+        e,
+        FabricError::UseAfterFree(_)
+            | FabricError::InvalidAddress(_)
+            | FabricError::Remote { kind: ErrorKind::UseAfterFree | ErrorKind::InvalidAddress, .. }
+    )
+}
+
+impl Agent {
+    pub(super) fn hints(&self) -> std::sync::MutexGuard<'_, HashMap<Region, Region>> {
+        self.shared.hints.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// See [`Moves::staying`].
+    pub(super) async fn staying(&self, region: &Region) -> Result<OwnedRwLockReadGuard<Option<Region>>, FabricError> {
+        self.shared.moves.staying(region).await
+    }
+
+    /// Frees a region of this node: its hosted copy too when it moved.
+    pub(super) async fn free_at_home(&self, region: &Region) -> Result<(), FabricError> {
+        let mut entry = self.shared.moves.entry(region).write_owned().await;
+        match *entry {
+            None => in_place(|| self.shared.fabric.free(region))?,
+            Some(to) => self.free_direct(&to).await?,
+        }
+        // Callers that waited on this entry now go to the fabric, which says the region is gone.
+        *entry = None;
+        self.shared.moves.forget(region);
+        Ok(())
+    }
+
+    /// Moves a region of this node to `device` of `node`: a migration where the pages are when that is `node`,
+    /// else a copy into a new region there, then the old copy freed and the forwarding entry updated. Undone
+    /// (the new copy freed) when any step fails, so the region is left where it was.
+    pub(super) async fn migrate_at_home(
+        &self,
+        region: &Region,
+        node: u16,
+        device: Location,
+    ) -> Result<(), FabricError> {
+        self.peer_or_self(node)?;
+        let mut entry = self.shared.moves.entry(region).write_owned().await;
+        let current = entry.unwrap_or(*region);
+        if current.addr.node().0 == node {
+            return self.migrate_direct(&current, device).await;
+        }
+        // The region must be live before anything is allocated for it.
+        if current == *region {
+            self.shared.fabric.version(region, 0..1)?;
+        }
+        let fresh = self.alloc_direct(node, region.len, device).await?;
+        let moved = async {
+            self.copy_direct(&current, &fresh, region.len).await?;
+            self.free_direct(&current).await
+        };
+        if let Err(e) = moved.await {
+            if let Err(undo) = self.free_direct(&fresh).await {
+                tracing::warn!(region = %fresh, error = %undo, "freeing the copy of a failed migration failed");
+            }
+            return Err(e);
+        }
+        tracing::info!(region = %region, node, device = %device, "moved a region's pages to another node");
+        *entry = Some(fresh);
+        Ok(())
+    }
+
+    fn peer_or_self(&self, node: u16) -> Result<(), FabricError> {
+        if node == self.shared.node {
+            return Ok(());
+        }
+        self.peer(node).map(|_| ())
+    }
+
+    // The `*_direct` calls name a region of the node its address says, with no routing and no guard: the
+    // migration that uses them holds the write guard already.
+
+    async fn alloc_direct(&self, node: u16, size: u64, device: Location) -> Result<Region, FabricError> {
+        if node == self.shared.node {
+            return in_place(|| self.shared.fabric.alloc(size, Placement::on(device)));
+        }
+        match self.call(node, &Message::Alloc { size, device: Some(device.into()) }, &[]).await? {
+            Message::Allocated { region } => Ok(Region::from(&region)),
+            other => Err(unexpected(node, &other)),
+        }
+    }
+
+    pub(super) async fn free_direct(&self, region: &Region) -> Result<(), FabricError> {
+        let node = region.addr.node().0;
+        if node == self.shared.node {
+            return in_place(|| self.shared.fabric.free(region));
+        }
+        match self.call(node, &Message::Free { region: WireRegion::from(region) }, &[]).await? {
+            Message::Done => Ok(()),
+            other => Err(unexpected(node, &other)),
+        }
+    }
+
+    async fn migrate_direct(&self, region: &Region, device: Location) -> Result<(), FabricError> {
+        let node = region.addr.node().0;
+        if node == self.shared.node {
+            return in_place(|| self.shared.fabric.migrate(region, device));
+        }
+        let msg = Message::Migrate { region: WireRegion::from(region), device: device.into() };
+        match self.call(node, &msg, &[]).await? {
+            Message::Done => Ok(()),
+            other => Err(unexpected(node, &other)),
+        }
+    }
+
+    /// Copies `len` bytes from one region to another (either may be here or on a peer) in bounded pieces.
+    async fn copy_direct(&self, from: &Region, to: &Region, len: u64) -> Result<(), FabricError> {
+        let mut buf = vec![0u8; len.min(MOVE_PIECE) as usize];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(MOVE_PIECE) as usize;
+            self.read_direct(from, at, &mut buf[..n]).await?;
+            self.write_direct(to, at, &buf[..n]).await?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn read_direct(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+        let node = region.addr.node().0;
+        if node == self.shared.node {
+            return in_place(|| self.shared.fabric.read(region, offset, buf));
+        }
+        let msg = Message::Read { region: WireRegion::from(region), offset, len: buf.len() as u64 };
+        match self.call_read(node, &msg, offset, buf).await? {
+            Message::Data { len } if len == buf.len() as u64 => Ok(()),
+            other => Err(unexpected(node, &other)),
+        }
+    }
+
+    pub(super) async fn write_direct(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+        let node = region.addr.node().0;
+        if node == self.shared.node {
+            return in_place(|| self.shared.fabric.write(region, offset, data));
+        }
+        let msg = Message::Write { region: WireRegion::from(region), offset, len: data.len() as u64 };
+        match self.call(node, &msg, data).await? {
+            Message::Done => Ok(()),
+            other => Err(unexpected(node, &other)),
+        }
+    }
+}
