@@ -72,8 +72,10 @@ step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:
 step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name pager-h200x2
 # Two agents, one per GPU, QUIC on loopback: GPU -> host -> QUIC -> host -> GPU.
 # shellcheck disable=SC2086
-step remote env VFABRIC_BIN="$B" bash scripts/remote-bench-procs.sh config cluster-configs/h200x2-agents.toml g0 g1 \
-    --home-device gpu1 ${VFABRIC_REMOTE_ARGS:-} --out "$OUT" --name remote-h200x2
+# On a one-GPU machine: VFABRIC_REMOTE_CONFIG=cluster-configs/h200x1-agents.toml VFABRIC_REMOTE_HOME=gpu0.
+step remote env VFABRIC_BIN="$B" bash scripts/remote-bench-procs.sh config \
+    "${VFABRIC_REMOTE_CONFIG:-cluster-configs/h200x2-agents.toml}" g0 g1 --home-device "${VFABRIC_REMOTE_HOME:-gpu1}" \
+    ${VFABRIC_REMOTE_ARGS:-} --out "$OUT" --name "${VFABRIC_REMOTE_NAME:-remote-h200x2}"
 
 echo
 echo "===== summary" | tee -a "$LOG"
