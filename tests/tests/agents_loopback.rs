@@ -501,3 +501,40 @@ fn freeing_a_moved_region_frees_its_pages_where_they_are() {
         }
     });
 }
+
+/// Writes from two nodes race two migrations of the region: every write lands (in the pages where they end
+/// up), none is lost in pages being copied away.
+#[test]
+fn writes_racing_migrations_are_never_lost() {
+    runtime().block_on(async {
+        let cfg = config(3);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        const BLOCK: usize = 64 << 10;
+        const BLOCKS: usize = 48;
+        let r = a[0].alloc(0, (BLOCK * BLOCKS) as u64, None).await.expect("alloc on n0");
+        let writer = |x: Agent, first: usize| {
+            tokio::spawn(async move {
+                for b in (first..BLOCKS).step_by(2) {
+                    let data = pattern::bytes(100 + b as u64, 0, BLOCK);
+                    x.write(&r, (b * BLOCK) as u64, &data).await.map_err(|e| format!("block {b}: {e}"))?;
+                }
+                Ok::<(), String>(())
+            })
+        };
+        let (w1, w2) = (writer(a[1].clone(), 0), writer(a[2].clone(), 1));
+        a[2].migrate_to(&r, 2, Location::Gpu(0)).await.expect("to n2");
+        a[1].migrate_to(&r, 1, Location::Host).await.expect("to n1");
+        w1.await.expect("task").expect("writes from n1");
+        w2.await.expect("task").expect("writes from n2");
+        let mut back = vec![0u8; BLOCK * BLOCKS];
+        a[0].read(&r, 0, &mut back).await.expect("read");
+        for b in 0..BLOCKS {
+            let got = &back[b * BLOCK..(b + 1) * BLOCK];
+            assert_eq!(pattern::first_mismatch(100 + b as u64, 0, got), None, "block {b}");
+        }
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}

@@ -567,11 +567,12 @@ impl Agent {
     pub async fn migrate_to(&self, region: &Region, node: u16, device: Location) -> Result<(), FabricError> {
         let home = region.addr.node().0;
         let moved = if home == self.shared.node {
-            self.migrate_at_home(region, node, device).await
+            self.migrate_at_home(region, node, device).await.map(|_| ())
         } else {
             let msg = Message::MigrateTo { region: WireRegion::from(region), node, device: device.into() };
             match self.call(home, &msg, &[]).await {
-                Ok(Message::Done) => Ok(()),
+                // The home answers with where the pages are now.
+                Err(FabricError::Moved { .. }) => Ok(()),
                 Ok(other) => Err(unexpected(home, &other)),
                 Err(e) => Err(e),
             }

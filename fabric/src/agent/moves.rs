@@ -10,7 +10,10 @@
 //!
 //! While a region moves, no write may land in pages being copied away and no write may be lost: every
 //! operation on a region of this node holds a read guard on the region's entry in [`Moves`] while it runs, and
-//! a migration holds the write guard from the first copied byte until the forwarding entry is in place. The
+//! a migration holds the write guard from the first copied byte until the forwarding entry is in place. Pages
+//! that already moved are moved on by the home of the copy that has them, under its guard for that copy (writes
+//! reach that copy directly through hints), which leaves a forwarding entry there too; the region's home then
+//! points at the new copy. The
 //! guards are per region, so two nodes moving regions to each other at once cannot wait on each other. A region
 //! with a lease held on it is not moved (freeing the old copy fails, so the migration is undone).
 
@@ -138,29 +141,43 @@ impl Agent {
         Ok(())
     }
 
-    /// Moves a region of this node to `device` of `node`: a migration where the pages are when that is `node`,
-    /// else a copy into a new region there, then the old copy freed and the forwarding entry updated. Undone
-    /// (the new copy freed) when any step fails, so the region is left where it was.
+    /// Moves a region of this node to `device` of `node`; returns the region that has the pages now (the region
+    /// itself when they stayed on this node). Undone when any step fails, so the region is left where it was.
     pub(super) async fn migrate_at_home(
         &self,
         region: &Region,
         node: u16,
         device: Location,
-    ) -> Result<(), FabricError> {
+    ) -> Result<Region, FabricError> {
         self.peer_or_self(node)?;
         let mut entry = self.shared.moves.entry(region).write_owned().await;
-        let current = entry.unwrap_or(*region);
-        if current.addr.node().0 == node {
-            return self.migrate_direct(&current, device).await;
+        let now = match *entry {
+            // The pages are here: they move under this region's guard.
+            None => self.move_pages(region, node, device).await?,
+            // They are on another node (or in another region here): that copy's own home moves them, under its
+            // guard for that copy, so writes that reach it through hints wait there and then follow it.
+            Some(current) => self.migrate_hosted(&current, node, device).await?,
+        };
+        if now != *region {
+            tracing::info!(region = %region, node, device = %device, "a region's pages moved to another node");
+        }
+        *entry = (now != *region).then_some(now);
+        Ok(now)
+    }
+
+    /// Moves the pages of `region`, which are here: a migration on this node, or a copy into a new region on
+    /// `node` and this copy freed.
+    async fn move_pages(&self, region: &Region, node: u16, device: Location) -> Result<Region, FabricError> {
+        if node == self.shared.node {
+            in_place(|| self.shared.fabric.migrate(region, device))?;
+            return Ok(*region);
         }
         // The region must be live before anything is allocated for it.
-        if current == *region {
-            self.shared.fabric.version(region, 0..1)?;
-        }
+        self.shared.fabric.version(region, 0..1)?;
         let fresh = self.alloc_direct(node, region.len, device).await?;
         let moved = async {
-            self.copy_direct(&current, &fresh, region.len).await?;
-            self.free_direct(&current).await
+            self.copy_direct(region, &fresh, region.len).await?;
+            in_place(|| self.shared.fabric.free(region))
         };
         if let Err(e) = moved.await {
             if let Err(undo) = self.free_direct(&fresh).await {
@@ -168,9 +185,22 @@ impl Agent {
             }
             return Err(e);
         }
-        tracing::info!(region = %region, node, device = %device, "moved a region's pages to another node");
-        *entry = Some(fresh);
-        Ok(())
+        Ok(fresh)
+    }
+
+    /// Asks the home of `current` (a copy that has a region's pages) to move it; returns where they are now.
+    async fn migrate_hosted(&self, current: &Region, node: u16, device: Location) -> Result<Region, FabricError> {
+        let at = current.addr.node().0;
+        if at == self.shared.node {
+            return Box::pin(self.migrate_at_home(current, node, device)).await;
+        }
+        let msg = Message::MigrateTo { region: WireRegion::from(current), node, device: device.into() };
+        match self.call(at, &msg, &[]).await {
+            // `MigrateTo` is answered with where the pages are now.
+            Err(FabricError::Moved { to }) => Ok(to),
+            Ok(other) => Err(unexpected(at, &other)),
+            Err(e) => Err(e),
+        }
     }
 
     fn peer_or_self(&self, node: u16) -> Result<(), FabricError> {
@@ -199,18 +229,6 @@ impl Agent {
             return in_place(|| self.shared.fabric.free(region));
         }
         match self.call(node, &Message::Free { region: WireRegion::from(region) }, &[]).await? {
-            Message::Done => Ok(()),
-            other => Err(unexpected(node, &other)),
-        }
-    }
-
-    async fn migrate_direct(&self, region: &Region, device: Location) -> Result<(), FabricError> {
-        let node = region.addr.node().0;
-        if node == self.shared.node {
-            return in_place(|| self.shared.fabric.migrate(region, device));
-        }
-        let msg = Message::Migrate { region: WireRegion::from(region), device: device.into() };
-        match self.call(node, &msg, &[]).await? {
             Message::Done => Ok(()),
             other => Err(unexpected(node, &other)),
         }

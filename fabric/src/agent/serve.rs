@@ -149,11 +149,14 @@ async fn serve_stream(
         }
         Message::Release { lease } => take_back(shared, peer, lease, &mut recv, chunk).await,
         Message::Migrate { region, device } => match home_region(shared, &region) {
-            Ok(r) => as_agent(shared).migrate_at_home(&r, shared.node, device.into()).await.map(|()| Message::Done),
+            Ok(r) => as_agent(shared).migrate_at_home(&r, shared.node, device.into()).await.map(|_| Message::Done),
             Err(e) => Err(e),
         },
         Message::MigrateTo { region, node, device } => match home_region(shared, &region) {
-            Ok(r) => as_agent(shared).migrate_at_home(&r, node, device.into()).await.map(|()| Message::Done),
+            Ok(r) => as_agent(shared)
+                .migrate_at_home(&r, node, device.into())
+                .await
+                .map(|to| Message::Moved { to: WireRegion::from(&to) }),
             Err(e) => Err(e),
         },
         other => Err(FabricError::Protocol(format!("`{}` is not served yet", other.name()))),

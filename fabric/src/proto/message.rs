@@ -209,7 +209,8 @@ pub enum Message {
 
     // Added in protocol 1 after the first release of the enum: requests and responses mixed, at the end.
     /// Asks a region's home to move the region's pages to `device` of node `node` (any node of the cluster,
-    /// the home included). The home copies them there and keeps answering for the region.
+    /// the home included). The home copies them there and keeps answering for the region. Answered with
+    /// [`Message::Moved`] naming where the pages are now.
     MigrateTo {
         /// The region to move.
         region: WireRegion,
@@ -219,7 +220,8 @@ pub enum Message {
         device: WireLocation,
     },
     /// Answers a request naming a region whose pages the home moved: they are now in region `to` (on the node
-    /// its address names). The requester asks there, and keeps `to` as a hint for the next time.
+    /// its address names). The requester asks there, and keeps `to` as a hint for the next time. Also the
+    /// answer to a [`Message::MigrateTo`] that succeeded.
     Moved {
         /// Where the region's pages are now.
         to: WireRegion,
