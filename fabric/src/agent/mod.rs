@@ -720,10 +720,7 @@ impl Agent {
             let reply = reply_or_error(node, read_frame(&mut recv, self.max_frame()).await.map_err(proto)?)?;
             // Each chunk goes straight into its place in `buf`; a bad one fails the whole call, so the caller
             // never takes bytes from it.
-            let chunk_failed = |e: quic::QuicError| match e {
-                quic::QuicError::Checksum { .. } => FabricError::Checksum(format!("from node {node}: {e}")),
-                other => FabricError::Network(other.to_string()),
-            };
+            let chunk_failed = |e| wire::chunk_error(e, &format!("from node {node}: "));
             let mut got = 0u64;
             while let Some(header) = quic::read_chunk_header(&mut recv).await.map_err(chunk_failed)? {
                 let (at, len) = (header.offset, u64::from(header.len));

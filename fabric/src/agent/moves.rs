@@ -64,7 +64,9 @@ const MAX_HOPS: usize = 4;
 const MOVE_PIECE: u64 = 64 << 20;
 
 /// Where one call on a region goes: the hint when there is one, else the region itself (its home), following
-/// `Moved` answers and dropping stale hints.
+/// `Moved` answers and dropping stale hints. Callers loop over `target()`, their attempt, and `settle()`; a
+/// helper taking the attempt as an async closure would be shorter, but its future cannot be proven `Send` on
+/// stable Rust, and the agent's calls run in spawned tasks.
 pub(super) struct Route<'a> {
     agent: &'a Agent,
     region: Region,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use vfabric_transport::quic;
 
-use super::wire::error_kind;
+use super::wire::{chunk_error, error_kind};
 use super::{in_place, Agent, Shared};
 use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
@@ -274,10 +274,7 @@ async fn take_back(
     let mut data = vec![0u8; if lease.mode() == Mode::Write { lease.len() as usize } else { 0 }];
     let mut got = 0u64;
     let mut failed = None;
-    let chunk_failed = |e: quic::QuicError| match e {
-        quic::QuicError::Checksum { .. } => FabricError::Checksum(e.to_string()),
-        other => FabricError::Network(other.to_string()),
-    };
+    let chunk_failed = |e| chunk_error(e, "");
     loop {
         let header = match quic::read_chunk_header(recv).await {
             Ok(Some(h)) => h,

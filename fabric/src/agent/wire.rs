@@ -82,3 +82,12 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
         _ => ErrorKind::Internal,
     }
 }
+
+/// A page chunk that failed on arrival, as the fabric's error: a bad checksum stays a checksum error (with
+/// `context`, e.g. the sender, in front), anything else is the network's.
+pub(crate) fn chunk_error(e: vfabric_transport::quic::QuicError, context: &str) -> FabricError {
+    match e {
+        vfabric_transport::quic::QuicError::Checksum { .. } => FabricError::Checksum(format!("{context}{e}")),
+        other => FabricError::Network(other.to_string()),
+    }
+}
