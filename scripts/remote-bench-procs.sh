@@ -6,6 +6,7 @@
 # Usage: scripts/remote-bench-procs.sh loopback|netns [vfabric-bench remote args...]   (netns: as root)
 #        scripts/remote-bench-procs.sh config FILE THIS PEER [args...]   (the agents of FILE's nodes THIS and PEER,
 #        certificates made afresh; e.g. cluster-configs/h200x2-agents.toml g0 g1 on the GPU machine)
+# VFABRIC_LANES=N sets network.lanes (the QUIC connections between the agents) for both.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/remote-bench-procs.sh loopback|netns [args...]}
@@ -25,7 +26,7 @@ trap cleanup EXIT
 this=n0
 peer=n1
 case $mode in
-    loopback) a0=127.0.0.1:7710; a1=127.0.0.1:7711; peer_ip=127.0.0.1 ;;
+    loopback) a0=127.0.0.1:7710; a1=127.0.0.1:7750; peer_ip=127.0.0.1 ;;
     netns) a0=10.77.0.1:7700; a1=10.77.0.2:7700; peer_ip=10.77.0.2 ;;
     config)
         src=${1:?usage: scripts/remote-bench-procs.sh config FILE THIS PEER [args...]}
@@ -58,6 +59,10 @@ address = "$a0"
 name = "n1"
 address = "$a1"
 TOML
+fi
+# VFABRIC_LANES: QUIC connections between the two agents (network.lanes), for both ends.
+if [ -n "${VFABRIC_LANES:-}" ]; then
+    sed -i -e '/^lanes *=/d' -e "s/^\[network\]\$/[network]\nlanes = $VFABRIC_LANES/" "$work/cluster.toml"
 fi
 "$BIN/vfabric" cluster init --config "$work/cluster.toml" > /dev/null || exit 1
 run() { # I CMD...: in node I's namespace, or here. Execs, so that `run ... &` gives the command's own PID.

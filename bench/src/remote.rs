@@ -69,6 +69,10 @@ pub struct RemoteArgs {
     /// QUIC stream window of the agents started here (default: the configuration's).
     #[arg(long)]
     pub stream_window: Option<ByteSize>,
+    /// QUIC connections between the two agents started here, each on a socket of its own (default: the
+    /// configuration's `network.lanes`). With `--cluster` the configuration says, for both ends.
+    #[arg(long)]
+    pub lanes: Option<u16>,
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
@@ -135,6 +139,7 @@ fn two_nodes(
     region: u64,
     page: u64,
     window: Option<ByteSize>,
+    lanes: Option<u16>,
 ) -> Result<ClusterConfig, String> {
     let mut c = base.clone();
     vfabric_allocator::PageSize::new(page).map_err(|e| format!("--sizes {}: {e}", ByteSize(page)))?;
@@ -150,6 +155,9 @@ fn two_nodes(
     if let Some(w) = window {
         c.network.stream_window = w;
         c.network.connection_window = ByteSize(4 * w.bytes());
+    }
+    if let Some(l) = lanes {
+        c.network.lanes = l;
     }
     Ok(c)
 }
@@ -349,8 +357,11 @@ async fn measure(
 /// Runs the benchmark and writes its results.
 pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let base = args.target.load()?;
+    // At least 4 workers (both in-process agents and the requests share them), and every core where there
+    // are more: each lane's connection needs one.
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
+        .worker_threads(cores.max(4))
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
@@ -360,6 +371,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let mut rows = Vec::new();
     let mut lat = Vec::new();
     let mut device = String::new();
+    let mut lanes = 1;
     if let (Some(path), Some(node), Some(peer)) = (&args.cluster, &args.node, &args.peer) {
         // This end only, against a separately started agent.
         let mut cfg = ClusterConfig::from_file(path).map_err(|e| e.to_string())?;
@@ -367,6 +379,14 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             cfg.device.backend = b;
         }
         let peer = cfg.node_index(peer).map_err(|e| e.to_string())?;
+        if args.lanes.is_some_and(|l| l != cfg.network.lanes) {
+            return Err(format!(
+                "--lanes: with --cluster both ends take network.lanes ({}) from {}",
+                cfg.network.lanes,
+                path.display()
+            ));
+        }
+        lanes = cfg.network.lanes;
         let mtu = cfg.network.mtu;
         rt.block_on(async {
             let a = Agent::start_from_config(&cfg, node).await.map_err(|e| e.to_string())?;
@@ -382,7 +402,8 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     // page.
     let pairs = if args.cluster.is_some() { Vec::new() } else { args.mtus.clone() };
     for (&mtu, &size) in pairs.iter().flat_map(|m| sizes.iter().map(move |s| (m, s))) {
-        let cfg = two_nodes(&base, mtu, region_bytes, size, args.stream_window)?;
+        let cfg = two_nodes(&base, mtu, region_bytes, size, args.stream_window, args.lanes)?;
+        lanes = cfg.network.lanes;
         rt.block_on(async {
             let (a, b) = start_pair(&cfg).await?;
             if device.is_empty() {
@@ -411,7 +432,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         }
         _ => "two agents in one process on 127.0.0.1; the region's home is the other agent".to_string(),
     };
-    let _ = writeln!(md, "- {setup}; QUIC with mutual TLS (encrypted), page payloads in 1 MiB checksummed (xxh3) chunks; device layer: {device}");
+    let _ = writeln!(md, "- {setup}; QUIC with mutual TLS (encrypted), {lanes} connection(s) (lanes) between the agents, each on a socket of its own, requests taking them in turn; page payloads in 1 MiB checksummed (xxh3) chunks; device layer: {device}");
     let _ = writeln!(
         md,
         "- the region's pages live on {} of their home; acquires put them on {} here",

@@ -22,6 +22,8 @@ fn config(nodes: usize) -> ClusterConfig {
     c.network.heartbeat_ms = 100;
     c.network.dead_after_ms = 3000;
     c.network.chunk = ByteSize(256 << 10);
+    // Two connections per pair of nodes: calls and leases alternate between them.
+    c.network.lanes = 2;
     c.nodes = (0..nodes).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
     c
 }
@@ -65,6 +67,8 @@ fn remote_regions_round_trip_through_their_home() {
             agent.read(&r, 0, &mut back).await.unwrap_or_else(|e| panic!("read from n{i}: {e}"));
             assert_eq!(pattern::first_mismatch(7, 0, &back), None, "bytes read from n{i}");
         }
+        // n0's calls to n1 took both lanes, each a connection of its own.
+        assert_eq!(a[0].open_lanes(1).await.expect("known node"), 2);
         // A write at an offset from n2, read back in a window straddling it.
         let patch = pattern::bytes(9, 0, 300_000);
         a[2].write(&r, 1_000_000, &patch).await.expect("write at an offset");

@@ -38,29 +38,58 @@ use crate::proto::{read_frame, write_frame, Message, WireRegion, PROTOCOL_VERSIO
 /// A peer as this agent sees it.
 struct Peer {
     name: String,
+    /// Where its lane 0 listens (lane `i` listens on the port `i` above).
     addr: Option<SocketAddr>,
-    conn: Option<quinn::Connection>,
+    /// One connection per lane, dialled on first use.
+    conns: Vec<Option<quinn::Connection>>,
+    /// The lane the next call takes.
+    next_lane: usize,
     last_seen: Option<Instant>,
+}
+
+impl Peer {
+    /// The lane the next call takes (the lanes in turn).
+    fn take_lane(&mut self) -> usize {
+        let lane = self.next_lane % self.conns.len().max(1);
+        self.next_lane = lane + 1;
+        lane
+    }
+
+    /// Where lane `lane` of this peer listens.
+    fn lane_addr(&self, lane: usize) -> Option<SocketAddr> {
+        let a = self.addr?;
+        let port = a.port().checked_add(u16::try_from(lane).ok()?)?;
+        Some(SocketAddr::new(a.ip(), port))
+    }
 }
 
 struct Shared {
     cluster: String,
     node: u16,
     fabric: Fabric,
-    endpoint: quinn::Endpoint,
+    /// One endpoint (UDP socket) per lane, on consecutive ports; lane 0's is the node's address.
+    endpoints: Vec<quinn::Endpoint>,
     net: NetworkSection,
     started: Instant,
     peers: Vec<Mutex<Peer>>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Leases peers hold on regions whose home is this node: the lease id they were given, the peer, and the
-    /// local lease on the host copy that keeps the pages' coherence while they hold it.
-    remote_leases: std::sync::Mutex<std::collections::HashMap<u64, (u16, Lease)>>,
+    /// Leases peers hold on regions whose home is this node: the lease id they were given, the peer, the
+    /// connection it came over (the lease ends when that connection closes), and the local lease on the host
+    /// copy that keeps the pages' coherence while they hold it.
+    remote_leases: std::sync::Mutex<std::collections::HashMap<u64, RemoteGrant>>,
     next_remote_lease: std::sync::atomic::AtomicU64,
     replicas: std::sync::Mutex<ReplicaCache>,
     /// Forwarding entries of this node's regions whose pages moved to another node.
     moves: moves::Moves,
     /// Location hints: where the pages of other nodes' regions were last found (region -> hosted copy).
     hints: std::sync::Mutex<std::collections::HashMap<Region, Region>>,
+}
+
+/// A lease a peer holds here (see `Shared::remote_leases`).
+struct RemoteGrant {
+    peer: u16,
+    connection: usize,
+    lease: Lease,
 }
 
 /// Copies of other nodes' pages kept after their leases end, each at the version the home gave it: the next
@@ -101,6 +130,9 @@ enum LeaseKind {
 struct RemoteLease {
     agent: Agent,
     home: u16,
+    /// The lane the lease was granted over: it is released over the same connection (the home ends a lease
+    /// when the connection it came over closes).
+    lane: usize,
     id: u64,
     mode: Mode,
     /// Where the copy goes back in the replica cache, and the home's version of the range.
@@ -147,10 +179,10 @@ impl Drop for RemoteLease {
         }
         // Not released: let go at the home (in the background: drop cannot wait) and free the copy here.
         drop(self.local.take());
-        let (agent, home, id, shadow) = (self.agent.clone(), self.home, self.id, self.shadow);
+        let (agent, home, lane, id, shadow) = (self.agent.clone(), self.home, self.lane, self.id, self.shadow);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = agent.call(home, &Message::Release { lease: id }, &[]).await {
+                if let Err(e) = agent.call_on(home, Some(lane), &Message::Release { lease: id }, &[]).await {
                     tracing::warn!(home, lease = id, error = %e, "releasing a dropped remote lease failed");
                 }
                 let _ = agent.free(&shadow).await;
@@ -198,14 +230,15 @@ impl Agent {
             connection_window: net.connection_window.bytes(),
             ..QuicSettings::default()
         };
-        let endpoint = quic::endpoint(bind, identity, &settings).map_err(|e| FabricError::Network(e.to_string()))?;
+        let endpoints = bind_lanes(bind, usize::from(net.lanes), identity, &settings)?;
         let mut peers = Vec::new();
         for i in 0..config.nodes.len() as u16 {
             let addr = configured_addr(config, i)?;
             peers.push(Mutex::new(Peer {
                 name: config.nodes[usize::from(i)].name.clone(),
                 addr,
-                conn: None,
+                conns: vec![None; usize::from(net.lanes)],
+                next_lane: 0,
                 last_seen: None,
             }));
         }
@@ -213,7 +246,7 @@ impl Agent {
             cluster: config.cluster.name.clone(),
             node,
             fabric,
-            endpoint,
+            endpoints,
             net,
             started: Instant::now(),
             peers,
@@ -225,9 +258,11 @@ impl Agent {
             hints: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         let agent = Agent { shared };
-        let serving = tokio::spawn(serve::accept_loop(Arc::clone(&agent.shared)));
+        let serving = (0..agent.shared.endpoints.len())
+            .map(|lane| tokio::spawn(serve::accept_loop(Arc::clone(&agent.shared), lane)))
+            .collect::<Vec<_>>();
         let beating = tokio::spawn(heartbeat_loop(agent.clone()));
-        agent.tasks().extend([serving, beating]);
+        agent.tasks().extend(serving.into_iter().chain([beating]));
         tracing::info!(node, name, addr = %agent.local_addr(), "agent started");
         Ok(agent)
     }
@@ -249,9 +284,10 @@ impl Agent {
         self.shared.node
     }
 
-    /// The address the agent listens on.
+    /// The address the agent listens on (its lane 0; lane `i` listens on the port `i` above).
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.endpoint.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+        let unknown = || SocketAddr::from(([0, 0, 0, 0], 0));
+        self.shared.endpoints.first().and_then(|e| e.local_addr().ok()).unwrap_or_else(unknown)
     }
 
     /// The fabric of this node.
@@ -263,7 +299,7 @@ impl Agent {
     pub async fn set_peer_addr(&self, node: u16, addr: SocketAddr) -> Result<(), FabricError> {
         let mut p = self.peer(node)?.lock().await;
         p.addr = Some(addr);
-        p.conn = None;
+        p.conns.iter_mut().for_each(|c| *c = None);
         // Its grace period before heartbeats may call it dead starts now.
         p.last_seen = Some(Instant::now());
         Ok(())
@@ -418,7 +454,8 @@ impl Agent {
         };
         let full = pages * ps;
         let expect = |m: &Message| if matches!(m, Message::Granted { unchanged: true, .. }) { 0 } else { full };
-        let reply = self.call_read_some(home, &msg, first * ps, &mut bytes, expect).await;
+        let lane = self.next_lane(home).await?;
+        let reply = self.call_read_some(home, Some(lane), &msg, first * ps, &mut bytes, expect).await;
         let (id, version, unchanged) = match reply {
             Ok(Message::Granted { lease, first_page, pages: n, version, unchanged })
                 if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
@@ -455,6 +492,7 @@ impl Agent {
                 kind: LeaseKind::Remote(RemoteLease {
                     agent: self.clone(),
                     home,
+                    lane,
                     id,
                     mode,
                     key,
@@ -466,7 +504,7 @@ impl Agent {
                 }),
             }),
             Err(e) => {
-                let _ = self.call(home, &Message::Release { lease: id }, &[]).await;
+                let _ = self.call_on(home, Some(lane), &Message::Release { lease: id }, &[]).await;
                 Err(e)
             }
         }
@@ -532,11 +570,11 @@ impl Agent {
             Ok(b) => b,
             Err(e) => {
                 let _ = in_place(|| f.free(&shadow));
-                let _ = self.call(r.home, &Message::Release { lease: r.id }, &[]).await;
+                let _ = self.call_on(r.home, Some(r.lane), &Message::Release { lease: r.id }, &[]).await;
                 return Err(e);
             }
         };
-        match self.call(r.home, &Message::Release { lease: r.id }, &bytes).await {
+        match self.call_on(r.home, Some(r.lane), &Message::Release { lease: r.id }, &bytes).await {
             Ok(Message::Done) => {
                 // A write lease's release bumps each of its pages' versions once at the home.
                 let version = if mode == Mode::Write { r.version.wrapping_add(r.pages) } else { r.version };
@@ -582,6 +620,12 @@ impl Agent {
         moved
     }
 
+    /// How many of the lanes to peer `node` have an open connection (each is dialled on first use).
+    pub async fn open_lanes(&self, node: u16) -> Result<usize, FabricError> {
+        let p = self.peer(node)?.lock().await;
+        Ok(p.conns.iter().flatten().filter(|c| c.close_reason().is_none()).count())
+    }
+
     /// Round trip to a peer's agent.
     pub async fn ping(&self, node: u16) -> Result<Duration, FabricError> {
         let t = Instant::now();
@@ -617,14 +661,27 @@ impl Agent {
         for t in &tasks {
             t.abort();
         }
-        self.shared.endpoint.close(quinn::VarInt::from_u32(0), b"shutdown");
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.shared.endpoint.wait_idle()).await;
+        for e in &self.shared.endpoints {
+            e.close(quinn::VarInt::from_u32(0), b"shutdown");
+        }
+        let idle = async {
+            for e in &self.shared.endpoints {
+                e.wait_idle().await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), idle).await;
         tracing::info!(node = self.shared.node, "agent stopped");
     }
 
-    /// The connection to peer `node`, dialled and greeted on first use (and again after it closed).
-    /// `probe` (pings) dials even a peer thought dead: that is how one that comes back is seen again.
-    async fn connection(&self, node: u16, probe: bool) -> Result<quinn::Connection, FabricError> {
+    /// The lane the next call to `node` takes (the lanes in turn).
+    async fn next_lane(&self, node: u16) -> Result<usize, FabricError> {
+        Ok(self.peer(node)?.lock().await.take_lane())
+    }
+
+    /// The connection to peer `node` on `lane` (the next lane when `None`), dialled from this node's endpoint of
+    /// the same lane and greeted on first use (and again after it closed). `probe` (pings) dials even a peer
+    /// thought dead: that is how one that comes back is seen again.
+    async fn connection(&self, node: u16, lane: Option<usize>, probe: bool) -> Result<quinn::Connection, FabricError> {
         if node == self.shared.node {
             return Err(FabricError::InvalidAddress(format!("node {node} is this node")));
         }
@@ -636,16 +693,25 @@ impl Agent {
                 why: format!("no heartbeat for {} ms", self.shared.net.dead_after_ms),
             });
         }
-        if let Some(c) = p.conn.as_ref().filter(|c| c.close_reason().is_none()) {
+        let lane = lane.unwrap_or_else(|| p.take_lane());
+        let (Some(endpoint), true) = (self.shared.endpoints.get(lane), lane < p.conns.len()) else {
+            return Err(FabricError::Network(format!("lane {lane} of node {node}: there are {} lanes", p.conns.len())));
+        };
+        if let Some(c) = p.conns[lane].as_ref().filter(|c| c.close_reason().is_none()) {
             return Ok(c.clone());
         }
-        let addr =
-            p.addr.ok_or_else(|| FabricError::Network(format!("node {node} ({}) has no known address", p.name)))?;
+        let name = p.name.clone();
+        let addr = p
+            .lane_addr(lane)
+            .ok_or_else(|| FabricError::Network(format!("node {node} ({name}) has no known address")))?;
+        // The dial runs without the peer's lock: two nodes dialling each other at once each need the other to
+        // look them up (and serve their hello) before either dial ends.
+        drop(p);
         let dead_after = Duration::from_millis(self.shared.net.dead_after_ms);
         let dial = async {
-            let conn = quic::connect(&self.shared.endpoint, addr, &p.name)
+            let conn = quic::connect(endpoint, addr, &name)
                 .await
-                .map_err(|e| FabricError::Network(format!("connecting to {} at {addr}: {e}", p.name)))?;
+                .map_err(|e| FabricError::Network(format!("connecting to {name} at {addr}: {e}")))?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
             let hello = Message::Hello {
                 cluster: self.shared.cluster.clone(),
@@ -663,11 +729,18 @@ impl Agent {
         };
         let conn = tokio::time::timeout(dead_after, dial).await.map_err(|_| FabricError::PeerDead {
             node,
-            name: p.name.clone(),
+            name: name.clone(),
             why: format!("no answer to hello within {} ms", dead_after.as_millis()),
         })??;
-        p.conn = Some(conn.clone());
+        let mut p = self.peer(node)?.lock().await;
         p.last_seen = Some(Instant::now());
+        // Another call on this lane may have dialled meanwhile: keep the connection already in use (leases may
+        // have been granted over it, and they end with it), close this one.
+        if let Some(c) = p.conns[lane].as_ref().filter(|c| c.close_reason().is_none()) {
+            conn.close(quinn::VarInt::from_u32(0), b"a connection on this lane exists");
+            return Ok(c.clone());
+        }
+        p.conns[lane] = Some(conn.clone());
         Ok(conn)
     }
 
@@ -677,8 +750,19 @@ impl Agent {
 
     /// One request to `node`: the frame, then `payload` as checksummed chunks; returns the response frame.
     async fn call(&self, node: u16, msg: &Message, payload: &[u8]) -> Result<Message, FabricError> {
+        self.call_on(node, None, msg, payload).await
+    }
+
+    /// [`Agent::call`] on a given lane (the next one when `None`).
+    async fn call_on(
+        &self,
+        node: u16,
+        lane: Option<usize>,
+        msg: &Message,
+        payload: &[u8],
+    ) -> Result<Message, FabricError> {
         let work = async {
-            let conn = self.connection(node, matches!(msg, Message::Ping { .. })).await?;
+            let conn = self.connection(node, lane, matches!(msg, Message::Ping { .. })).await?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             let chunk = self.shared.net.chunk.bytes() as usize;
@@ -699,13 +783,14 @@ impl Agent {
     /// the region's byte `offset`).
     async fn call_read(&self, node: u16, msg: &Message, offset: u64, buf: &mut [u8]) -> Result<Message, FabricError> {
         let len = buf.len() as u64;
-        self.call_read_some(node, msg, offset, buf, |_| len).await
+        self.call_read_some(node, None, msg, offset, buf, |_| len).await
     }
 
     /// Like `call_read`, with the number of bytes that must follow decided by the reply.
     async fn call_read_some(
         &self,
         node: u16,
+        lane: Option<usize>,
         msg: &Message,
         offset: u64,
         buf: &mut [u8],
@@ -713,7 +798,7 @@ impl Agent {
     ) -> Result<Message, FabricError> {
         let max_chunk = self.shared.net.chunk.bytes();
         let work = async {
-            let conn = self.connection(node, false).await?;
+            let conn = self.connection(node, lane, false).await?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
@@ -787,6 +872,42 @@ async fn heartbeat_loop(agent: Agent) {
             });
         }
     }
+}
+
+/// One endpoint per lane on consecutive ports from `bind`'s. With port 0 the system picks lane 0's port and the
+/// next `lanes - 1` must be free too; taken ones make it try again elsewhere.
+fn bind_lanes(
+    bind: SocketAddr,
+    lanes: usize,
+    identity: &NodeIdentity,
+    settings: &QuicSettings,
+) -> Result<Vec<quinn::Endpoint>, FabricError> {
+    let at = |port: u16| SocketAddr::new(bind.ip(), port);
+    let failed = |e: quic::QuicError| FabricError::Network(format!("binding {bind}: {e}"));
+    let attempts = if bind.port() == 0 && lanes > 1 { 64 } else { 1 };
+    let mut last = None;
+    for _ in 0..attempts {
+        let first = quic::endpoint(bind, identity, settings).map_err(failed)?;
+        let base = first.local_addr().map_err(|e| FabricError::Network(e.to_string()))?.port();
+        let mut endpoints = vec![first];
+        for lane in 1..lanes {
+            let Some(port) = u16::try_from(lane).ok().and_then(|l| base.checked_add(l)) else {
+                last = Some(FabricError::Network(format!("lane {lane}: no port above {base}")));
+                break;
+            };
+            match quic::endpoint(at(port), identity, settings) {
+                Ok(e) => endpoints.push(e),
+                Err(e) => {
+                    last = Some(FabricError::Network(format!("binding lane {lane} at {}: {e}", at(port))));
+                    break;
+                }
+            }
+        }
+        if endpoints.len() == lanes {
+            return Ok(endpoints);
+        }
+    }
+    Err(last.unwrap_or_else(|| FabricError::Network(format!("binding {lanes} lanes from {bind}"))))
 }
 
 fn configured_addr(config: &ClusterConfig, node: u16) -> Result<Option<SocketAddr>, FabricError> {

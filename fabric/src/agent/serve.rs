@@ -7,7 +7,7 @@ use std::time::Instant;
 use vfabric_transport::quic;
 
 use super::wire::{chunk_error, error_kind};
-use super::{in_place, Agent, Shared};
+use super::{in_place, Agent, RemoteGrant, Shared};
 use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
 use crate::fabric::{Lease, Region};
@@ -18,9 +18,10 @@ use vfabric_transport::Location;
 const CLOSE_PROTOCOL: u32 = 1;
 const CLOSE_UNKNOWN_PEER: u32 = 2;
 
-/// Accepts connections until the endpoint closes.
-pub(super) async fn accept_loop(shared: Arc<Shared>) {
-    while let Some(incoming) = shared.endpoint.accept().await {
+/// Accepts connections on lane `lane`'s endpoint until it closes.
+pub(super) async fn accept_loop(shared: Arc<Shared>, lane: usize) {
+    let Some(endpoint) = shared.endpoints.get(lane).cloned() else { return };
+    while let Some(incoming) = endpoint.accept().await {
         let s = Arc::clone(&shared);
         tokio::spawn(async move {
             let from = incoming.remote_address();
@@ -81,16 +82,18 @@ async fn serve_connection(shared: Arc<Shared>, conn: quinn::Connection) {
     while let Ok((send, recv)) = conn.accept_bi().await {
         let (s, c) = (Arc::clone(&shared), conn.clone());
         tokio::spawn(async move {
-            if let Err(why) = serve_stream(&s, node, send, recv).await {
+            if let Err(why) = serve_stream(&s, (node, c.stable_id()), send, recv).await {
                 close(&c, CLOSE_PROTOCOL, &why);
             }
         });
     }
-    // The peer's calls came over this connection: the leases it held here end with it.
+    // The leases granted over this connection end with it (the peer releases each over the connection it came
+    // by; its other lanes' connections keep theirs).
     let gone: Vec<Lease> = {
         let mut leases = shared.remote_leases.lock().unwrap_or_else(|p| p.into_inner());
-        let ids: Vec<u64> = leases.iter().filter(|(_, (p, _))| *p == node).map(|(id, _)| *id).collect();
-        ids.into_iter().filter_map(|id| leases.remove(&id)).map(|(_, l)| l).collect()
+        let id = conn.stable_id();
+        let ids: Vec<u64> = leases.iter().filter(|(_, g)| g.connection == id).map(|(k, _)| *k).collect();
+        ids.into_iter().filter_map(|k| leases.remove(&k)).map(|g| g.lease).collect()
     };
     if !gone.is_empty() {
         tracing::warn!(peer = %name, leases = gone.len(), "connection closed: releasing the leases it held");
@@ -112,7 +115,7 @@ async fn find_peer(shared: &Shared, name: &str) -> Option<u16> {
 /// Answers one request. `Err` carries a protocol violation: the caller closes the connection with it.
 async fn serve_stream(
     shared: &Arc<Shared>,
-    peer: u16,
+    (peer, connection): (u16, usize),
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), String> {
@@ -145,7 +148,7 @@ async fn serve_stream(
             return send_read(shared, &region, offset, len, &mut send, chunk).await;
         }
         Message::Acquire { region, offset, len, device: _, mode, cached } => {
-            return grant(shared, peer, (&region, offset, len, mode, cached), &mut send, chunk).await;
+            return grant(shared, (peer, connection), (&region, offset, len, mode, cached), &mut send, chunk).await;
         }
         Message::Release { lease } => take_back(shared, peer, lease, &mut recv, chunk).await,
         Message::Migrate { region, device } => match home_region(shared, &region) {
@@ -178,7 +181,7 @@ async fn serve_stream(
 /// then no pages are sent (the lease still is: it keeps writers out while the requester uses its copy).
 async fn grant(
     shared: &Shared,
-    peer: u16,
+    (peer, connection): (u16, usize),
     (region, offset, len, mode, cached): (&WireRegion, u64, u64, WireMode, Option<u64>),
     send: &mut quinn::SendStream,
     chunk: u64,
@@ -221,7 +224,7 @@ async fn grant(
         }
     };
     let id = shared.next_remote_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    shared.remote_leases.lock().unwrap_or_else(|p| p.into_inner()).insert(id, (peer, lease));
+    shared.remote_leases.lock().unwrap_or_else(|p| p.into_inner()).insert(id, RemoteGrant { peer, connection, lease });
     let granted = Message::Granted { lease: id, first_page, pages: frames.len() as u64, version, unchanged };
     if write_frame(send, &granted, max).await.is_err() || unchanged {
         let _ = send.finish();
@@ -261,7 +264,7 @@ async fn take_back(
     let held = {
         let mut leases = shared.remote_leases.lock().unwrap_or_else(|p| p.into_inner());
         match leases.get(&id) {
-            Some((p, _)) if *p == peer => leases.remove(&id).map(|(_, l)| l),
+            Some(g) if g.peer == peer => leases.remove(&id).map(|g| g.lease),
             _ => None,
         }
     };
