@@ -102,6 +102,21 @@ pub struct Row {
     pub bad: u64,
 }
 
+/// A whole region moved to this node and back (`Agent::migrate_to`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Move {
+    /// QUIC packet size.
+    pub mtu: u16,
+    /// The region's page size.
+    pub page: u64,
+    /// The region's bytes.
+    pub bytes: u64,
+    /// Gbit/s of the move from the home's device to this node's.
+    pub there_gbit_s: f64,
+    /// Gbit/s of the move back.
+    pub back_gbit_s: f64,
+}
+
 /// Remote read latency of one size.
 #[derive(Debug, Clone, Serialize)]
 pub struct Latency {
@@ -285,6 +300,7 @@ async fn measure(
     args: &RemoteArgs,
     rows: &mut Vec<Row>,
     lat: &mut Vec<Latency>,
+    moves: &mut Vec<Move>,
 ) -> Result<(), String> {
     let region = a.alloc(peer, region_bytes, Some(args.home_device)).await.map_err(|e| e.to_string())?;
     {
@@ -350,8 +366,37 @@ async fn measure(
             acquire_samples: cold.len(),
         });
     }
+    moves.push(move_region(a, &region, peer, mtu, args).await?);
     a.free(&region).await.map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Moves the whole region to this node's `--acquire-device` and back to its home's `--home-device`
+/// (`Agent::migrate_to`: the home copies the pages over QUIC, checksummed), each way timed and checked byte for
+/// byte afterwards (the read after the first move goes to this node through the location hint).
+async fn move_region(
+    a: &Agent,
+    region: &vfabric::Region,
+    peer: u16,
+    mtu: u16,
+    args: &RemoteArgs,
+) -> Result<Move, String> {
+    let seed = 0x6d6f7665 ^ u64::from(mtu);
+    let len = region.len as usize;
+    a.write(region, 0, &vfabric::pattern::bytes(seed, 0, len)).await.map_err(|e| e.to_string())?;
+    let mut back = vec![0u8; len];
+    let mut timed = Vec::new();
+    for (node, device) in [(a.node(), args.acquire_device), (peer, args.home_device)] {
+        eprintln!("mtu {mtu}: moving the region ({}) to node {node}'s {device}", ByteSize(region.len));
+        let t = Instant::now();
+        a.migrate_to(region, node, device).await.map_err(|e| format!("moving to node {node}'s {device}: {e}"))?;
+        timed.push(region.len as f64 * 8.0 / t.elapsed().as_secs_f64() / 1e9);
+        a.read(region, 0, &mut back).await.map_err(|e| e.to_string())?;
+        if vfabric::pattern::first_mismatch(seed, 0, &back).is_some() {
+            return Err(format!("the region's bytes changed when it moved to node {node}'s {device}"));
+        }
+    }
+    Ok(Move { mtu, page: region.page_size, bytes: region.len, there_gbit_s: timed[0], back_gbit_s: timed[1] })
 }
 
 /// Runs the benchmark and writes its results.
@@ -370,6 +415,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let region_bytes = (256u64 << 20).max(max_size).min(args.total.bytes().max(max_size));
     let mut rows = Vec::new();
     let mut lat = Vec::new();
+    let mut moves = Vec::new();
     let mut device = String::new();
     let mut lanes = 1;
     if let (Some(path), Some(node), Some(peer)) = (&args.cluster, &args.node, &args.peer) {
@@ -392,7 +438,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             let a = Agent::start_from_config(&cfg, node).await.map_err(|e| e.to_string())?;
             device = a.fabric().layer().describe();
             for &size in &sizes {
-                measure(&a, peer, mtu, size, region_bytes, args, &mut rows, &mut lat).await?;
+                measure(&a, peer, mtu, size, region_bytes, args, &mut rows, &mut lat, &mut moves).await?;
             }
             a.shutdown().await;
             Ok::<(), String>(())
@@ -409,7 +455,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             if device.is_empty() {
                 device = b.fabric().layer().describe();
             }
-            measure(&a, b.node(), mtu, size, region_bytes, args, &mut rows, &mut lat).await?;
+            measure(&a, b.node(), mtu, size, region_bytes, args, &mut rows, &mut lat, &mut moves).await?;
             a.shutdown().await;
             b.shutdown().await;
             Ok::<(), String>(())
@@ -490,12 +536,31 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             l.acquire_samples
         );
     }
+    let _ = writeln!(
+        md,
+        "\n## The whole region moved to this node's {} and back to its home's {} (`migrate_to`, bytes checked after each)\n",
+        args.acquire_device, args.home_device
+    );
+    let _ = writeln!(md, "| packet | page | region | there Gbit/s | back Gbit/s |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for m in &moves {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.2} | {:.2} |",
+            m.mtu,
+            ByteSize(m.page),
+            ByteSize(m.bytes),
+            m.there_gbit_s,
+            m.back_gbit_s
+        );
+    }
     let json = json!({
         "date": date,
         "command": command_line,
         "device": device,
         "rows": rows,
         "latency": lat,
+        "moves": moves,
         "iperf3_gbit_s": tcp.as_ref().ok().map(|v| v.iter().map(|(s, g)| json!({"streams": s, "gbit_s": g})).collect::<Vec<_>>()),
         "iperf3_error": tcp.as_ref().err(),
     });

@@ -91,3 +91,35 @@ fn pager_on_the_emulated_device_verifies_every_page() {
     assert!(json["compaction"]["largest_free_run_after"].as_u64().unwrap_or(0) >= 4);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// `vfabric-bench remote` with two in-process agents on two lanes: every read verified, the latencies and the
+/// moves of the whole region (there and back, bytes checked) reported.
+#[test]
+fn remote_between_two_agents_verifies_reads_and_moves() {
+    let dir = std::env::temp_dir().join(format!("vfabric-bench-remote-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["remote", "--device", "emulated", "--mtus", "6500", "--sizes", "64KiB", "--streams", "2"])
+        .args(["--total", "4MiB", "--latency-samples", "5", "--iperf-seconds", "0", "--lanes", "2", "--name", "r"])
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .expect("run vfabric-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).expect("json")).expect("valid json");
+    let rows = json["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "a write and a read: {rows:?}");
+    for r in rows {
+        assert_eq!(r["bad"], 0, "{r}");
+        assert!(r["gbit_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+    }
+    let moves = json["moves"].as_array().expect("moves");
+    assert_eq!(moves.len(), 1);
+    assert!(
+        moves[0]["there_gbit_s"].as_f64().unwrap_or(0.0) > 0.0 && moves[0]["back_gbit_s"].as_f64().unwrap_or(0.0) > 0.0
+    );
+    let md = std::fs::read_to_string(dir.join("r.md")).expect("markdown");
+    assert!(md.contains("2 connection(s) (lanes)") && md.contains("iperf3 did not run"), "{md}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
