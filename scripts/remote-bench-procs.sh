@@ -6,7 +6,8 @@
 # Usage: scripts/remote-bench-procs.sh loopback|netns [vfabric-bench remote args...]   (netns: as root)
 #        scripts/remote-bench-procs.sh config FILE THIS PEER [args...]   (the agents of FILE's nodes THIS and PEER,
 #        certificates made afresh; e.g. cluster-configs/h200x2-agents.toml g0 g1 on the GPU machine)
-# VFABRIC_LANES=N sets network.lanes (the QUIC connections between the agents) for both.
+# VFABRIC_LANES=N sets network.lanes (the QUIC connections between the agents) for both; VFABRIC_AGENT_THREADS=N
+# their runtime's worker threads (0: every core; 1: one thread).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/remote-bench-procs.sh loopback|netns [args...]}
@@ -70,7 +71,8 @@ run() { # I CMD...: in node I's namespace, or here. Execs, so that `run ... &` g
     if [ "$mode" = netns ]; then exec scripts/netns.sh exec "$i" "$@"; else exec "$@"; fi
 }
 if [ "$mode" = netns ]; then scripts/netns.sh up 2 > /dev/null || exit 1; fi
-run 1 "$BIN/vfabric" agent --config "$work/cluster.toml" --node "$peer" > "$work/n1.log" 2>&1 &
+run 1 "$BIN/vfabric" agent --config "$work/cluster.toml" --node "$peer" --threads "${VFABRIC_AGENT_THREADS:-0}" \
+    > "$work/n1.log" 2>&1 &
 pids+=($!)
 if command -v iperf3 > /dev/null; then
     run 1 iperf3 -s -B "$peer_ip" > /dev/null 2>&1 &
@@ -81,4 +83,5 @@ else
 fi
 for _ in $(seq 300); do grep -q "listening on" "$work/n1.log" && break; sleep 0.1; done
 if ! grep -q "listening on" "$work/n1.log"; then echo "the peer agent did not start:"; cat "$work/n1.log"; exit 1; fi
-(run 0 "$BIN/vfabric-bench" remote --cluster "$work/cluster.toml" --node "$this" --peer "$peer" "${iperf[@]}" "$@")
+(run 0 "$BIN/vfabric-bench" remote --cluster "$work/cluster.toml" --node "$this" --peer "$peer" "${iperf[@]}" \
+    --threads "${VFABRIC_AGENT_THREADS:-0}" "$@")

@@ -69,6 +69,11 @@ pub struct RemoteArgs {
     /// QUIC stream window of the agents started here (default: the configuration's).
     #[arg(long)]
     pub stream_window: Option<ByteSize>,
+    /// Worker threads of this process's runtime (1: one thread). 0 (default): with `--cluster`, the agent's
+    /// own choice (`Agent::runtime`: one thread on two cores or fewer); else every core, at least 4 (both
+    /// in-process agents and the requests share them).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     /// QUIC connections between the two agents started here, each on a socket of its own (default: the
     /// configuration's `network.lanes`). With `--cluster` the configuration says, for both ends.
     #[arg(long)]
@@ -402,14 +407,12 @@ async fn move_region(
 /// Runs the benchmark and writes its results.
 pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let base = args.target.load()?;
-    // At least 4 workers (both in-process agents and the requests share them), and every core where there
-    // are more: each lane's connection needs one.
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cores.max(4))
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let threads = match args.threads {
+        0 if args.cluster.is_none() => cores.max(4),
+        n => n,
+    };
+    let rt = vfabric::agent::Agent::runtime(threads).map_err(|e| e.to_string())?;
     let sizes: Vec<u64> = args.sizes.iter().map(|s| s.bytes()).collect();
     let max_size = sizes.iter().copied().max().unwrap_or(2 << 20);
     let region_bytes = (256u64 << 20).max(max_size).min(args.total.bytes().max(max_size));

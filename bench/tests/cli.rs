@@ -92,14 +92,16 @@ fn pager_on_the_emulated_device_verifies_every_page() {
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
-/// `vfabric-bench remote` with two in-process agents on two lanes: every read verified, the latencies and the
-/// moves of the whole region (there and back, bytes checked) reported.
+/// `vfabric-bench remote` with two in-process agents on two lanes, on one thread: every read verified, the
+/// latencies and the moves of the whole region (there and back, bytes checked) reported.
 #[test]
 fn remote_between_two_agents_verifies_reads_and_moves() {
     let dir = std::env::temp_dir().join(format!("vfabric-bench-remote-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
         .args(["remote", "--device", "emulated", "--mtus", "6500", "--sizes", "64KiB", "--streams", "2"])
         .args(["--total", "4MiB", "--latency-samples", "5", "--iperf-seconds", "0", "--lanes", "2", "--name", "r"])
+        // Both agents and the requests on one thread: the agent's single-threaded mode.
+        .args(["--threads", "1"])
         .arg("--out")
         .arg(&dir)
         .output()

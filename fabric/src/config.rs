@@ -184,6 +184,9 @@ pub struct NetworkSection {
     /// One connection tops out at 10-13 Gbit/s (its packets are built, encrypted and read on one core); hosts
     /// with many cores gain from 4-8. The same for every node of a cluster.
     pub lanes: u16,
+    /// Send and receive buffer asked for each QUIC socket (the kernel caps it at `net.core.rmem_max`);
+    /// `0` keeps the system's default, which drops packets while a busy receiver copies a chunk.
+    pub socket_buffer: ByteSize,
 }
 
 impl Default for NetworkSection {
@@ -199,6 +202,7 @@ impl Default for NetworkSection {
             stream_window: ByteSize(16 << 20),
             connection_window: ByteSize(64 << 20),
             lanes: 1,
+            socket_buffer: ByteSize(2 << 20),
         }
     }
 }

@@ -60,6 +60,10 @@ enum Command {
         /// Device layer, overriding the configuration: auto, cuda or emulated.
         #[arg(long)]
         device: Option<Backend>,
+        /// Worker threads: 1 runs the agent on one thread; 0 (default) picks one thread on machines of two
+        /// cores or fewer and every core above that.
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
     },
 }
 
@@ -115,8 +119,8 @@ fn cluster_init(config: &std::path::Path, out: Option<PathBuf>, ranks: Option<u1
     Ok(())
 }
 
-fn run_agent(cfg: ClusterConfig, node: String) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+fn run_agent(cfg: ClusterConfig, node: String, threads: usize) -> Result<(), String> {
+    let rt = vfabric::agent::Agent::runtime(threads).map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let agent = vfabric::agent::Agent::start_from_config(&cfg, &node).await.map_err(|e| e.to_string())?;
         let socket = vfabric::agent::default_socket(&cfg.cluster.name, &node);
@@ -136,7 +140,7 @@ fn run_agent(cfg: ClusterConfig, node: String) -> Result<(), String> {
 }
 
 fn probe(cfg: ClusterConfig, node: String, bytes: u64) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let rt = vfabric::agent::Agent::runtime(0).map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let agent = vfabric::agent::Agent::start_from_config(&cfg, &node).await.map_err(|e| e.to_string())?;
         let data = vfabric::pattern::bytes(u64::from(agent.node()) + 1, 0, bytes as usize);
@@ -239,7 +243,9 @@ fn main() -> ExitCode {
         Command::Cluster { command: ClusterCommand::Probe { config, node, bytes, device } } => {
             load(Some(config), device).and_then(|cfg| probe(cfg, node, bytes.bytes()))
         }
-        Command::Agent { config, node, device } => load(Some(config), device).and_then(|cfg| run_agent(cfg, node)),
+        Command::Agent { config, node, device, threads } => {
+            load(Some(config), device).and_then(|cfg| run_agent(cfg, node, threads))
+        }
         Command::CheckConfig { path } => ClusterConfig::from_file(&path).map_err(|e| e.to_string()).and_then(|cfg| {
             let text = toml_text(&cfg)?;
             println!("{text}");

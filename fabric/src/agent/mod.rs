@@ -81,6 +81,8 @@ struct Shared {
     replicas: std::sync::Mutex<ReplicaCache>,
     /// Forwarding entries of this node's regions whose pages moved to another node.
     moves: moves::Moves,
+    /// Payload buffers for the chunks this agent sends (back from quinn once acknowledged).
+    buffers: quic::BufferPool,
     /// Location hints: where the pages of other nodes' regions were last found (region -> hosted copy).
     hints: std::sync::Mutex<std::collections::HashMap<Region, Region>>,
 }
@@ -199,17 +201,15 @@ pub struct Agent {
 
 impl Agent {
     /// Starts node `name` of `config`: its fabric, its QUIC endpoint on `bind` (default: the node's configured
-    /// address), the task that serves peers, and heartbeats. Must run inside a multi-threaded tokio runtime.
+    /// address), the task that serves peers, and heartbeats. Runs inside a tokio runtime: [`Agent::runtime`] makes one.
     pub async fn start(
         config: &ClusterConfig,
         name: &str,
         identity: &NodeIdentity,
         bind: Option<SocketAddr>,
     ) -> Result<Agent, FabricError> {
-        let flavor = tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()).ok();
-        if flavor != Some(tokio::runtime::RuntimeFlavor::MultiThread) {
-            // Page copies run in place on the runtime's workers (`block_in_place`), which needs this.
-            return Err(FabricError::Network("the agent needs a multi-threaded tokio runtime".into()));
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(FabricError::Network("the agent runs inside a tokio runtime (see `Agent::runtime`)".into()));
         }
         let node = config.node_index(name)?;
         let net = config.network.clone();
@@ -228,6 +228,7 @@ impl Agent {
             mtu: net.mtu,
             stream_window: net.stream_window.bytes(),
             connection_window: net.connection_window.bytes(),
+            socket_buffer: usize::try_from(net.socket_buffer.bytes()).unwrap_or(usize::MAX),
             ..QuicSettings::default()
         };
         let endpoints = bind_lanes(bind, usize::from(net.lanes), identity, &settings)?;
@@ -256,6 +257,8 @@ impl Agent {
             replicas: std::sync::Mutex::new(ReplicaCache::default()),
             moves: moves::Moves::default(),
             hints: std::sync::Mutex::new(std::collections::HashMap::new()),
+            // Enough for the chunks in flight on every lane at the default windows (64 x 1 MiB).
+            buffers: quic::BufferPool::new(64),
         });
         let agent = Agent { shared };
         let serving = (0..agent.shared.endpoints.len())
@@ -265,6 +268,21 @@ impl Agent {
         agent.tasks().extend(serving.into_iter().chain([beating]));
         tracing::info!(node, name, addr = %agent.local_addr(), "agent started");
         Ok(agent)
+    }
+
+    /// A runtime for an agent: `threads` workers, or with 0 the machine's choice: one thread on a machine of two
+    /// cores or fewer, every core above that. One thread is a current-thread runtime: no wake-ups between
+    /// workers, page copies run in line. Measured on a 2-core machine with two agents on loopback, one thread
+    /// each moved 12-15 Gbit/s against 9-10 with two workers each (docs/benchmarks.md); on bigger hosts each
+    /// lane (`network.lanes`) needs a worker of its own to use a core of its own.
+    pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match threads {
+            0 if cores <= 2 => Agent::runtime(1),
+            1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+            0 => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+            n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+        }
     }
 
     /// Starts node `name` with the identity `vfabric cluster init` wrote into the configuration's
@@ -767,7 +785,7 @@ impl Agent {
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             let chunk = self.shared.net.chunk.bytes() as usize;
             for (i, piece) in payload.chunks(chunk).enumerate() {
-                quic::write_chunk(&mut send, (i * chunk) as u64, bytes::Bytes::copy_from_slice(piece))
+                quic::write_chunk(&mut send, (i * chunk) as u64, self.shared.buffers.copy_of(piece).into_bytes())
                     .await
                     .map_err(|e| FabricError::Network(e.to_string()))?;
             }
@@ -918,7 +936,7 @@ fn configured_addr(config: &ClusterConfig, node: u16) -> Result<Option<SocketAdd
 }
 
 /// Runs a fabric call in place on this worker thread (the runtime moves its other tasks elsewhere): no thread
-/// hop and no copies of the caller's buffers. [`Agent::start`] checked the runtime is multi-threaded.
+/// hop and no copies of the caller's buffers. On a single-threaded runtime it simply runs.
 fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<T, FabricError> {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         // Called from a single-threaded runtime (a caller's own): `block_in_place` would panic there.

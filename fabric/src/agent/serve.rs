@@ -231,18 +231,18 @@ async fn grant(
         return Ok(());
     }
     // The pages, straight from the leased host frames (a write lease here makes `Fabric::read` refuse), each
-    // piece read into a fresh buffer that quinn then sends without another copy.
+    // piece read into a pooled buffer that quinn then sends without another copy.
     let piece_len = ps.min(chunk.max(1));
     for (i, &f) in frames.iter().enumerate() {
         let mut at = 0;
         while at < ps {
-            let mut piece = vec![0u8; piece_len.min(ps - at) as usize];
-            if host.read(u64::from(f) * ps + at, &mut piece).is_err() {
+            let mut piece = shared.buffers.take(piece_len.min(ps - at) as usize);
+            if host.read(u64::from(f) * ps + at, piece.as_mut()).is_err() {
                 let _ = send.reset(quinn::VarInt::from_u32(ErrorKind::Internal as u32));
                 return Ok(());
             }
-            let n = piece.len() as u64;
-            if quic::write_chunk(send, (first_page + i as u64) * ps + at, piece.into()).await.is_err() {
+            let n = piece.as_ref().len() as u64;
+            if quic::write_chunk(send, (first_page + i as u64) * ps + at, piece.into_bytes()).await.is_err() {
                 return Ok(());
             }
             at += n;
@@ -385,7 +385,7 @@ async fn receive_write(
             return Err(FabricError::Protocol(format!("a write chunk at +{at:#x} runs past the write's {len} bytes")));
         };
         got += buf.len() as u64;
-        // In place on this worker (the agent runs on a multi-threaded runtime): no thread hop, no copy.
+        // In place on this worker: no thread hop, no copy.
         in_place(|| shared.fabric.write(&r, start, &buf))?;
     }
     if got != len {
@@ -419,18 +419,17 @@ async fn send_read(
         }
     };
     // Read the first piece before answering, so that a refused read gets an error, not a truncated stream.
-    // Each piece is read into a fresh buffer that quinn then sends without another copy.
+    // Each piece is read into a pooled buffer that quinn then sends without another copy.
     let mut at = offset;
     let mut first = true;
     while at < offset + len {
         let n = chunk.min(offset + len - at);
-        let mut piece = vec![0u8; n as usize];
-        let read = in_place(|| shared.fabric.read(&r, at, &mut piece));
+        let mut piece = shared.buffers.take(n as usize);
+        let read = in_place(|| shared.fabric.read(&r, at, piece.as_mut()));
         match read {
             Ok(()) => {}
             Err(e) if first => {
-                let kind = error_kind(&e);
-                let _ = write_frame(send, &Message::Error { kind, message: e.to_string() }, max).await;
+                let _ = write_frame(send, &refusal(&e), max).await;
                 let _ = send.finish();
                 return Ok(());
             }
@@ -447,7 +446,7 @@ async fn send_read(
             }
             first = false;
         }
-        if quic::write_chunk(send, at, piece.into()).await.is_err() {
+        if quic::write_chunk(send, at, piece.into_bytes()).await.is_err() {
             return Ok(());
         }
         at += n;

@@ -7,8 +7,9 @@
 //! The transport follows what was measured on these machines (`shared/NETWORK.md`): the packet size is the main
 //! throughput lever, so the MTU is a per-cluster setting ([`QuicSettings::mtu`]) and both the initial and the
 //! minimum MTU are pinned to it, with path MTU discovery off: loss is never read as an MTU problem and the
-//! connection never falls back to 1200-byte packets. Socket buffers keep the system defaults (larger ones were
-//! slower).
+//! connection never falls back to 1200-byte packets. Socket buffers are asked for at
+//! [`QuicSettings::socket_buffer`] (2 MiB, as quinn's perf tool does): the system default (208 KiB on Linux)
+//! overflows while a receiver is busy copying a chunk, and each drop halves the congestion window.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -73,6 +74,9 @@ pub struct QuicSettings {
     /// How many streams of each kind (bidirectional and unidirectional) a peer may have open at once
     /// (default 256).
     pub max_concurrent_streams: u32,
+    /// Send and receive buffer of the endpoint's UDP socket, bytes (default 2 MiB; the kernel caps it at
+    /// `net.core.rmem_max` / `wmem_max`); 0 keeps the system's default.
+    pub socket_buffer: usize,
 }
 
 impl Default for QuicSettings {
@@ -84,6 +88,7 @@ impl Default for QuicSettings {
             idle_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(1),
             max_concurrent_streams: 256,
+            socket_buffer: 2 << 20,
         }
     }
 }
@@ -219,6 +224,11 @@ pub fn endpoint(bind: SocketAddr, identity: &NodeIdentity, settings: &QuicSettin
     let runtime = quinn::default_runtime()
         .ok_or_else(|| std::io::Error::other("no Tokio runtime: create QUIC endpoints inside one"))?;
     let socket = std::net::UdpSocket::bind(bind)?;
+    if settings.socket_buffer > 0 {
+        let state = quinn::udp::UdpSocketState::new((&socket).into())?;
+        state.set_recv_buffer_size((&socket).into(), settings.socket_buffer)?;
+        state.set_send_buffer_size((&socket).into(), settings.socket_buffer)?;
+    }
     let mut endpoint = Endpoint::new(config, Some(server), socket, runtime)?;
     endpoint.set_default_client_config(client);
     Ok(endpoint)

@@ -8,6 +8,8 @@
 //!   settings ([`QuicSettings`]) pin the MTU per cluster.
 //! - [`chunk`]: page payloads on streams ([`write_chunk`], [`read_chunk`]), each with an xxh3-64 checksum,
 //!   never through the control codec.
+//! - [`pool`]: reusable payload buffers ([`BufferPool`]) that return from quinn once their bytes are
+//!   acknowledged.
 //!
 //! Accepting is plain quinn:
 //!
@@ -34,8 +36,10 @@ pub mod chunk;
 mod der;
 pub mod endpoint;
 mod error;
+pub mod pool;
 
 pub use ca::{ClusterCa, NodeIdentity};
 pub use chunk::{read_chunk, read_chunk_header, read_chunk_payload, write_chunk, ChunkHeader, CHUNK_HEADER_LEN};
 pub use endpoint::{connect, endpoint, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MAX_MTU_WITH_GSO, MIN_MTU};
 pub use error::QuicError;
+pub use pool::{BufferPool, PoolBuf};
