@@ -7,6 +7,7 @@
 #   VFABRIC_BENCH_NAME   name of the benchmark's result files (default: migrate-h200x2)
 #   VFABRIC_PAGER_ARGS   extra arguments for vfabric-bench pager
 #   VFABRIC_REMOTE_ARGS  extra arguments for vfabric-bench remote
+#   VFABRIC_CONFIG       configuration of the info, demo, migrate and pager steps (default h200x2.toml)
 #   VFABRIC_STEPS        steps to run (default: all): machine ptx tests info demo torch nccl migrate pager remote
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -20,7 +21,7 @@ trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
 STEPS=${VFABRIC_STEPS:-machine ptx tests info demo torch nccl migrate pager remote}
-CONFIG=cluster-configs/h200x2.toml
+CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the info, demo, migrate and pager steps
 summary=()
 
 step() {
