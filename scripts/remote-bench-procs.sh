@@ -6,7 +6,8 @@
 # Usage: scripts/remote-bench-procs.sh loopback|netns [vfabric-bench remote args...]   (netns: as root)
 #        scripts/remote-bench-procs.sh config FILE THIS PEER [args...]   (the agents of FILE's nodes THIS and PEER,
 #        certificates made afresh; e.g. cluster-configs/h200x2-agents.toml g0 g1 on the GPU machine)
-# VFABRIC_LANES=N sets network.lanes (the QUIC connections between the agents) for both; VFABRIC_AGENT_THREADS=N
+# VFABRIC_LANES=N sets network.lanes (the QUIC connections between the agents) for both, VFABRIC_NETWORK='k = v; ...'
+# other [network] settings (e.g. 'socket_buffer = "4MiB"'), VFABRIC_MTU the packet size; VFABRIC_AGENT_THREADS=N
 # their runtime's worker threads (0: every core; 1: one thread).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +28,9 @@ trap cleanup EXIT
 this=n0
 peer=n1
 case $mode in
-    loopback) a0=127.0.0.1:7710; a1=127.0.0.1:7750; peer_ip=127.0.0.1 ;;
-    netns) a0=10.77.0.1:7700; a1=10.77.0.2:7700; peer_ip=10.77.0.2 ;;
+    # The largest packet each path carries: quinn's largest on loopback, jumbo frames (9000 - 28) on the veths.
+    loopback) a0=127.0.0.1:7710; a1=127.0.0.1:7750; peer_ip=127.0.0.1; mtu=16383 ;;
+    netns) a0=10.77.0.1:7700; a1=10.77.0.2:7700; peer_ip=10.77.0.2; mtu=8972 ;;
     config)
         src=${1:?usage: scripts/remote-bench-procs.sh config FILE THIS PEER [args...]}
         this=${2:?this node}; peer=${3:?peer node}; shift 3
@@ -49,7 +51,7 @@ emulated_gpu_memory = "1GiB"
 gpu_budget = "512MiB"
 host_arena = "768MiB"
 [network]
-mtu = ${VFABRIC_MTU:-6500}
+mtu = ${VFABRIC_MTU:-$mtu}
 certs = "$work/certs"
 heartbeat_ms = 1000
 dead_after_ms = 30000
@@ -61,10 +63,17 @@ name = "n1"
 address = "$a1"
 TOML
 fi
-# VFABRIC_LANES: QUIC connections between the two agents (network.lanes), for both ends.
-if [ -n "${VFABRIC_LANES:-}" ]; then
-    sed -i -e '/^lanes *=/d' -e "s/^\[network\]\$/[network]\nlanes = $VFABRIC_LANES/" "$work/cluster.toml"
-fi
+# VFABRIC_LANES: network.lanes, for both ends.
+set_network() { # KEY VALUE: sets [network] KEY in the configuration
+    sed -i -e "/^$1 *=/d" -e "s/^\[network\]\$/[network]\n$1 = $2/" "$work/cluster.toml"
+}
+[ -n "${VFABRIC_LANES:-}" ] && set_network lanes "$VFABRIC_LANES"
+# VFABRIC_NETWORK='key = value; ...': any other [network] settings, e.g. 'socket_buffer = "4MiB"; connection_window = "8MiB"'.
+IFS=';' read -ra extra <<< "${VFABRIC_NETWORK:-}"
+for kv in "${extra[@]}"; do
+    k=$(echo "${kv%%=*}" | tr -d ' '); v=$(echo "${kv#*=}" | sed 's/^ *//; s/ *$//')
+    [ -n "$k" ] && set_network "$k" "$v"
+done
 "$BIN/vfabric" cluster init --config "$work/cluster.toml" > /dev/null || exit 1
 run() { # I CMD...: in node I's namespace, or here. Execs, so that `run ... &` gives the command's own PID.
     local i=$1; shift

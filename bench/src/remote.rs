@@ -66,7 +66,8 @@ pub struct RemoteArgs {
     /// Where this end's acquires put the pages (a device of this node).
     #[arg(long, default_value = "gpu0")]
     pub acquire_device: Location,
-    /// QUIC stream window of the agents started here (default: the configuration's).
+    /// QUIC flow-control window, of a stream and of a connection, of the agents started here (default: the
+    /// configuration's).
     #[arg(long)]
     pub stream_window: Option<ByteSize>,
     /// Worker threads of this process's runtime (1: one thread). 0 (default): with `--cluster`, the agent's
@@ -105,6 +106,14 @@ pub struct Row {
     pub gbit_s: f64,
     /// Requests whose bytes came back different (reads only).
     pub bad: u64,
+    /// QUIC packets this end declared lost during the case (it sends the pages of writes; a read's losses are
+    /// counted by the home, and show here as `wire_bytes` above the payload).
+    pub lost_packets: u64,
+    /// UDP payload bytes this end sent and received during the case (headers, acknowledgements, resent packets
+    /// and the pages).
+    pub wire_bytes: u64,
+    /// Flow-control stalls: frames either end sent saying it ran out of credit (the receiver fell behind).
+    pub blocked_frames: u64,
 }
 
 /// A whole region moved to this node and back (`Agent::migrate_to`).
@@ -174,7 +183,7 @@ fn two_nodes(
     c.nodes = (0..2).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
     if let Some(w) = window {
         c.network.stream_window = w;
-        c.network.connection_window = ByteSize(4 * w.bytes());
+        c.network.connection_window = w;
     }
     if let Some(l) = lanes {
         c.network.lanes = l;
@@ -318,7 +327,9 @@ async fn measure(
                     ByteSize(args.total.bytes()),
                     ByteSize(size)
                 );
+                let before = a.link_stats(peer).await.map_err(|e| e.to_string())?;
                 let (secs, bad) = throughput(a, &region, write, size, streams, args.total.bytes(), &data).await?;
+                let link = a.link_stats(peer).await.map_err(|e| e.to_string())?.since(&before);
                 let bytes = (args.total.bytes() / size).max(1) * size;
                 rows.push(Row {
                     mtu,
@@ -329,6 +340,9 @@ async fn measure(
                     seconds: secs,
                     gbit_s: bytes as f64 * 8.0 / secs / 1e9,
                     bad,
+                    lost_packets: link.lost_packets,
+                    wire_bytes: link.udp_tx_bytes + link.udp_rx_bytes,
+                    blocked_frames: link.blocked_frames_sent + link.blocked_frames_received,
                 });
             }
         }
@@ -502,19 +516,25 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             let _ = writeln!(md, "- baseline: iperf3 did not run: {why}");
         }
     }
-    let _ = writeln!(md, "\n| packet | op | request | in flight | Gbit/s | vs iperf3 (1 stream) | bad |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "\n| packet | op | request | in flight | Gbit/s | vs iperf3 (1 stream) | bad | lost packets (this end) | wire bytes / payload | flow-control stalls |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let ratio = tcp1.map_or("-".to_string(), |t| format!("{:.2}", r.gbit_s / t));
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.2} | {ratio} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {ratio} | {} | {} | {:.3} | {} |",
             r.mtu,
             r.op,
             ByteSize(r.size),
             r.streams,
             r.gbit_s,
-            r.bad
+            r.bad,
+            r.lost_packets,
+            r.wire_bytes as f64 / r.bytes.max(1) as f64,
+            r.blocked_frames
         );
     }
     let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);

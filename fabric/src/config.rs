@@ -159,7 +159,8 @@ pub const MAX_LANES: u16 = 32;
 #[serde(deny_unknown_fields, default)]
 pub struct NetworkSection {
     /// UDP payload size of QUIC packets; the minimum MTU is pinned to it. 1452 is safe everywhere; links with
-    /// jumbo frames can take up to 6500 (above that stock quinn loses whole send batches).
+    /// jumbo frames (MTU 9000) take 8952 (IPv6) or 8972 (IPv4); loopback takes up to 16383, quinn 0.11's
+    /// largest. Larger packets cost less CPU per byte.
     pub mtu: u16,
     /// Folder with the cluster CA and the nodes' certificates (`vfabric cluster init` writes it); relative
     /// paths are relative to the working directory.
@@ -174,7 +175,10 @@ pub struct NetworkSection {
     pub max_frame: ByteSize,
     /// QUIC flow-control window of one stream (one call), bytes.
     pub stream_window: ByteSize,
-    /// QUIC flow-control window of a connection (all calls to one peer), bytes.
+    /// QUIC flow-control window of a connection (all calls to one peer on one lane), bytes. Keep it within
+    /// the socket's receive buffer (twice `socket_buffer` on Linux, capped at `net.core.rmem_max`): a receiver
+    /// that falls behind then slows its sender by flow control instead of dropping packets (the agent warns at
+    /// start when it is not).
     pub connection_window: ByteSize,
     /// Bytes of other nodes' pages an agent keeps after their leases end, so that acquiring them again costs
     /// a version check instead of a transfer when they have not changed (`0` keeps none).
@@ -199,8 +203,8 @@ impl Default for NetworkSection {
             chunk: ByteSize(1 << 20),
             max_frame: ByteSize(1 << 20),
             replica_cache: ByteSize(256 << 20),
-            stream_window: ByteSize(16 << 20),
-            connection_window: ByteSize(64 << 20),
+            stream_window: ByteSize(2 << 20),
+            connection_window: ByteSize(2 << 20),
             lanes: 1,
             socket_buffer: ByteSize(2 << 20),
         }
@@ -322,8 +326,9 @@ impl ClusterConfig {
             }
         }
         let net = &self.network;
-        if !(1200..=6500).contains(&net.mtu) {
-            return Err(format!("network.mtu {} must be within 1200..=6500", net.mtu));
+        let mtus = vfabric_transport::quic::MIN_MTU..=vfabric_transport::quic::MAX_MTU;
+        if !mtus.contains(&net.mtu) {
+            return Err(format!("network.mtu {} must be within {}..={}", net.mtu, mtus.start(), mtus.end()));
         }
         if net.heartbeat_ms == 0 || net.dead_after_ms <= net.heartbeat_ms {
             return Err(format!(
@@ -409,7 +414,7 @@ mod tests {
         assert!(bad("[[node]]\nname = \"a\"\n[[node]]\nname = \"a\"\n").contains("twice"));
         assert!(bad("[[node]]\nname = \"a b\"\n").contains("node name"));
         assert!(bad("[[node]]\nname = \"a\"\naddress = \"nowhere\"\n").contains("ip:port"));
-        assert!(bad("[network]\nmtu = 9000\n").contains("mtu"));
+        assert!(bad("[network]\nmtu = 16384\n").contains("mtu"));
         assert!(bad("[network]\nheartbeat_ms = 500\ndead_after_ms = 400\n").contains("dead_after_ms"));
         assert!(bad("[network]\nlanes = 0\n").contains("lanes"));
         assert!(bad("[network]\nlanes = 33\n").contains("lanes"));

@@ -348,14 +348,23 @@ impl Fabric {
     /// (evicting other pages to host memory to make room, or landing in host memory when nothing can be
     /// evicted). Refused while any page of the range is leased.
     pub fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+        self.write_parts(region, offset, &[data])
+    }
+
+    /// [`Fabric::write`] of `parts` one after the other (a payload that arrived in pieces, such as a QUIC
+    /// chunk in quinn's receive buffers): each piece is copied once, to its place, without gathering them
+    /// first where the pages live in host memory.
+    pub fn write_parts(&self, region: &Region, offset: u64, parts: &[&[u8]]) -> Result<(), FabricError> {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let mut st = lock(&self.inner.state);
-        let targets = self.drive(&mut st, |d| d.step_write(region, offset, data.len() as u64))?;
+        let targets = self.drive(&mut st, |d| d.step_write(region, offset, len))?;
+        let mut pieces = Vec::new();
         for t in targets {
             let arena = self.arena_at(&st.dir, t.location)?;
-            let bytes = &data[t.buf_offset as usize..(t.buf_offset + t.len) as usize];
-            arena.write(u64::from(t.frame) * self.inner.page_size + t.page_offset, bytes)?;
+            slice_parts(parts, t.buf_offset, t.len, &mut pieces);
+            arena.write_parts(u64::from(t.frame) * self.inner.page_size + t.page_offset, &pieces)?;
         }
-        self.inner.counters.host_io.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.inner.counters.host_io.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }
 
@@ -602,5 +611,46 @@ impl Fabric {
         counter.fetch_add(stage.zero.len() as u64 * ps, Ordering::Relaxed);
         c.stages.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// The bytes `start..start + len` of `parts` taken one after the other, as slices of the parts, into `out`
+/// (cleared first). The range must lie within the parts.
+fn slice_parts<'a>(parts: &[&'a [u8]], start: u64, len: u64, out: &mut Vec<&'a [u8]>) {
+    out.clear();
+    let (mut skip, mut want) = (start as usize, len as usize);
+    for p in parts {
+        if want == 0 {
+            break;
+        }
+        if skip >= p.len() {
+            skip -= p.len();
+            continue;
+        }
+        let take = (p.len() - skip).min(want);
+        out.push(&p[skip..skip + take]);
+        want -= take;
+        skip = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slice_parts;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any range of the parts, taken as slices, is the same range of the parts put together.
+        #[test]
+        fn slices_of_parts_are_the_range(lens in proptest::collection::vec(0usize..40, 1..8), a in 0usize..300, b in 0usize..300) {
+            let parts: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 50 + j) as u8).collect()).collect();
+            let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+            let whole = parts.concat();
+            let (lo, hi) = (a.min(b).min(whole.len()), a.max(b).min(whole.len()));
+            let mut out = Vec::new();
+            slice_parts(&refs, lo as u64, (hi - lo) as u64, &mut out);
+            prop_assert_eq!(out.concat(), whole[lo..hi].to_vec());
+            prop_assert!(out.iter().all(|s| !s.is_empty()) || hi == lo);
+        }
     }
 }

@@ -4,7 +4,9 @@
 //! `vfabric-bench remote`: what the transport alone reaches on this machine.
 //!
 //! `cargo run --release -p vfabric-transport --example quic_pipe -- [MTU] [MiB] [STREAMS] [CONNS]`
-//! (`PIPE_WINDOW_MIB` sets the stream window, default 16; the connection window is four times it).
+//! (`PIPE_WINDOW_MIB` sets the stream window, default 16; the connection window is four times it;
+//! `PIPE_ENDPOINTS=1` gives each connection an endpoint (socket) of its own; `PIPE_PARTS=1` has the receiver take
+//! each chunk as quinn's buffers, `read_chunk_parts`, instead of copying it out with `read_chunk`).
 //!
 //! Each end runs on a runtime of its own, as two processes would: one thread when `CONNS` is 1, else `CONNS`
 //! worker threads, so that each connection's packets can be built, encrypted and read on a core of its own.
@@ -44,6 +46,7 @@ async fn run(conns: usize) -> Result<(), Box<dyn std::error::Error>> {
     };
     let settings_b = settings.clone();
     let separate = std::env::var_os("PIPE_ENDPOINTS").is_some();
+    let in_parts = std::env::var_os("PIPE_PARTS").is_some();
     let a = quic::endpoint("127.0.0.1:0".parse()?, &ca.issue("a")?, &settings)?;
     let b_id = ca.issue("b")?;
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
@@ -66,10 +69,19 @@ async fn run(conns: usize) -> Result<(), Box<dyn std::error::Error>> {
                 for _ in 0..streams {
                     let mut rs = conn.accept_uni().await?;
                     tasks.push(tokio::spawn(async move {
-                        let mut buf = Vec::new();
                         let mut got = 0u64;
-                        while quic::read_chunk(&mut rs, 1 << 20, &mut buf).await?.is_some() {
-                            got += buf.len() as u64;
+                        if in_parts {
+                            // The payloads as quinn's buffers, checksummed where they lie, never copied.
+                            let mut parts = Vec::new();
+                            while let Some(header) = quic::read_chunk_header(&mut rs).await? {
+                                quic::read_chunk_parts(&mut rs, &header, &mut parts).await?;
+                                got += u64::from(header.len);
+                            }
+                        } else {
+                            let mut buf = Vec::new();
+                            while quic::read_chunk(&mut rs, 1 << 20, &mut buf).await?.is_some() {
+                                got += buf.len() as u64;
+                            }
                         }
                         Ok::<u64, quic::QuicError>(got)
                     }));

@@ -89,12 +89,34 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     fn device_ptr(&self) -> u64;
     /// Copies `data` into the arena at `offset`.
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError>;
+    /// Copies `parts`, one after the other, into the arena from `offset` on (for payloads that arrive in
+    /// pieces, such as a QUIC chunk in quinn's receive buffers). The default gathers them into one buffer and
+    /// makes one [`Arena::write`] (one device copy, not one per piece); arenas in host memory copy each piece
+    /// straight to its place.
+    fn write_parts(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
+        match parts {
+            [one] => self.write(offset, one),
+            _ => self.write(offset, &parts.concat()),
+        }
+    }
     /// Copies `out.len()` bytes from the arena at `offset` into `out`.
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError>;
     /// Sets `len` bytes at `offset` to `byte`.
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError>;
     /// The backend's own type, for movers that need their backend's handles.
     fn as_any(&self) -> &dyn Any;
+}
+
+/// Copies `parts`, one after the other, to `dst`: [`Arena::write_parts`] of arenas in host memory.
+///
+/// # Safety
+/// `dst` must be valid for writes of the parts' total length, and no part may overlap that range.
+pub(crate) unsafe fn copy_parts(dst: *mut u8, parts: &[&[u8]]) {
+    let mut at = 0;
+    for p in parts {
+        std::ptr::copy_nonoverlapping(p.as_ptr(), dst.add(at), p.len());
+        at += p.len();
+    }
 }
 
 /// One node's memory devices: its GPUs and its pinned host memory.
@@ -208,5 +230,61 @@ mod tests {
         assert!(check_bounds(Location::Host, 100, 100, 0).is_ok());
         assert!(matches!(check_bounds(Location::Host, 100, 1, 100), Err(DeviceError::OutOfBounds { .. })));
         assert!(check_bounds(Location::Host, 100, u64::MAX, 2).is_err());
+    }
+
+    /// An arena that keeps the trait's own `write_parts` (gather, then one write), counting its writes.
+    #[derive(Debug)]
+    struct Gathering {
+        inner: Arc<dyn Arena>,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Arena for Gathering {
+        fn location(&self) -> Location {
+            self.inner.location()
+        }
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn device_ptr(&self) -> u64 {
+            self.inner.device_ptr()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+            self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.write(offset, data)
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+            self.inner.read(offset, out)
+        }
+        fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {
+            self.inner.fill(offset, len, byte)
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn parts_land_one_after_the_other() {
+        let node = crate::emulated::EmulatedNode::new(1, 8 << 20);
+        let spec = |location| ArenaSpec { location, bytes: 2 << 20, chunk_bytes: 2 << 20 };
+        let host = node.create_arena(&spec(Location::Host)).unwrap();
+        let gathering = Gathering { inner: node.create_arena(&spec(Location::Gpu(0))).unwrap(), writes: 0.into() };
+        let parts: [&[u8]; 4] = [b"abc", b"", b"defgh", b"ij"];
+        for arena in [&*host, &gathering as &dyn Arena] {
+            arena.write_parts(100, &parts).unwrap();
+            let mut back = [0u8; 12];
+            arena.read(99, &mut back).unwrap();
+            assert_eq!(&back, b"\0abcdefghij\0");
+            // Past the end: refused, and nothing of it written.
+            let end = arena.len() - 4;
+            let r = arena.write_parts(end, &parts);
+            assert!(matches!(r, Err(DeviceError::OutOfBounds { .. })), "{r:?}");
+            let mut tail = [1u8; 4];
+            arena.read(end, &mut tail).unwrap();
+            assert_eq!(tail, [0; 4]);
+        }
+        // The gathered pieces went to the device in one copy.
+        assert_eq!(gathering.writes.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 }

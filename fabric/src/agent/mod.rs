@@ -12,12 +12,14 @@
 //! calls on its regions then fail with [`FabricError::PeerDead`] instead of hanging.
 
 pub mod launch;
+mod link;
 pub mod local;
 mod moves;
 mod serve;
 mod wire;
 
 pub use launch::{rank_name, JobRank};
+pub use link::LinkStats;
 pub use local::{default_socket, LocalClient};
 
 use std::net::SocketAddr;
@@ -642,6 +644,17 @@ impl Agent {
     pub async fn open_lanes(&self, node: u16) -> Result<usize, FabricError> {
         let p = self.peer(node)?.lock().await;
         Ok(p.conns.iter().flatten().filter(|c| c.close_reason().is_none()).count())
+    }
+
+    /// Counters of the QUIC connections to peer `node` (packets, losses, congestion, flow-control stalls), summed
+    /// over its open lanes: take them before and after a transfer and compare with [`LinkStats::since`].
+    pub async fn link_stats(&self, node: u16) -> Result<LinkStats, FabricError> {
+        let p = self.peer(node)?.lock().await;
+        let mut stats = LinkStats::default();
+        for c in p.conns.iter().flatten().filter(|c| c.close_reason().is_none()) {
+            stats.add(&c.stats());
+        }
+        Ok(stats)
     }
 
     /// Round trip to a peer's agent.

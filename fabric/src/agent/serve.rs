@@ -367,26 +367,33 @@ async fn receive_write(
         region_len: r.len,
     })?;
     let mut got = 0u64;
-    let mut buf = Vec::new();
-    loop {
-        let at = match quic::read_chunk(recv, max_chunk, &mut buf).await {
-            Ok(Some(at)) => at,
-            Ok(None) => break,
+    let mut parts = Vec::new();
+    let network = |e: quic::QuicError| FabricError::Network(e.to_string());
+    while let Some(header) = quic::read_chunk_header(recv).await.map_err(network)? {
+        // Chunk offsets count from the start of the write.
+        let chunk_len = u64::from(header.len);
+        let start = offset.checked_add(header.offset).filter(|s| chunk_len <= max_chunk && s + chunk_len <= end);
+        let Some(start) = start else {
+            return Err(FabricError::Protocol(format!(
+                "a write chunk of {chunk_len} bytes at +{:#x} runs past the write's {len} bytes (or above {max_chunk})",
+                header.offset
+            )));
+        };
+        // The payload stays in quinn's receive buffers until its checksum is known good; then each piece is
+        // copied once, to its place.
+        match quic::read_chunk_parts(recv, &header, &mut parts).await {
+            Ok(()) => {}
             Err(quic::QuicError::Checksum { offset: o, expected, found }) => {
                 return Err(FabricError::Checksum(format!(
                     "chunk at {o:#x}: checksum {found:#x}, expected {expected:#x}; nothing of it was written"
                 )))
             }
-            Err(e) => return Err(FabricError::Network(e.to_string())),
-        };
-        // Chunk offsets count from the start of the write.
-        let start = offset.checked_add(at).filter(|s| s + buf.len() as u64 <= end);
-        let Some(start) = start else {
-            return Err(FabricError::Protocol(format!("a write chunk at +{at:#x} runs past the write's {len} bytes")));
-        };
-        got += buf.len() as u64;
-        // In place on this worker: no thread hop, no copy.
-        in_place(|| shared.fabric.write(&r, start, &buf))?;
+            Err(e) => return Err(network(e)),
+        }
+        got += chunk_len;
+        let pieces: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        // In place on this worker: no thread hop.
+        in_place(|| shared.fabric.write_parts(&r, start, &pieces))?;
     }
     if got != len {
         return Err(FabricError::Protocol(format!("a write of {len} bytes brought {got}")));

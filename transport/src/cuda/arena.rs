@@ -9,7 +9,7 @@ use super::driver::cu;
 use super::host::PinnedHostMemory;
 use super::vmm::{set_access, Mapping, PhysicalChunk, VirtualRange};
 use crate::error::DeviceError;
-use crate::hal::{check_bounds, Arena};
+use crate::hal::{check_bounds, copy_parts, Arena};
 use crate::location::Location;
 
 /// GPU memory: `chunks` mapped back to back into `range`, readable and writable by every GPU of the node that
@@ -185,6 +185,14 @@ impl Arena for HostArena {
         // SAFETY: in bounds (checked); host memory owned by `mem`. Concurrent device access to the same bytes is
         // the caller's to avoid, as for any arena.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(offset as usize), data.len()) };
+        Ok(())
+    }
+
+    fn write_parts(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        check_bounds(Location::Host, self.len(), offset, len)?;
+        // SAFETY: the pieces together are in bounds (checked), and cannot alias the arena's memory.
+        unsafe { copy_parts(self.mem.as_ptr().add(offset as usize), parts) };
         Ok(())
     }
 

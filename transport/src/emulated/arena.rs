@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::DeviceError;
-use crate::hal::{check_bounds, Arena};
+use crate::hal::{check_bounds, copy_parts, Arena};
 use crate::location::Location;
 
 /// Memory charged to an emulated GPU: its counters, which GPU, how many bytes.
@@ -80,6 +80,14 @@ impl Arena for EmulatedArena {
         check_bounds(self.location, self.len(), offset, data.len() as u64)?;
         // SAFETY: in bounds (checked); `data` cannot alias the arena's private allocation.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len()) };
+        Ok(())
+    }
+
+    fn write_parts(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        check_bounds(self.location, self.len(), offset, len)?;
+        // SAFETY: the pieces together are in bounds (checked), and cannot alias the arena's memory.
+        unsafe { copy_parts(self.ptr.add(offset as usize), parts) };
         Ok(())
     }
 

@@ -2,8 +2,8 @@
 //!
 //! Page data never goes through the control codec: a sender writes chunks with [`write_chunk`] (header, then the
 //! payload buffer handed to quinn as it is) and finishes the stream; a receiver calls [`read_chunk`] until it
-//! returns `Ok(None)`, or [`read_chunk_header`] and [`read_chunk_payload`] to put each payload straight where it
-//! belongs. Every chunk carries the xxh3-64 of its payload, checked on arrival, so a page that
+//! returns `Ok(None)`, or [`read_chunk_header`] and then [`read_chunk_payload`] to put each payload straight where
+//! it belongs, or [`read_chunk_parts`] to take it as quinn's own buffers, verified before a byte is copied. Every chunk carries the xxh3-64 of its payload, checked on arrival, so a page that
 //! changed on the way is never written into an arena.
 //!
 //! ```text
@@ -12,7 +12,7 @@
 
 use bytes::Bytes;
 use quinn::{ReadExactError, RecvStream, SendStream};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
 use super::QuicError;
 
@@ -122,6 +122,42 @@ pub async fn read_chunk_payload(
     Ok(())
 }
 
+/// Takes the payload that `header` announced off the stream as quinn's receive buffers, without copying it:
+/// `parts` (cleared first) gets the pieces in order, one per QUIC frame, together `header.len` bytes. The
+/// checksum is verified over the pieces as they come, so a caller copies the bytes once, to their destination,
+/// and only when they are known good. On [`QuicError::Checksum`] `parts` holds the bytes as they arrived.
+pub async fn read_chunk_parts(
+    stream: &mut RecvStream,
+    header: &ChunkHeader,
+    parts: &mut Vec<Bytes>,
+) -> Result<(), QuicError> {
+    parts.clear();
+    let mut hasher = Xxh3Default::new();
+    let mut left = header.len as usize;
+    while left > 0 {
+        let piece = match stream.read_chunk(left, true).await {
+            Ok(Some(chunk)) => chunk.bytes,
+            Ok(None) => {
+                return Err(QuicError::Read(format!(
+                    "stream finished {} bytes into the {}-byte chunk at offset {:#x}",
+                    header.len as usize - left,
+                    header.len,
+                    header.offset
+                )))
+            }
+            Err(e) => return Err(QuicError::Read(e.to_string())),
+        };
+        hasher.update(&piece);
+        left -= piece.len();
+        parts.push(piece);
+    }
+    let found = hasher.digest();
+    if found != header.checksum {
+        return Err(QuicError::Checksum { offset: header.offset, expected: header.checksum, found });
+    }
+    Ok(())
+}
+
 /// Reads one chunk into `buf` (resized to the chunk's length; refuses chunks longer than `max`), verifies its
 /// checksum, returns its offset; Ok(None) at a clean end of stream (finish) before a header.
 ///
@@ -162,6 +198,21 @@ mod tests {
     }
 
     proptest! {
+        /// The checksum taken piece by piece (as [`read_chunk_parts`] does) is the one-shot checksum of the
+        /// whole payload, wherever the pieces split it.
+        #[test]
+        fn streamed_checksum_matches_one_shot(data in proptest::collection::vec(any::<u8>(), 0..5000), cuts in proptest::collection::vec(0usize..5000, 0..8)) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len())).collect();
+            cuts.sort_unstable();
+            let mut hasher = Xxh3Default::new();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([data.len()]) {
+                hasher.update(&data[at..c]);
+                at = c;
+            }
+            prop_assert_eq!(hasher.digest(), xxh3_64(&data));
+        }
+
         #[test]
         fn encode_decode_round_trip(offset in any::<u64>(), len in any::<u32>(), checksum in any::<u64>()) {
             let h = ChunkHeader { offset, len, checksum };

@@ -8,6 +8,8 @@
 //!   settings ([`QuicSettings`]) pin the MTU per cluster.
 //! - [`chunk`]: page payloads on streams ([`write_chunk`], [`read_chunk`]), each with an xxh3-64 checksum,
 //!   never through the control codec.
+//! - [`socket`]: the endpoint's UDP socket ([`socket::CappedGsoSocket`]), quinn's with segmentation-offload
+//!   batches kept within one UDP datagram, so packets above 6,550 bytes keep GSO.
 //! - [`pool`]: reusable payload buffers ([`BufferPool`]) that return from quinn once their bytes are
 //!   acknowledged.
 //!
@@ -37,9 +39,12 @@ mod der;
 pub mod endpoint;
 mod error;
 pub mod pool;
+pub mod socket;
 
 pub use ca::{ClusterCa, NodeIdentity};
-pub use chunk::{read_chunk, read_chunk_header, read_chunk_payload, write_chunk, ChunkHeader, CHUNK_HEADER_LEN};
-pub use endpoint::{connect, endpoint, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MAX_MTU_WITH_GSO, MIN_MTU};
+pub use chunk::{
+    read_chunk, read_chunk_header, read_chunk_parts, read_chunk_payload, write_chunk, ChunkHeader, CHUNK_HEADER_LEN,
+};
+pub use endpoint::{connect, endpoint, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU};
 pub use error::QuicError;
 pub use pool::{BufferPool, PoolBuf};
