@@ -45,6 +45,8 @@ machine() {
     nproc
     uname -r
     command -v iperf3 > /dev/null && iperf3 --version | head -1
+    # What the QUIC sockets can get (network.socket_buffer is capped at these).
+    echo "net.core.rmem_max $(cat /proc/sys/net/core/rmem_max) wmem_max $(cat /proc/sys/net/core/wmem_max)"
 }
 
 ptx() {

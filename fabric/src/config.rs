@@ -176,7 +176,7 @@ pub struct NetworkSection {
     /// QUIC flow-control window of one stream (one call), bytes.
     pub stream_window: ByteSize,
     /// QUIC flow-control window of a connection (all calls to one peer on one lane), bytes. Keep it within
-    /// the socket's receive buffer (twice `socket_buffer` on Linux, capped at `net.core.rmem_max`): a receiver
+    /// the socket's receive buffer (on Linux twice the smaller of `socket_buffer` and `net.core.rmem_max`): a receiver
     /// that falls behind then slows its sender by flow control instead of dropping packets (the agent warns at
     /// start when it is not).
     pub connection_window: ByteSize,
@@ -203,10 +203,10 @@ impl Default for NetworkSection {
             chunk: ByteSize(1 << 20),
             max_frame: ByteSize(1 << 20),
             replica_cache: ByteSize(256 << 20),
-            stream_window: ByteSize(2 << 20),
-            connection_window: ByteSize(2 << 20),
+            stream_window: ByteSize(8 << 20),
+            connection_window: ByteSize(8 << 20),
             lanes: 1,
-            socket_buffer: ByteSize(2 << 20),
+            socket_buffer: ByteSize(4 << 20),
         }
     }
 }
@@ -393,7 +393,7 @@ mod tests {
         let netns = ClusterConfig::from_toml(include_str!("../../cluster-configs/netns-3node.toml"), "netns")
             .expect("netns-3node.toml");
         assert_eq!(netns.node_index("n2").expect("n2"), 2);
-        assert_eq!(netns.network.mtu, 6500);
+        assert_eq!(netns.network.mtu, 8972);
         assert!(netns.node_index("n9").is_err());
         let agents = ClusterConfig::from_toml(include_str!("../../cluster-configs/h200x2-agents.toml"), "agents")
             .expect("h200x2-agents.toml");

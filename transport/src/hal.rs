@@ -94,10 +94,24 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     /// makes one [`Arena::write`] (one device copy, not one per piece); arenas in host memory copy each piece
     /// straight to its place.
     fn write_parts(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
-        match parts {
-            [one] => self.write(offset, one),
-            _ => self.write(offset, &parts.concat()),
+        if let [one] = parts {
+            return self.write(offset, one);
         }
+        thread_local! {
+            // Kept per thread: a fresh buffer per call would cost a page fault per 4 KiB of every chunk.
+            static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        GATHER.with(|g| match g.try_borrow_mut() {
+            Ok(mut buf) => {
+                buf.clear();
+                for p in parts {
+                    buf.extend_from_slice(p);
+                }
+                self.write(offset, &buf)
+            }
+            // Only if a `write` called from here wrote parts again on this thread.
+            Err(_) => self.write(offset, &parts.concat()),
+        })
     }
     /// Copies `out.len()` bytes from the arena at `offset` into `out`.
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError>;
