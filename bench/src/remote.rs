@@ -152,6 +152,11 @@ pub struct Latency {
     pub acquire_current_p99_us: f64,
     /// Ranges acquired (twice each).
     pub acquire_samples: usize,
+    /// A bare call (`Agent::ping`: one request, one answer, no payload), median, microseconds: the floor under
+    /// every remote operation.
+    pub ping_p50_us: f64,
+    /// Its 99th percentile, microseconds.
+    pub ping_p99_us: f64,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -373,6 +378,11 @@ async fn measure(
         }
         cold.sort_by(|x, y| x.total_cmp(y));
         warm.sort_by(|x, y| x.total_cmp(y));
+        let mut pings = Vec::with_capacity(args.latency_samples);
+        for _ in 0..args.latency_samples {
+            pings.push(a.ping(peer).await.map_err(|e| e.to_string())?.as_secs_f64() * 1e6);
+        }
+        pings.sort_by(|x, y| x.total_cmp(y));
         lat.push(Latency {
             mtu,
             size,
@@ -383,6 +393,8 @@ async fn measure(
             acquire_current_p50_us: pct(&warm, 0.5),
             acquire_current_p99_us: pct(&warm, 0.99),
             acquire_samples: cold.len(),
+            ping_p50_us: pct(&pings, 0.5),
+            ping_p99_us: pct(&pings, 0.99),
         });
     }
     moves.push(move_region(a, &region, peer, mtu, args).await?);
@@ -540,14 +552,14 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);
     let _ = writeln!(
         md,
-        "| packet | size | read p50 / p99 | acquire(Read) onto {}, new copy p50 / p99 | again, copy current p50 / p99 | ranges |",
+        "| packet | size | read p50 / p99 | acquire(Read) onto {}, new copy p50 / p99 | again, copy current p50 / p99 | ranges | a bare call (ping) p50 / p99 |",
         args.acquire_device
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
     for l in &lat {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {} |",
+            "| {} | {} | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {} | {:.0} / {:.0} us |",
             l.mtu,
             ByteSize(l.size),
             l.p50_us,
@@ -556,7 +568,9 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             l.acquire_p99_us,
             l.acquire_current_p50_us,
             l.acquire_current_p99_us,
-            l.acquire_samples
+            l.acquire_samples,
+            l.ping_p50_us,
+            l.ping_p99_us
         );
     }
     let _ = writeln!(

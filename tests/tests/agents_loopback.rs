@@ -119,6 +119,37 @@ fn remote_regions_round_trip_through_their_home() {
     });
 }
 
+/// A long read or write goes over every lane at once, one part each, and arrives whole; a part that fails
+/// fails the call with the home's typed error.
+#[test]
+fn long_calls_are_striped_over_the_lanes() {
+    runtime().block_on(async {
+        let mut cfg = config(2);
+        cfg.network.lanes = 3;
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let len = 6 << 20;
+        let r = a[0].alloc(1, len as u64, None).await.expect("remote alloc");
+        assert_eq!(a[0].open_lanes(1).await.expect("known node"), 1, "the alloc took one lane");
+        // One write after the alloc: without striping it would open one more lane, not two.
+        let data = pattern::bytes(11, 0, (4 << 20) + 777);
+        a[0].write(&r, 12_345, &data).await.expect("striped write");
+        assert_eq!(a[0].open_lanes(1).await.expect("known node"), 3, "one write used every lane");
+        let mut back = vec![0u8; (3 << 20) + 5];
+        a[0].read(&r, 12_345 + 1001, &mut back).await.expect("striped read");
+        assert!(back[..] == data[1001..1001 + back.len()], "bytes read back in parts");
+        // The last part runs past the region's end: the whole read fails, typed.
+        let mut past = vec![0u8; 2 << 20];
+        match a[0].read(&r, len as u64 - (1 << 20), &mut past).await {
+            Err(FabricError::Remote { node: 1, kind: ErrorKind::OutOfBounds, .. }) => {}
+            other => panic!("a read past the end: {other:?}"),
+        }
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}
+
 #[test]
 fn strangers_and_protocol_breakers_are_cut_off() {
     runtime().block_on(async {

@@ -810,14 +810,9 @@ impl Agent {
         self.bounded(node, work).await
     }
 
-    /// A read request to `node`: the response frame, then the chunks, written into `buf` (whose first byte is
-    /// the region's byte `offset`).
-    async fn call_read(&self, node: u16, msg: &Message, offset: u64, buf: &mut [u8]) -> Result<Message, FabricError> {
-        let len = buf.len() as u64;
-        self.call_read_some(node, None, msg, offset, buf, |_| len).await
-    }
-
-    /// Like `call_read`, with the number of bytes that must follow decided by the reply.
+    /// A read request to `node` on `lane` (the next one when `None`): the response frame, then the chunks,
+    /// written into `buf` (whose first byte is the region's byte `offset`); `expect` says from the reply how many
+    /// bytes must follow.
     async fn call_read_some(
         &self,
         node: u16,

@@ -63,6 +63,10 @@ const MAX_HOPS: usize = 4;
 /// Bytes copied per step when a region moves between nodes (bounds the copy buffer).
 const MOVE_PIECE: u64 = 64 << 20;
 
+/// The smallest part of a read or write striped over several lanes: below it, the cost of a call outweighs
+/// what another core adds.
+const MIN_STRIPE: usize = 256 << 10;
+
 /// Where one call on a region goes: the hint when there is one, else the region itself (its home), following
 /// `Moved` answers and dropping stale hints. Callers loop over `target()`, their attempt, and `settle()`; a
 /// helper taking the attempt as an async closure would be shorter, but its future cannot be proven `Send` on
@@ -249,27 +253,54 @@ impl Agent {
         Ok(())
     }
 
+    /// Reads from a region of this node or a peer; a long read from a peer is striped over its lanes.
     pub(super) async fn read_direct(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         let node = region.addr.node().0;
         if node == self.shared.node {
             return in_place(|| self.shared.fabric.read(region, offset, buf));
         }
-        let msg = Message::Read { region: WireRegion::from(region), offset, len: buf.len() as u64 };
-        match self.call_read(node, &msg, offset, buf).await? {
-            Message::Data { len } if len == buf.len() as u64 => Ok(()),
-            other => Err(unexpected(node, &other)),
-        }
+        let (lanes, part) = self.stripes(node, buf.len()).await?;
+        // An empty read is one call too: the home checks its bounds.
+        let pieces: Vec<&mut [u8]> = if buf.is_empty() { vec![buf] } else { buf.chunks_mut(part).collect() };
+        let reads = pieces.into_iter().zip(lanes).enumerate().map(|(i, (piece, lane))| async move {
+            let at = offset + (i * part) as u64;
+            let msg = Message::Read { region: WireRegion::from(region), offset: at, len: piece.len() as u64 };
+            let want = piece.len() as u64;
+            match self.call_read_some(node, Some(lane), &msg, at, piece, |_| want).await? {
+                Message::Data { len } if len == want => Ok(()),
+                other => Err(unexpected(node, &other)),
+            }
+        });
+        futures_util::future::try_join_all(reads).await.map(|_| ())
     }
 
+    /// Writes to a region of this node or a peer; a long write to a peer is striped over its lanes (a failure
+    /// leaves the parts that arrived written, as a failed chunk of one call does).
     pub(super) async fn write_direct(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let node = region.addr.node().0;
         if node == self.shared.node {
             return in_place(|| self.shared.fabric.write(region, offset, data));
         }
-        let msg = Message::Write { region: WireRegion::from(region), offset, len: data.len() as u64 };
-        match self.call(node, &msg, data).await? {
-            Message::Done => Ok(()),
-            other => Err(unexpected(node, &other)),
-        }
+        let (lanes, part) = self.stripes(node, data.len()).await?;
+        let pieces: Vec<&[u8]> = if data.is_empty() { vec![data] } else { data.chunks(part).collect() };
+        let writes = pieces.into_iter().zip(lanes).enumerate().map(|(i, (piece, lane))| async move {
+            let at = offset + (i * part) as u64;
+            let msg = Message::Write { region: WireRegion::from(region), offset: at, len: piece.len() as u64 };
+            match self.call_on(node, Some(lane), &msg, piece).await? {
+                Message::Done => Ok(()),
+                other => Err(unexpected(node, &other)),
+            }
+        });
+        futures_util::future::try_join_all(writes).await.map(|_| ())
+    }
+
+    /// How a transfer of `len` bytes to or from peer `node` is split: the lanes its parts take (in turn from the
+    /// peer's next lane) and the bytes per part. One part per lane, none under [`MIN_STRIPE`]: each lane's
+    /// connection is driven on a core of its own, so one long call uses them all at once instead of one.
+    async fn stripes(&self, node: u16, len: usize) -> Result<(Vec<usize>, usize), FabricError> {
+        let mut peer = self.peer(node)?.lock().await;
+        let parts = peer.conns.len().min(len / MIN_STRIPE).max(1);
+        let lanes = (0..parts).map(|_| peer.take_lane()).collect();
+        Ok((lanes, len.div_ceil(parts).max(1)))
     }
 }
