@@ -7,7 +7,7 @@
 #        scripts/remote-bench-procs.sh config FILE THIS PEER [args...]   (the agents of FILE's nodes THIS and PEER,
 #        certificates made afresh; e.g. cluster-configs/h200x2-agents.toml g0 g1 on the GPU machine)
 # VFABRIC_LANES=N sets network.lanes (the QUIC connections between the agents) for both, VFABRIC_NETWORK='k = v; ...'
-# other [network] settings (e.g. 'socket_buffer = "4MiB"'), VFABRIC_MTU the packet size; VFABRIC_AGENT_THREADS=N
+# and VFABRIC_MEMORY other [network] and [memory] settings, VFABRIC_MTU the packet size; VFABRIC_AGENT_THREADS=N
 # their runtime's worker threads (0: every core; 1: one thread).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,16 +64,22 @@ address = "$a1"
 TOML
 fi
 # VFABRIC_LANES: network.lanes, for both ends.
-set_network() { # KEY VALUE: sets [network] KEY in the configuration
-    sed -i -e "/^$1 *=/d" -e "s/^\[network\]\$/[network]\n$1 = $2/" "$work/cluster.toml"
+set_key() { # SECTION KEY VALUE: sets KEY of [SECTION] in the configuration (the section must be there)
+    sed -i -e "/^\[$1\]\$/,/^\[/{/^$2 *=/d}" -e "s/^\[$1\]\$/[$1]\n$2 = $3/" "$work/cluster.toml"
 }
-[ -n "${VFABRIC_LANES:-}" ] && set_network lanes "$VFABRIC_LANES"
-# VFABRIC_NETWORK='key = value; ...': any other [network] settings, e.g. 'socket_buffer = "4MiB"; connection_window = "8MiB"'.
-IFS=';' read -ra extra <<< "${VFABRIC_NETWORK:-}"
-for kv in "${extra[@]}"; do
-    k=$(echo "${kv%%=*}" | tr -d ' '); v=$(echo "${kv#*=}" | sed 's/^ *//; s/ *$//')
-    [ -n "$k" ] && set_network "$k" "$v"
-done
+set_keys() { # SECTION 'key = value; ...'
+    local kv k v
+    IFS=';' read -ra kvs <<< "$2"
+    for kv in "${kvs[@]}"; do
+        k=$(echo "${kv%%=*}" | tr -d ' '); v=$(echo "${kv#*=}" | sed 's/^ *//; s/ *$//')
+        if [ -n "$k" ]; then set_key "$1" "$k" "$v"; fi
+    done
+}
+[ -n "${VFABRIC_LANES:-}" ] && set_key network lanes "$VFABRIC_LANES"
+# VFABRIC_NETWORK / VFABRIC_MEMORY='key = value; ...': other [network] or [memory] settings, e.g.
+# VFABRIC_NETWORK='socket_buffer = "4MiB"' or VFABRIC_MEMORY='page_size = "64KiB"' (regions of 64 KiB pages).
+set_keys network "${VFABRIC_NETWORK:-}"
+set_keys memory "${VFABRIC_MEMORY:-}"
 "$BIN/vfabric" cluster init --config "$work/cluster.toml" > /dev/null || exit 1
 run() { # I CMD...: in node I's namespace, or here. Execs, so that `run ... &` gives the command's own PID.
     local i=$1; shift

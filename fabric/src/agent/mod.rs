@@ -74,6 +74,8 @@ struct Shared {
     net: NetworkSection,
     started: Instant,
     peers: Vec<Mutex<Peer>>,
+    /// Reads and writes in flight to each node (by node index): a long call takes the lanes the others leave.
+    transfers: Vec<std::sync::atomic::AtomicUsize>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Leases peers hold on regions whose home is this node: the lease id they were given, the peer, the
     /// connection it came over (the lease ends when that connection closes), and the local lease on the host
@@ -252,6 +254,7 @@ impl Agent {
             endpoints,
             net,
             started: Instant::now(),
+            transfers: (0..config.nodes.len()).map(|_| std::sync::atomic::AtomicUsize::new(0)).collect(),
             peers,
             tasks: std::sync::Mutex::new(Vec::new()),
             remote_leases: std::sync::Mutex::new(std::collections::HashMap::new()),

@@ -18,6 +18,7 @@
 //! with a lease held on it is not moved (freeing the old copy fails, so the migration is undone).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
@@ -111,6 +112,26 @@ impl<'a> Route<'a> {
         }
         self.hops += 1;
         None
+    }
+}
+
+/// One transfer counted in flight to a peer while it lives.
+pub(super) struct InFlight<'a> {
+    counter: &'a AtomicUsize,
+    /// Transfers in flight when this one entered, itself included.
+    count: usize,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize) -> InFlight<'a> {
+        let count = counter.fetch_add(1, Ordering::AcqRel) + 1;
+        InFlight { counter, count }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -259,7 +280,7 @@ impl Agent {
         if node == self.shared.node {
             return in_place(|| self.shared.fabric.read(region, offset, buf));
         }
-        let (lanes, part) = self.stripes(node, buf.len()).await?;
+        let (lanes, part, _in_flight) = self.stripes(node, buf.len()).await?;
         // An empty read is one call too: the home checks its bounds.
         let pieces: Vec<&mut [u8]> = if buf.is_empty() { vec![buf] } else { buf.chunks_mut(part).collect() };
         let reads = pieces.into_iter().zip(lanes).enumerate().map(|(i, (piece, lane))| async move {
@@ -281,7 +302,7 @@ impl Agent {
         if node == self.shared.node {
             return in_place(|| self.shared.fabric.write(region, offset, data));
         }
-        let (lanes, part) = self.stripes(node, data.len()).await?;
+        let (lanes, part, _in_flight) = self.stripes(node, data.len()).await?;
         let pieces: Vec<&[u8]> = if data.is_empty() { vec![data] } else { data.chunks(part).collect() };
         let writes = pieces.into_iter().zip(lanes).enumerate().map(|(i, (piece, lane))| async move {
             let at = offset + (i * part) as u64;
@@ -295,12 +316,16 @@ impl Agent {
     }
 
     /// How a transfer of `len` bytes to or from peer `node` is split: the lanes its parts take (in turn from the
-    /// peer's next lane) and the bytes per part. One part per lane, none under [`MIN_STRIPE`]: each lane's
-    /// connection is driven on a core of its own, so one long call uses them all at once instead of one.
-    async fn stripes(&self, node: u16, len: usize) -> Result<(Vec<usize>, usize), FabricError> {
+    /// peer's next lane), the bytes per part, and the count of transfers in flight to the peer, this one
+    /// included, for as long as the transfer holds it. Each lane's connection is driven on a core of its own,
+    /// so a call alone uses them all at once instead of one; with others in flight it takes its share of the
+    /// lanes (one when there are as many transfers as lanes: more, smaller calls would only add per-call
+    /// work), and no part is under [`MIN_STRIPE`].
+    async fn stripes(&self, node: u16, len: usize) -> Result<(Vec<usize>, usize, InFlight<'_>), FabricError> {
         let mut peer = self.peer(node)?.lock().await;
-        let parts = peer.conns.len().min(len / MIN_STRIPE).max(1);
+        let in_flight = InFlight::enter(&self.shared.transfers[usize::from(node)]);
+        let parts = (peer.conns.len() / in_flight.count).min(len / MIN_STRIPE).max(1);
         let lanes = (0..parts).map(|_| peer.take_lane()).collect();
-        Ok((lanes, len.div_ceil(parts).max(1)))
+        Ok((lanes, len.div_ceil(parts).max(1), in_flight))
     }
 }
