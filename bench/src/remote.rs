@@ -138,6 +138,9 @@ pub struct Latency {
     pub mtu: u16,
     /// Bytes read.
     pub size: u64,
+    /// The region's page size: requests smaller than a page acquire the whole page, so after the first range of
+    /// a page the acquires below find this node's copy of it current.
+    pub page: u64,
     /// Median, microseconds.
     pub p50_us: f64,
     /// 99th percentile, microseconds.
@@ -386,6 +389,7 @@ async fn measure(
         lat.push(Latency {
             mtu,
             size,
+            page: region.page_size,
             p50_us: pct(&samples, 0.5),
             p99_us: pct(&samples, 0.99),
             acquire_p50_us: pct(&cold, 0.5),
@@ -552,16 +556,17 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);
     let _ = writeln!(
         md,
-        "| packet | size | read p50 / p99 | acquire(Read) onto {}, new copy p50 / p99 | again, copy current p50 / p99 | ranges | a bare call (ping) p50 / p99 |",
+        "| packet | size | page | read p50 / p99 | acquire(Read) onto {}, new copy p50 / p99 | again, copy current p50 / p99 | ranges | a bare call (ping) p50 / p99 |",
         args.acquire_device
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     for l in &lat {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {} | {:.0} / {:.0} us |",
+            "| {} | {} | {} | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {} | {:.0} / {:.0} us |",
             l.mtu,
             ByteSize(l.size),
+            ByteSize(l.page),
             l.p50_us,
             l.p99_us,
             l.acquire_p50_us,
@@ -571,6 +576,15 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             l.acquire_samples,
             l.ping_p50_us,
             l.ping_p99_us
+        );
+    }
+    if lat.iter().any(|l| l.size < l.page) {
+        let _ = writeln!(
+            md,
+            "\nRequests smaller than a page acquire the whole page: after the first range of a page, a \"new copy\" \
+             finds this node's copy of the page current. For the latency of a page of that size, give the agents \
+             that page size (`memory.page_size`; `VFABRIC_MEMORY='page_size = \"64KiB\"'` with \
+             scripts/remote-bench-procs.sh)."
         );
     }
     let _ = writeln!(
