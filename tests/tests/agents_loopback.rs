@@ -83,6 +83,13 @@ fn remote_regions_round_trip_through_their_home() {
             Err(FabricError::Remote { node: 1, kind: ErrorKind::OutOfBounds, .. }) => {}
             other => panic!("out-of-bounds read: {other:?}"),
         }
+        // A write refused before its payload is taken (it runs past the end), longer than the flow-control
+        // window: the home's answer arrives although it never reads the bytes.
+        let long = vec![1u8; 20 << 20];
+        match a[0].write(&r, 0, &long).await {
+            Err(FabricError::Remote { node: 1, kind: ErrorKind::OutOfBounds, .. }) => {}
+            other => panic!("a long write past the end: {other:?}"),
+        }
         match a[2].alloc(1, 0, None).await {
             Err(FabricError::Remote { node: 1, .. }) => {}
             other => panic!("an empty alloc: {other:?}"),
@@ -126,6 +133,9 @@ fn long_calls_are_striped_over_the_lanes() {
     runtime().block_on(async {
         let mut cfg = config(2);
         cfg.network.lanes = 3;
+        // No heartbeat during the test: a ping takes a lane too, and the count of open lanes below would be off.
+        cfg.network.heartbeat_ms = 60_000;
+        cfg.network.dead_after_ms = 120_000;
         let ca = ClusterCa::generate("loop").expect("ca");
         let a = cluster(&cfg, &ca).await;
         let len = 6 << 20;

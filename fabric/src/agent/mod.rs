@@ -800,15 +800,30 @@ impl Agent {
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             let chunk = self.shared.net.chunk.bytes() as usize;
+            let mut stopped = None;
             for (i, piece) in payload.chunks(chunk).enumerate() {
-                quic::write_chunk(&mut send, (i * chunk) as u64, self.shared.buffers.copy_of(piece).into_bytes())
-                    .await
-                    .map_err(|e| FabricError::Network(e.to_string()))?;
+                let bytes = self.shared.buffers.copy_of(piece).into_bytes();
+                match quic::write_chunk(&mut send, (i * chunk) as u64, bytes).await {
+                    Ok(()) => {}
+                    // The peer answered before taking the payload (a refusal: the region moved, is out of
+                    // bounds, ...) and stopped the stream: its answer says why.
+                    Err(e @ quic::QuicError::Write(quinn::WriteError::Stopped(_))) => {
+                        stopped = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(FabricError::Network(e.to_string())),
+                }
             }
-            send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
+            if stopped.is_none() {
+                send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
+            }
             let reply = read_frame(&mut recv, self.max_frame()).await.map_err(proto)?;
             self.heard_from(node).await;
-            reply_or_error(node, reply)
+            match (reply_or_error(node, reply), stopped) {
+                // A success for a payload that did not all arrive would be a peer's bug: never take it.
+                (Ok(_), Some(e)) => Err(FabricError::Network(e.to_string())),
+                (r, _) => r,
+            }
         };
         self.bounded(node, work).await
     }
