@@ -239,6 +239,16 @@ async fn chunks_arrive_whole_and_verified() {
     .await;
 }
 
+/// One stream: a good chunk, then `header` (whose checksum need not match) and `bad` written raw.
+async fn send_good_then_bad(conn: &Connection, (offset, good): (u64, &[u8]), header: &ChunkHeader, bad: &[u8]) {
+    let mut stream = conn.open_uni().await.unwrap();
+    write_chunk(&mut stream, offset, Bytes::copy_from_slice(good)).await.unwrap();
+    stream.write_all(&header.encode()).await.unwrap();
+    stream.write_all(bad).await.unwrap();
+    stream.finish().unwrap();
+    let _ = stream.stopped().await;
+}
+
 #[tokio::test]
 async fn a_corrupted_chunk_is_a_checksum_error() {
     let ca = ClusterCa::generate("test").unwrap();
@@ -250,14 +260,7 @@ async fn a_corrupted_chunk_is_a_checksum_error() {
     header.checksum ^= 1;
     guard(async {
         let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
-        let send = async {
-            let mut stream = dialed.open_uni().await.unwrap();
-            write_chunk(&mut stream, 0, Bytes::copy_from_slice(&good)).await.unwrap();
-            stream.write_all(&header.encode()).await.unwrap();
-            stream.write_all(&bad).await.unwrap();
-            stream.finish().unwrap();
-            let _ = stream.stopped().await;
-        };
+        let send = send_good_then_bad(&dialed, (0, &good), &header, &bad);
         let receive = async {
             let mut stream = accepted.accept_uni().await.unwrap();
             let mut buf = Vec::new();
@@ -290,14 +293,7 @@ async fn chunk_parts_are_verified() {
     header.checksum ^= 1 << 40;
     guard(async {
         let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
-        let send = async {
-            let mut stream = dialed.open_uni().await.unwrap();
-            write_chunk(&mut stream, 7, Bytes::copy_from_slice(&good)).await.unwrap();
-            stream.write_all(&header.encode()).await.unwrap();
-            stream.write_all(&bad).await.unwrap();
-            stream.finish().unwrap();
-            let _ = stream.stopped().await;
-        };
+        let send = send_good_then_bad(&dialed, (7, &good), &header, &bad);
         let receive = async {
             let mut stream = accepted.accept_uni().await.unwrap();
             let mut parts = Vec::new();

@@ -231,14 +231,13 @@ pub fn endpoint(bind: SocketAddr, identity: &NodeIdentity, settings: &QuicSettin
     let runtime = quinn::default_runtime()
         .ok_or_else(|| std::io::Error::other("no Tokio runtime: create QUIC endpoints inside one"))?;
     let socket = std::net::UdpSocket::bind(bind)?;
-    let state = quinn::udp::UdpSocketState::new((&socket).into())?;
+    let socket = CappedGsoSocket::new(socket, settings.mtu)?;
     if settings.socket_buffer > 0 {
-        state.set_recv_buffer_size((&socket).into(), settings.socket_buffer)?;
-        state.set_send_buffer_size((&socket).into(), settings.socket_buffer)?;
+        socket.set_buffer_sizes(settings.socket_buffer)?;
     }
     // What the kernel granted (on Linux twice the smaller of the size asked for and net.core.rmem_max): a flow
     // control window above it lets a busy receiver drop packets.
-    let granted = state.recv_buffer_size((&socket).into())?;
+    let granted = socket.recv_buffer_size()?;
     static WARNED: std::sync::Once = std::sync::Once::new();
     if (granted as u64) < settings.connection_window {
         // Once per process: every lane's socket gets the same answer from the kernel.
@@ -251,7 +250,7 @@ pub fn endpoint(bind: SocketAddr, identity: &NodeIdentity, settings: &QuicSettin
             )
         });
     }
-    let socket = Arc::new(CappedGsoSocket::new(socket, settings.mtu)?);
+    let socket = Arc::new(socket);
     let mut endpoint = Endpoint::new_with_abstract_socket(config, Some(server), socket, runtime)?;
     endpoint.set_default_client_config(client);
     Ok(endpoint)

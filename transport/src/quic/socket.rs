@@ -48,6 +48,18 @@ impl CappedGsoSocket {
         let segments = gso_segments(mtu, state.max_gso_segments());
         Ok(CappedGsoSocket { io, state, segments })
     }
+
+    /// Asks for send and receive buffers of `bytes` each (the kernel caps them at `net.core.rmem_max` /
+    /// `wmem_max`).
+    pub fn set_buffer_sizes(&self, bytes: usize) -> io::Result<()> {
+        self.state.set_recv_buffer_size((&self.io).into(), bytes)?;
+        self.state.set_send_buffer_size((&self.io).into(), bytes)
+    }
+
+    /// The receive buffer the kernel granted, bytes (on Linux twice what was asked for, within the cap).
+    pub fn recv_buffer_size(&self) -> io::Result<usize> {
+        self.state.recv_buffer_size((&self.io).into())
+    }
 }
 
 impl fmt::Debug for CappedGsoSocket {
