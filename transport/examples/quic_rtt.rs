@@ -3,7 +3,10 @@
 //! bidirectional stream per request as the agents use them (quinn's share on top), each end on a
 //! current-thread runtime of its own thread, as two one-thread agents run.
 //!
-//! `cargo run --release -p vfabric-transport --example quic_rtt -- [ROUND_TRIPS] [MTU]`
+//! With ANSWER_BYTES (default 16) the answers are that long (UDP: in datagrams of up to 60,000 bytes): a remote
+//! read's round trip, the wire's share of it.
+//!
+//! `cargo run --release -p vfabric-transport --example quic_rtt -- [ROUND_TRIPS] [MTU] [ANSWER_BYTES]`
 
 use std::net::UdpSocket;
 use std::time::Instant;
@@ -28,30 +31,38 @@ fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = arg(1, 2000);
     let mtu: u16 = arg(2, 16_383);
+    let answer_len: usize = arg(3, 16);
+    const DATAGRAM: usize = 60_000;
 
-    // Plain UDP, blocking sockets: 16 bytes there and back.
+    // Plain UDP, blocking sockets: 16 bytes there, the answer back.
     let server = UdpSocket::bind("127.0.0.1:0")?;
     let client = UdpSocket::bind("127.0.0.1:0")?;
     client.connect(server.local_addr()?)?;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut buf = [0u8; 64];
+        let answer = vec![7u8; answer_len];
         for _ in 0..n {
-            let (len, from) = server.recv_from(&mut buf)?;
-            server.send_to(&buf[..len], from)?;
+            let (_, from) = server.recv_from(&mut buf)?;
+            for piece in answer.chunks(DATAGRAM) {
+                server.send_to(piece, from)?;
+            }
         }
         Ok(())
     });
     let mut udp = Vec::with_capacity(n);
-    let mut buf = [0u8; 64];
+    let mut buf = vec![0u8; DATAGRAM];
     for _ in 0..n {
         let t = Instant::now();
         client.send(&[7u8; 16])?;
-        client.recv(&mut buf)?;
+        let mut got = 0;
+        while got < answer_len {
+            got += client.recv(&mut buf)?;
+        }
         udp.push(t.elapsed().as_secs_f64() * 1e6);
     }
     echo.join().map_err(|_| "echo thread panicked")??;
     let (p50, p99) = percentiles(udp);
-    println!("udp, blocking sockets: p50 {p50:.0} us, p99 {p99:.0} us ({n} round trips)");
+    println!("udp, blocking sockets, {answer_len}-byte answers: p50 {p50:.0} us, p99 {p99:.0} us ({n} round trips)");
 
     // QUIC: one stream per request, as the agents' calls.
     let ca = ClusterCa::generate("rtt")?;
@@ -67,8 +78,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let conn = b.accept().await.ok_or("no connection")?.await.map_err(|e| e.to_string())?;
             for _ in 0..n {
                 let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
-                let request = recv.read_to_end(64).await.map_err(|e| e.to_string())?;
-                send.write_all(&request).await.map_err(|e| e.to_string())?;
+                recv.read_to_end(64).await.map_err(|e| e.to_string())?;
+                send.write_chunk(bytes::Bytes::from(vec![7u8; answer_len])).await.map_err(|e| e.to_string())?;
                 send.finish().map_err(|e| e.to_string())?;
             }
             conn.closed().await;
@@ -85,18 +96,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (mut send, mut recv) = conn.open_bi().await?;
             send.write_all(&[7u8; 16]).await?;
             send.finish()?;
-            let answer = recv.read_to_end(64).await?;
+            let answer = recv.read_to_end(answer_len).await?;
             samples.push(t.elapsed().as_secs_f64() * 1e6);
-            if answer.len() != 16 {
+            if answer.len() != answer_len {
                 return Err("short answer".into());
             }
         }
+        let st = conn.stats();
+        println!(
+            "per round trip, this end: {:.2} datagrams sent in {:.2} sends, {:.2} received in {:.2} receives; acks sent {:.2}",
+            st.udp_tx.datagrams as f64 / n as f64,
+            st.udp_tx.ios as f64 / n as f64,
+            st.udp_rx.datagrams as f64 / n as f64,
+            st.udp_rx.ios as f64 / n as f64,
+            st.frame_tx.acks as f64 / n as f64
+        );
         conn.close(0u32.into(), b"done");
         a.wait_idle().await;
         Ok::<_, Box<dyn std::error::Error>>(samples)
     })?;
     server.join().map_err(|_| "server thread panicked")??;
     let (p50, p99) = percentiles(quic_samples);
-    println!("quic, one stream per request, mtu {mtu}: p50 {p50:.0} us, p99 {p99:.0} us ({n} round trips)");
+    println!("quic, one stream per request, mtu {mtu}, {answer_len}-byte answers: p50 {p50:.0} us, p99 {p99:.0} us ({n} round trips)");
     Ok(())
 }

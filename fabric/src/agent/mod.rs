@@ -457,57 +457,54 @@ impl Agent {
         let first = range.start / ps;
         let pages = (range.start + len).div_ceil(ps) - first;
         let key: ReplicaKey = (region.addr.raw(), region.generation, first, pages, device);
-        // A copy from an earlier lease: taken out of the cache while this lease uses it.
+        let full = pages * ps;
+        let lane = self.next_lane(home).await?;
+        let f = &self.shared.fabric;
+        // The copy the pages go into, straight from the wire: one from an earlier lease (taken out of the cache
+        // while this lease uses it; its version tells the home whether to send the pages at all), or a new one.
         let cached = {
             let mut c = self.replicas();
             let taken = c.entries.remove(&key);
             if let Some(r) = &taken {
                 c.bytes -= r.shadow.len;
             }
-            taken
+            taken.map(|r| (r.shadow, r.version))
         };
-        let mut bytes = vec![0u8; (pages * ps) as usize];
+        let (shadow, cached) = match cached {
+            Some((shadow, version)) => (shadow, Some(version)),
+            None => (in_place(|| f.alloc(full, Placement::on(device)))?, None),
+        };
         let msg = Message::Acquire {
             region: WireRegion::from(region),
             offset: range.start,
             len,
             device: device.into(),
             mode: mode.into(),
-            cached: cached.as_ref().map(|c| c.version),
+            cached,
         };
-        let full = pages * ps;
         let expect = |m: &Message| if matches!(m, Message::Granted { unchanged: true, .. }) { 0 } else { full };
-        let lane = self.next_lane(home).await?;
-        let reply = self.call_read_some(home, Some(lane), &msg, first * ps, &mut bytes, expect).await;
-        let (id, version, unchanged) = match reply {
+        let into = ReadInto::Region { copy: &shadow, offset: first * ps };
+        let reply = self.call_read_some(home, Some(lane), &msg, into, expect).await;
+        let (id, version) = match reply {
             Ok(Message::Granted { lease, first_page, pages: n, version, unchanged })
                 if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
             {
-                (lease, version, unchanged)
+                (lease, version)
             }
             other => {
-                if let Some(c) = cached {
-                    let _ = in_place(|| self.shared.fabric.free(&c.shadow));
-                }
+                // Whatever arrived of the pages is not to be trusted: the copy goes.
+                let _ = in_place(|| f.free(&shadow));
                 return Err(match other {
                     Ok(m) => unexpected(home, &m),
                     Err(e) => e,
                 });
             }
         };
-        let f = &self.shared.fabric;
-        let placed = in_place(|| {
-            let shadow = match &cached {
-                Some(c) => c.shadow,
-                None => f.alloc(full, Placement::on(device))?,
-            };
-            let filled = if unchanged { Ok(()) } else { f.write(&shadow, 0, &bytes) };
-            match filled.and_then(|()| f.acquire(&shadow, 0..full, device, mode)) {
-                Ok(l) => Ok((shadow, l)),
-                Err(e) => {
-                    let _ = f.free(&shadow);
-                    Err(e)
-                }
+        let placed = in_place(|| match f.acquire(&shadow, 0..full, device, mode) {
+            Ok(l) => Ok((shadow, l)),
+            Err(e) => {
+                let _ = f.free(&shadow);
+                Err(e)
             }
         });
         match placed {
@@ -828,16 +825,14 @@ impl Agent {
         self.bounded(node, work).await
     }
 
-    /// A read request to `node` on `lane` (the next one when `None`): the response frame, then the chunks,
-    /// written into `buf` (whose first byte is the region's byte `offset`); `expect` says from the reply how many
-    /// bytes must follow.
+    /// A read request to `node` on `lane` (the next one when `None`): the response frame, then the chunks, each
+    /// verified and put where `into` says; `expect` says from the reply how many bytes must follow.
     async fn call_read_some(
         &self,
         node: u16,
         lane: Option<usize>,
         msg: &Message,
-        offset: u64,
-        buf: &mut [u8],
+        mut into: ReadInto<'_>,
         expect: impl Fn(&Message) -> u64,
     ) -> Result<Message, FabricError> {
         let max_chunk = self.shared.net.chunk.bytes();
@@ -847,20 +842,32 @@ impl Agent {
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
             let reply = reply_or_error(node, read_frame(&mut recv, self.max_frame()).await.map_err(proto)?)?;
-            // Each chunk goes straight into its place in `buf`; a bad one fails the whole call, so the caller
-            // never takes bytes from it.
+            // A bad chunk fails the whole call, so the caller never takes bytes from it.
             let chunk_failed = |e| wire::chunk_error(e, &format!("from node {node}: "));
+            let (offset, room) = into.span();
             let mut got = 0u64;
+            let mut parts = Vec::new();
             while let Some(header) = quic::read_chunk_header(&mut recv).await.map_err(chunk_failed)? {
                 let (at, len) = (header.offset, u64::from(header.len));
-                let start = at.checked_sub(offset).filter(|s| s + len <= buf.len() as u64 && len <= max_chunk);
+                let start = at.checked_sub(offset).filter(|s| s + len <= room && len <= max_chunk);
                 let Some(start) = start else {
                     return Err(FabricError::Protocol(format!(
                         "node {node} sent {len} bytes at {at:#x}, outside the read"
                     )));
                 };
-                let dst = &mut buf[start as usize..(start + len) as usize];
-                quic::read_chunk_payload(&mut recv, &header, dst).await.map_err(chunk_failed)?;
+                match &mut into {
+                    ReadInto::Buf { buf, .. } => {
+                        let dst = &mut buf[start as usize..(start + len) as usize];
+                        quic::read_chunk_payload(&mut recv, &header, dst).await.map_err(chunk_failed)?;
+                    }
+                    // The payload stays in quinn's receive buffers until its checksum is known good; then each
+                    // piece is copied once, into the copy.
+                    ReadInto::Region { copy, .. } => {
+                        quic::read_chunk_parts(&mut recv, &header, &mut parts).await.map_err(chunk_failed)?;
+                        let pieces: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                        in_place(|| self.shared.fabric.write_parts(copy, start, &pieces))?;
+                    }
+                }
                 got += len;
             }
             if got != expect(&reply) {
@@ -963,6 +970,24 @@ fn configured_addr(config: &ClusterConfig, node: u16) -> Result<Option<SocketAdd
 
 /// Runs a fabric call in place on this worker thread (the runtime moves its other tasks elsewhere): no thread
 /// hop and no copies of the caller's buffers. On a single-threaded runtime it simply runs.
+/// Where the chunks of a read's answer go.
+enum ReadInto<'a> {
+    /// A buffer whose first byte is the peer region's byte `offset`.
+    Buf { buf: &'a mut [u8], offset: u64 },
+    /// A region of this node (a copy of a peer's pages) whose first byte is the peer region's byte `offset`.
+    Region { copy: &'a Region, offset: u64 },
+}
+
+impl ReadInto<'_> {
+    /// The peer region's bytes that fit: the first one's offset, and how many.
+    fn span(&self) -> (u64, u64) {
+        match self {
+            ReadInto::Buf { buf, offset } => (*offset, buf.len() as u64),
+            ReadInto::Region { copy, offset } => (*offset, copy.len),
+        }
+    }
+}
+
 fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<T, FabricError> {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         // Called from a single-threaded runtime (a caller's own): `block_in_place` would panic there.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use vfabric_transport::Location;
 
-use super::{in_place, unexpected, Agent};
+use super::{in_place, unexpected, Agent, ReadInto};
 use crate::directory::Placement;
 use crate::error::FabricError;
 use crate::fabric::Region;
@@ -287,7 +287,10 @@ impl Agent {
             let at = offset + (i * part) as u64;
             let msg = Message::Read { region: WireRegion::from(region), offset: at, len: piece.len() as u64 };
             let want = piece.len() as u64;
-            match self.call_read_some(node, Some(lane), &msg, at, piece, |_| want).await? {
+            match self
+                .call_read_some(node, Some(lane), &msg, ReadInto::Buf { buf: piece, offset: at }, |_| want)
+                .await?
+            {
                 Message::Data { len } if len == want => Ok(()),
                 other => Err(unexpected(node, &other)),
             }
