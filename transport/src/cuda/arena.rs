@@ -16,6 +16,9 @@ use crate::location::Location;
 /// can reach it.
 #[derive(Debug)]
 pub struct GpuArena {
+    /// Pinned host memory for small writes (made at the first one): a copy from it is one DMA that is done when
+    /// the call returns, where pageable memory costs the driver's own staging and a context synchronisation.
+    staging: std::sync::Mutex<Option<PinnedHostMemory>>,
     // Field order is drop order: unmap, then release the chunks, then free the range.
     _mappings: Vec<Mapping>,
     chunks: Vec<PhysicalChunk>,
@@ -24,7 +27,30 @@ pub struct GpuArena {
     ctx: Arc<GpuContext>,
 }
 
+/// Writes up to this many bytes go through the arena's pinned staging buffer (a chunk of the wire protocol).
+const STAGING: usize = 1 << 20;
+
 impl GpuArena {
+    /// Writes `parts` (together at most [`STAGING`] bytes, in bounds: checked by the caller) to `offset` through
+    /// the pinned staging buffer: gathered there, then one copy, complete when the driver call returns (a copy
+    /// from pinned memory is synchronous for the host), so the buffer is free again at once.
+    fn write_staged(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.ctx.bind()?;
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if staging.is_none() {
+            *staging = Some(PinnedHostMemory::alloc(Arc::clone(&self.ctx), STAGING as u64)?);
+        }
+        let Some(buf) = staging.as_ref() else {
+            return Err(DeviceError::InvalidArgument("no staging buffer".into()));
+        };
+        // SAFETY: `len` <= STAGING, the buffer's length, and the pieces cannot alias pinned memory this arena owns.
+        unsafe { copy_parts(buf.as_ptr(), parts) };
+        // SAFETY: the destination range is inside the mapped arena (the caller checked), the source is `len` bytes
+        // of pinned memory held (locked) until the copy is done.
+        unsafe { cu!(cuMemcpyHtoD_v2(self.range.base() + offset, buf.as_ptr() as *const std::ffi::c_void, len)) }
+    }
+
     /// Creates `bytes` (a multiple of `granularity`) on the context's GPU in chunks of `chunk` bytes (also a
     /// multiple), maps them into one range and grants access to `accessors`. With `chunks` given (imported from
     /// another process), maps those instead of creating new ones.
@@ -60,7 +86,7 @@ impl GpuArena {
             off += c.len();
         }
         set_access(range.base(), off, accessors)?;
-        Ok(GpuArena { _mappings: mappings, chunks, range, gpu, ctx })
+        Ok(GpuArena { staging: std::sync::Mutex::new(None), _mappings: mappings, chunks, range, gpu, ctx })
     }
 
     /// Number of physical chunks.
@@ -113,6 +139,9 @@ impl Arena for GpuArena {
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
         check_bounds(self.location(), self.len(), offset, data.len() as u64)?;
+        if data.len() <= STAGING {
+            return self.write_staged(offset, &[data]);
+        }
         self.ctx.bind()?;
         // SAFETY: the destination range is inside the mapped arena (checked); `data` is valid for its length.
         // A copy from pageable memory may return before its DMA ends, so the context is synchronised.
@@ -120,6 +149,15 @@ impl Arena for GpuArena {
             cu!(cuMemcpyHtoD_v2(self.range.base() + offset, data.as_ptr() as *const std::ffi::c_void, data.len()))?;
             cu!(cuCtxSynchronize())
         }
+    }
+
+    fn write_parts(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        check_bounds(self.location(), self.len(), offset, len)?;
+        if len <= STAGING as u64 {
+            return self.write_staged(offset, parts);
+        }
+        self.write(offset, &parts.concat())
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
