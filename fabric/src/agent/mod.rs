@@ -474,6 +474,8 @@ impl Agent {
             Some((shadow, version)) => (shadow, Some(version)),
             None => (in_place(|| f.alloc(full, Placement::on(device)))?, None),
         };
+        // Freed on every way out but the lease, a caller dropping this call at an await included.
+        let filling = CopyInFill { fabric: f, copy: shadow, kept: false };
         let msg = Message::Acquire {
             region: WireRegion::from(region),
             offset: range.start,
@@ -491,24 +493,16 @@ impl Agent {
             {
                 (lease, version)
             }
+            // Whatever arrived of the pages is not to be trusted: the copy goes (`filling`).
             other => {
-                // Whatever arrived of the pages is not to be trusted: the copy goes.
-                let _ = in_place(|| f.free(&shadow));
                 return Err(match other {
                     Ok(m) => unexpected(home, &m),
                     Err(e) => e,
                 });
             }
         };
-        let placed = in_place(|| match f.acquire(&shadow, 0..full, device, mode) {
-            Ok(l) => Ok((shadow, l)),
-            Err(e) => {
-                let _ = f.free(&shadow);
-                Err(e)
-            }
-        });
-        match placed {
-            Ok((shadow, l)) => Ok(AgentLease {
+        match in_place(|| f.acquire(&shadow, 0..full, device, mode)) {
+            Ok(l) => Ok(AgentLease {
                 kind: LeaseKind::Remote(RemoteLease {
                     agent: self.clone(),
                     home,
@@ -518,12 +512,13 @@ impl Agent {
                     key,
                     version,
                     pages,
-                    shadow,
+                    shadow: filling.keep(),
                     local: Some(l),
                     released: false,
                 }),
             }),
             Err(e) => {
+                drop(filling);
                 let _ = self.call_on(home, Some(lane), &Message::Release { lease: id }, &[]).await;
                 Err(e)
             }
@@ -970,6 +965,29 @@ fn configured_addr(config: &ClusterConfig, node: u16) -> Result<Option<SocketAdd
 
 /// Runs a fabric call in place on this worker thread (the runtime moves its other tasks elsewhere): no thread
 /// hop and no copies of the caller's buffers. On a single-threaded runtime it simply runs.
+/// This node's copy of a peer's pages while an acquire fills it: freed when dropped before [`CopyInFill::keep`].
+struct CopyInFill<'a> {
+    fabric: &'a crate::fabric::Fabric,
+    copy: Region,
+    kept: bool,
+}
+
+impl CopyInFill<'_> {
+    /// The copy, now the lease's to free.
+    fn keep(mut self) -> Region {
+        self.kept = true;
+        self.copy
+    }
+}
+
+impl Drop for CopyInFill<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = self.fabric.free(&self.copy);
+        }
+    }
+}
+
 /// Where the chunks of a read's answer go.
 enum ReadInto<'a> {
     /// A buffer whose first byte is the peer region's byte `offset`.
