@@ -92,26 +92,9 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     /// Copies `parts`, one after the other, into the arena from `offset` on (for payloads that arrive in
     /// pieces, such as a QUIC chunk in quinn's receive buffers). The default gathers them into one buffer and
     /// makes one [`Arena::write`] (one device copy, not one per piece); arenas in host memory copy each piece
-    /// straight to its place.
+    /// straight to its place, and GPU arenas gather small writes in pinned memory of their own.
     fn write_parts(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
-        if let [one] = parts {
-            return self.write(offset, one);
-        }
-        thread_local! {
-            // Kept per thread: a fresh buffer per call would cost a page fault per 4 KiB of every chunk.
-            static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        GATHER.with(|g| match g.try_borrow_mut() {
-            Ok(mut buf) => {
-                buf.clear();
-                for p in parts {
-                    buf.extend_from_slice(p);
-                }
-                self.write(offset, &buf)
-            }
-            // Only if a `write` called from here wrote parts again on this thread.
-            Err(_) => self.write(offset, &parts.concat()),
-        })
+        write_gathered(self, offset, parts)
     }
     /// Copies `out.len()` bytes from the arena at `offset` into `out`.
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError>;
@@ -119,6 +102,28 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError>;
     /// The backend's own type, for movers that need their backend's handles.
     fn as_any(&self) -> &dyn Any;
+}
+
+/// [`Arena::write_parts`] by one [`Arena::write`]: the pieces gathered first into a buffer kept per thread.
+pub(crate) fn write_gathered<A: Arena + ?Sized>(arena: &A, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
+    if let [one] = parts {
+        return arena.write(offset, one);
+    }
+    thread_local! {
+        // Kept per thread: a fresh buffer per call would cost a page fault per 4 KiB of every chunk.
+        static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    GATHER.with(|g| match g.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            for p in parts {
+                buf.extend_from_slice(p);
+            }
+            arena.write(offset, &buf)
+        }
+        // Only if a `write` called from here wrote parts again on this thread.
+        Err(_) => arena.write(offset, &parts.concat()),
+    })
 }
 
 /// Copies `parts`, one after the other, to `dst`: [`Arena::write_parts`] of arenas in host memory.

@@ -9,7 +9,7 @@ use super::driver::cu;
 use super::host::PinnedHostMemory;
 use super::vmm::{set_access, Mapping, PhysicalChunk, VirtualRange};
 use crate::error::DeviceError;
-use crate::hal::{check_bounds, copy_parts, Arena};
+use crate::hal::{check_bounds, copy_parts, write_gathered, Arena};
 use crate::location::Location;
 
 /// GPU memory: `chunks` mapped back to back into `range`, readable and writable by every GPU of the node that
@@ -157,7 +157,7 @@ impl Arena for GpuArena {
         if len <= STAGING as u64 {
             return self.write_staged(offset, parts);
         }
-        self.write(offset, &parts.concat())
+        write_gathered(self, offset, parts)
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
