@@ -8,7 +8,7 @@
 #        certificates made afresh; e.g. cluster-configs/h200x2-agents.toml g0 g1 on the GPU machine)
 # VFABRIC_LANES=N sets network.lanes (the QUIC connections between the agents) for both, VFABRIC_NETWORK='k = v; ...'
 # and VFABRIC_MEMORY other [network] and [memory] settings, VFABRIC_MTU the packet size; VFABRIC_AGENT_THREADS=N
-# their runtime's worker threads (0: every core; 1: one thread).
+# their runtime's worker threads (0: every core; 1: one thread), VFABRIC_PEER_THREADS the peer's alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/remote-bench-procs.sh loopback|netns [args...]}
@@ -86,14 +86,18 @@ run() { # I CMD...: in node I's namespace, or here. Execs, so that `run ... &` g
     if [ "$mode" = netns ]; then exec scripts/netns.sh exec "$i" "$@"; else exec "$@"; fi
 }
 if [ "$mode" = netns ]; then scripts/netns.sh up 2 > /dev/null || exit 1; fi
-run 1 "$BIN/vfabric" agent --config "$work/cluster.toml" --node "$peer" --threads "${VFABRIC_AGENT_THREADS:-0}" \
+run 1 "$BIN/vfabric" agent --config "$work/cluster.toml" --node "$peer" --threads "${VFABRIC_PEER_THREADS:-${VFABRIC_AGENT_THREADS:-0}}" \
     > "$work/n1.log" 2>&1 &
 pids+=($!)
-if command -v iperf3 > /dev/null; then
+# The iperf3 baseline: a server on the peer's side, unless the arguments skip it or there is no iperf3.
+iperf=()
+case " $* " in *" --iperf-seconds 0 "*) skip_iperf=1 ;; *) skip_iperf=0 ;; esac
+if [ $skip_iperf = 0 ] && command -v iperf3 > /dev/null; then
     run 1 iperf3 -s -B "$peer_ip" > /dev/null 2>&1 &
     pids+=($!)
     iperf=(--iperf-server "$peer_ip")
-else
+elif [ $skip_iperf = 0 ]; then
+    echo "no iperf3 on PATH: the TCP baseline is skipped" >&2
     iperf=(--iperf-seconds 0)
 fi
 for _ in $(seq 300); do grep -q "listening on" "$work/n1.log" && break; sleep 0.1; done

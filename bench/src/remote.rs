@@ -511,7 +511,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         }
         _ => "two agents in one process on 127.0.0.1; the region's home is the other agent".to_string(),
     };
-    let _ = writeln!(md, "- {setup}; QUIC with mutual TLS (encrypted), {lanes} connection(s) (lanes) between the agents, each on a socket of its own, requests taking them in turn; page payloads in 1 MiB checksummed (xxh3) chunks; device layer: {device}");
+    let _ = writeln!(md, "- {setup}; QUIC with mutual TLS (encrypted), {lanes} connection(s) (lanes) between the agents, each on a socket of its own, each call on the least busy; page payloads in 1 MiB checksummed (xxh3) chunks; device layer: {device}");
     let _ = writeln!(
         md,
         "- the region's pages live on {} of their home; acquires put them on {} here",

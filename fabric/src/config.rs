@@ -184,7 +184,7 @@ pub struct NetworkSection {
     /// a version check instead of a transfer when they have not changed (`0` keeps none).
     pub replica_cache: ByteSize,
     /// QUIC connections between each pair of nodes, each on a UDP socket (and so a core) of its own: a node
-    /// listens on its address's port and the `lanes - 1` ports after it, and calls take the lanes in turn.
+    /// listens on its address's port and the `lanes - 1` ports after it; a call takes the least busy lane.
     /// One connection tops out at 10-13 Gbit/s (its packets are built, encrypted and read on one core); hosts
     /// with many cores gain from 4-8. The same for every node of a cluster.
     pub lanes: u16,

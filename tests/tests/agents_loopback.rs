@@ -67,8 +67,10 @@ fn remote_regions_round_trip_through_their_home() {
             agent.read(&r, 0, &mut back).await.unwrap_or_else(|e| panic!("read from n{i}: {e}"));
             assert_eq!(pattern::first_mismatch(7, 0, &back), None, "bytes read from n{i}");
         }
-        // n0's calls to n1 took both lanes, each a connection of its own.
+        // n0's calls to n1 took both lanes, each a connection of its own, each driven on a thread of its own
+        // (the runtime is multi-threaded).
         assert_eq!(a[0].open_lanes(1).await.expect("known node"), 2);
+        assert_eq!(a[0].lane_threads(), 2);
         // A write at an offset from n2, read back in a window straddling it.
         let patch = pattern::bytes(9, 0, 300_000);
         a[2].write(&r, 1_000_000, &patch).await.expect("write at an offset");
@@ -140,14 +142,30 @@ fn long_calls_are_striped_over_the_lanes() {
         let a = cluster(&cfg, &ca).await;
         let len = 6 << 20;
         let r = a[0].alloc(1, len as u64, None).await.expect("remote alloc");
-        assert_eq!(a[0].open_lanes(1).await.expect("known node"), 1, "the alloc took one lane");
-        // One write after the alloc: without striping it would open one more lane, not two.
+        // Short calls one after another keep to one lane (the least busy, the first of those).
+        for i in 0..5 {
+            a[0].write(&r, i * 4096, &[i as u8; 4096]).await.expect("short write");
+        }
+        a[0].ping(1).await.expect("ping");
+        assert_eq!(a[0].open_lanes(1).await.expect("known node"), 1, "calls one at a time took one lane");
+        // One write: without striping it would take that lane again, and open no other.
         let data = pattern::bytes(11, 0, (4 << 20) + 777);
         a[0].write(&r, 12_345, &data).await.expect("striped write");
         assert_eq!(a[0].open_lanes(1).await.expect("known node"), 3, "one write used every lane");
         let mut back = vec![0u8; (3 << 20) + 5];
         a[0].read(&r, 12_345 + 1001, &mut back).await.expect("striped read");
         assert!(back[..] == data[1001..1001 + back.len()], "bytes read back in parts");
+        // Short calls at the same time spread over the lanes: n1 has called n0 once (the alloc, on one lane),
+        // and three writes in flight at once take the three lanes, each held until its call ends.
+        let back_home = a[1].alloc(0, 1 << 20, None).await.expect("alloc at n0");
+        let short = [7u8; 64 << 10];
+        let (w0, w1, w2) = tokio::join!(
+            a[1].write(&back_home, 0, &short),
+            a[1].write(&back_home, 64 << 10, &short),
+            a[1].write(&back_home, 128 << 10, &short)
+        );
+        w0.and(w1).and(w2).expect("three writes at once");
+        assert_eq!(a[1].open_lanes(0).await.expect("known node"), 3, "three calls at once took three lanes");
         // The last part runs past the region's end: the whole read fails, typed.
         let mut past = vec![0u8; 2 << 20];
         match a[0].read(&r, len as u64 - (1 << 20), &mut past).await {

@@ -11,6 +11,7 @@
 //! `Hello`, is closed with the reason logged. Heartbeats mark a silent peer dead after `network.dead_after_ms`;
 //! calls on its regions then fail with [`FabricError::PeerDead`] instead of hanging.
 
+mod lanes;
 pub mod launch;
 mod link;
 pub mod local;
@@ -44,24 +45,48 @@ struct Peer {
     addr: Option<SocketAddr>,
     /// One connection per lane, dialled on first use.
     conns: Vec<Option<quinn::Connection>>,
-    /// The lane the next call takes.
-    next_lane: usize,
     last_seen: Option<Instant>,
 }
 
 impl Peer {
-    /// The lane the next call takes (the lanes in turn).
-    fn take_lane(&mut self) -> usize {
-        let lane = self.next_lane % self.conns.len().max(1);
-        self.next_lane = lane + 1;
-        lane
-    }
-
     /// Where lane `lane` of this peer listens.
     fn lane_addr(&self, lane: usize) -> Option<SocketAddr> {
         let a = self.addr?;
         let port = a.port().checked_add(u16::try_from(lane).ok()?)?;
         Some(SocketAddr::new(a.ip(), port))
+    }
+}
+
+/// A call's hold on a lane to a node: counted in that lane's load until dropped.
+///
+/// A call takes the least busy lane, the lowest of those as little busy: calls one after another all take
+/// lane 0, and only calls at the same time spread over the lanes. Taking the lanes in turn instead cost every
+/// call the wake-up of a thread (and a core) that had been idle since the round before: measured on the H200
+/// host with lane threads, a 64 KiB acquire one at a time took 238-288 us over 4 lanes in turn and 158-178
+/// over 1 lane (docs/benchmarks.md).
+struct LaneUse {
+    lane: usize,
+    load: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LaneUse {
+    /// Holds `lane` whatever its load (a call that must take that lane).
+    fn enter(lane: usize, load: &Arc<std::sync::atomic::AtomicUsize>) -> LaneUse {
+        load.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        LaneUse { lane, load: Arc::clone(load) }
+    }
+
+    /// Holds `lane` if its load is still `seen`.
+    fn enter_if(lane: usize, load: &Arc<std::sync::atomic::AtomicUsize>, seen: usize) -> Option<LaneUse> {
+        use std::sync::atomic::Ordering;
+        load.compare_exchange(seen, seen + 1, Ordering::AcqRel, Ordering::Acquire).ok()?;
+        Some(LaneUse { lane, load: Arc::clone(load) })
+    }
+}
+
+impl Drop for LaneUse {
+    fn drop(&mut self) {
+        self.load.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -71,11 +96,18 @@ struct Shared {
     fabric: Fabric,
     /// One endpoint (UDP socket) per lane, on consecutive ports; lane 0's is the node's address.
     endpoints: Vec<quinn::Endpoint>,
+    /// Each lane's thread, when the agent runs on a multi-threaded runtime ([`lanes`]).
+    lanes: Option<lanes::Lanes>,
+    /// The task that holds the lane threads' stop (on the runtime that started the agent, so that they stop
+    /// with it, or at [`Agent::shutdown`]).
+    lane_stop: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     net: NetworkSection,
     started: Instant,
     peers: Vec<Mutex<Peer>>,
     /// Reads and writes in flight to each node (by node index): a long call takes the lanes the others leave.
     transfers: Vec<std::sync::atomic::AtomicUsize>,
+    /// Calls in flight on each lane to each node (by node, then lane): see [`LaneUse`].
+    lane_load: Vec<Vec<Arc<std::sync::atomic::AtomicUsize>>>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Leases peers hold on regions whose home is this node: the lease id they were given, the peer, the
     /// connection it came over (the lease ends when that connection closes), and the local lease on the host
@@ -188,7 +220,10 @@ impl Drop for RemoteLease {
         let (agent, home, lane, id, shadow) = (self.agent.clone(), self.home, self.lane, self.id, self.shadow);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = agent.call_on(home, Some(lane), &Message::Release { lease: id }, &[]).await {
+                let release = async {
+                    agent.call_on(home, &agent.hold_lane(home, lane)?, &Message::Release { lease: id }, &[]).await
+                };
+                if let Err(e) = release.await {
                     tracing::warn!(home, lease = id, error = %e, "releasing a dropped remote lease failed");
                 }
                 let _ = agent.free(&shadow).await;
@@ -235,7 +270,21 @@ impl Agent {
             socket_buffer: usize::try_from(net.socket_buffer.bytes()).unwrap_or(usize::MAX),
             ..QuicSettings::default()
         };
-        let endpoints = bind_lanes(bind, usize::from(net.lanes), identity, &settings)?;
+        // On a multi-threaded runtime each lane gets a thread of its own (see `lanes`).
+        let threaded = tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
+        let (lanes, lane_stop) = match threaded {
+            true => lanes::Lanes::start(usize::from(net.lanes))
+                .map(|(l, stop)| (Some(l), Some(stop)))
+                .map_err(|e| FabricError::Network(format!("starting the lane threads: {e}")))?,
+            false => (None, None),
+        };
+        let endpoints = bind_lanes(bind, usize::from(net.lanes), identity, &settings, lanes.as_ref())?;
+        let lane_stop = lane_stop.map(|stop| {
+            tokio::spawn(async move {
+                let _stop = stop;
+                std::future::pending::<()>().await
+            })
+        });
         let mut peers = Vec::new();
         for i in 0..config.nodes.len() as u16 {
             let addr = configured_addr(config, i)?;
@@ -243,18 +292,23 @@ impl Agent {
                 name: config.nodes[usize::from(i)].name.clone(),
                 addr,
                 conns: vec![None; usize::from(net.lanes)],
-                next_lane: 0,
                 last_seen: None,
             }));
         }
+        let lanes_n = usize::from(net.lanes);
         let shared = Arc::new(Shared {
             cluster: config.cluster.name.clone(),
             node,
             fabric,
             endpoints,
+            lanes,
+            lane_stop: std::sync::Mutex::new(lane_stop),
             net,
             started: Instant::now(),
             transfers: (0..config.nodes.len()).map(|_| std::sync::atomic::AtomicUsize::new(0)).collect(),
+            lane_load: (0..config.nodes.len())
+                .map(|_| (0..lanes_n).map(|_| Arc::new(std::sync::atomic::AtomicUsize::new(0))).collect())
+                .collect(),
             peers,
             tasks: std::sync::Mutex::new(Vec::new()),
             remote_leases: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -267,7 +321,13 @@ impl Agent {
         });
         let agent = Agent { shared };
         let serving = (0..agent.shared.endpoints.len())
-            .map(|lane| tokio::spawn(serve::accept_loop(Arc::clone(&agent.shared), lane)))
+            .map(|lane| {
+                let accepting = serve::accept_loop(Arc::clone(&agent.shared), lane);
+                match agent.shared.lanes.as_ref().and_then(|l| l.runtime(lane)) {
+                    Some(rt) => rt.handle().spawn(accepting),
+                    None => tokio::spawn(accepting),
+                }
+            })
             .collect::<Vec<_>>();
         let beating = tokio::spawn(heartbeat_loop(agent.clone()));
         agent.tasks().extend(serving.into_iter().chain([beating]));
@@ -300,6 +360,12 @@ impl Agent {
 
     fn tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
         self.shared.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many threads of their own the lanes run on: one per lane when the agent was started on a
+    /// multi-threaded runtime, none on a current-thread one (see the `lanes` module).
+    pub fn lane_threads(&self) -> usize {
+        self.shared.lanes.as_ref().map_or(0, |l| l.len())
     }
 
     /// This node's id (the home id in the addresses of the regions it allocates).
@@ -446,6 +512,25 @@ impl Agent {
             let l = in_place(|| self.shared.fabric.acquire(region, range, device, mode))?;
             return Ok(AgentLease { kind: LeaseKind::Local(l) });
         }
+        let lane = self.take_lane(home)?;
+        let region = *region;
+        self.on_lane(
+            lane.lane,
+            move |agent| async move { agent.acquire_remote(region, range, device, mode, lane).await },
+        )
+        .await
+    }
+
+    /// [`Agent::acquire_at`] a peer's region, over `lane`.
+    async fn acquire_remote(
+        &self,
+        region: Region,
+        range: std::ops::Range<u64>,
+        device: Location,
+        mode: Mode,
+        lane: LaneUse,
+    ) -> Result<AgentLease, FabricError> {
+        let (region, home) = (&region, region.addr.node().0);
         let len = range.end.checked_sub(range.start).filter(|&l| l > 0 && range.end <= region.len).ok_or(
             FabricError::OutOfBounds {
                 offset: range.start,
@@ -458,7 +543,6 @@ impl Agent {
         let pages = (range.start + len).div_ceil(ps) - first;
         let key: ReplicaKey = (region.addr.raw(), region.generation, first, pages, device);
         let full = pages * ps;
-        let lane = self.next_lane(home).await?;
         let f = &self.shared.fabric;
         // The copy the pages go into, straight from the wire: one from an earlier lease (taken out of the cache
         // while this lease uses it; its version tells the home whether to send the pages at all), or a new one.
@@ -486,7 +570,7 @@ impl Agent {
         };
         let expect = |m: &Message| if matches!(m, Message::Granted { unchanged: true, .. }) { 0 } else { full };
         let into = ReadInto::Region { copy: &shadow, offset: first * ps };
-        let reply = self.call_read_some(home, Some(lane), &msg, into, expect).await;
+        let reply = self.call_read_some(home, &lane, &msg, into, expect).await;
         let (id, version) = match reply {
             Ok(Message::Granted { lease, first_page, pages: n, version, unchanged })
                 if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
@@ -506,7 +590,7 @@ impl Agent {
                 kind: LeaseKind::Remote(RemoteLease {
                     agent: self.clone(),
                     home,
-                    lane,
+                    lane: lane.lane,
                     id,
                     mode,
                     key,
@@ -519,7 +603,7 @@ impl Agent {
             }),
             Err(e) => {
                 drop(filling);
-                let _ = self.call_on(home, Some(lane), &Message::Release { lease: id }, &[]).await;
+                let _ = self.call_on(home, &lane, &Message::Release { lease: id }, &[]).await;
                 Err(e)
             }
         }
@@ -585,11 +669,22 @@ impl Agent {
             Ok(b) => b,
             Err(e) => {
                 let _ = in_place(|| f.free(&shadow));
-                let _ = self.call_on(r.home, Some(r.lane), &Message::Release { lease: r.id }, &[]).await;
+                if let Ok(lane) = self.hold_lane(r.home, r.lane) {
+                    let _ = self.call_on(r.home, &lane, &Message::Release { lease: r.id }, &[]).await;
+                }
                 return Err(e);
             }
         };
-        match self.call_on(r.home, Some(r.lane), &Message::Release { lease: r.id }, &bytes).await {
+        let (home, lease_id) = (r.home, r.id);
+        let released = match self.hold_lane(home, r.lane) {
+            Ok(lane) => {
+                let release = Message::Release { lease: lease_id };
+                self.on_lane(r.lane, move |agent| async move { agent.call_on(home, &lane, &release, &bytes).await })
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match released {
             Ok(Message::Done) => {
                 // A write lease's release bumps each of its pages' versions once at the home.
                 let version = if mode == Mode::Write { r.version.wrapping_add(r.pages) } else { r.version };
@@ -656,7 +751,9 @@ impl Agent {
     pub async fn ping(&self, node: u16) -> Result<Duration, FabricError> {
         let t = Instant::now();
         let nonce = t.elapsed().as_nanos() as u64 ^ 0x5eed;
-        match self.call(node, &Message::Ping { nonce }, &[]).await? {
+        let lane = self.take_lane(node)?;
+        let ping = Message::Ping { nonce };
+        match self.on_lane(lane.lane, move |agent| async move { agent.call_on(node, &lane, &ping, &[]).await }).await? {
             Message::Pong { nonce: n } if n == nonce => Ok(t.elapsed()),
             other => Err(unexpected(node, &other)),
         }
@@ -696,22 +793,62 @@ impl Agent {
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), idle).await;
+        // The endpoints are idle: their threads may go.
+        if let Some(t) = self.shared.lane_stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            t.abort();
+        }
         tracing::info!(node = self.shared.node, "agent stopped");
     }
 
-    /// The lane the next call to `node` takes (the lanes in turn).
-    async fn next_lane(&self, node: u16) -> Result<usize, FabricError> {
-        Ok(self.peer(node)?.lock().await.take_lane())
+    /// The least busy lane to `node` (the lowest of those as little busy), held for a call until the guard is
+    /// dropped.
+    fn take_lane(&self, node: u16) -> Result<LaneUse, FabricError> {
+        self.take_lanes(node, 1)?.pop().ok_or_else(|| FabricError::Network(format!("node {node}: no lanes")))
     }
 
-    /// The connection to peer `node` on `lane` (the next lane when `None`), dialled from this node's endpoint of
+    /// The `n` least busy lanes to `node` (at most every lane once), each held until its guard is dropped.
+    fn take_lanes(&self, node: u16, n: usize) -> Result<Vec<LaneUse>, FabricError> {
+        let loads = self.lane_loads(node)?;
+        let mut taken: Vec<LaneUse> = Vec::with_capacity(n.min(loads.len()));
+        while taken.len() < n.min(loads.len()) {
+            let free = (0..loads.len()).filter(|l| taken.iter().all(|t| t.lane != *l));
+            let Some((lane, load)) =
+                free.map(|l| (l, loads[l].load(std::sync::atomic::Ordering::Acquire))).min_by_key(|&(l, v)| (v, l))
+            else {
+                break;
+            };
+            // Taken only if no other call took it meanwhile (else look again): calls that start together, such
+            // as the streams of one connection that end together, then spread instead of all taking one lane.
+            if let Some(held) = LaneUse::enter_if(lane, &loads[lane], load) {
+                taken.push(held);
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Lane `lane` to `node`, held whatever its load (a lease's release goes over the lane it was granted on).
+    fn hold_lane(&self, node: u16, lane: usize) -> Result<LaneUse, FabricError> {
+        let loads = self.lane_loads(node)?;
+        let load = loads.get(lane).ok_or_else(|| {
+            FabricError::Network(format!("lane {lane} of node {node}: there are {} lanes", loads.len()))
+        })?;
+        Ok(LaneUse::enter(lane, load))
+    }
+
+    fn lane_loads(&self, node: u16) -> Result<&[Arc<std::sync::atomic::AtomicUsize>], FabricError> {
+        self.shared.lane_load.get(usize::from(node)).map(Vec::as_slice).ok_or_else(|| {
+            FabricError::InvalidAddress(format!("node {node} is not in cluster {}", self.shared.cluster))
+        })
+    }
+
+    /// The connection to peer `node` on `lane`, dialled from this node's endpoint of
     /// the same lane and greeted on first use (and again after it closed). `probe` (pings) dials even a peer
     /// thought dead: that is how one that comes back is seen again.
-    async fn connection(&self, node: u16, lane: Option<usize>, probe: bool) -> Result<quinn::Connection, FabricError> {
+    async fn connection(&self, node: u16, lane: usize, probe: bool) -> Result<quinn::Connection, FabricError> {
         if node == self.shared.node {
             return Err(FabricError::InvalidAddress(format!("node {node} is this node")));
         }
-        let mut p = self.peer(node)?.lock().await;
+        let p = self.peer(node)?.lock().await;
         if !probe && !self.alive(&p) {
             return Err(FabricError::PeerDead {
                 node,
@@ -719,7 +856,6 @@ impl Agent {
                 why: format!("no heartbeat for {} ms", self.shared.net.dead_after_ms),
             });
         }
-        let lane = lane.unwrap_or_else(|| p.take_lane());
         let (Some(endpoint), true) = (self.shared.endpoints.get(lane), lane < p.conns.len()) else {
             return Err(FabricError::Network(format!("lane {lane} of node {node}: there are {} lanes", p.conns.len())));
         };
@@ -770,25 +906,33 @@ impl Agent {
         Ok(conn)
     }
 
+    /// Runs a call's `work` on `lane`'s thread, where that lane's connections are driven ([`lanes`]): a call
+    /// bound by latency then makes no hops between threads until its answer is in. In place when the agent
+    /// has no lane threads.
+    async fn on_lane<T, F>(&self, lane: usize, work: impl FnOnce(Agent) -> F) -> Result<T, FabricError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, FabricError>> + Send + 'static,
+    {
+        match &self.shared.lanes {
+            Some(lanes) => lanes.run(lane, work(self.clone())).await,
+            None => work(self.clone()).await,
+        }
+    }
+
     fn max_frame(&self) -> usize {
         self.shared.net.max_frame.bytes() as usize
     }
 
     /// One request to `node`: the frame, then `payload` as checksummed chunks; returns the response frame.
     async fn call(&self, node: u16, msg: &Message, payload: &[u8]) -> Result<Message, FabricError> {
-        self.call_on(node, None, msg, payload).await
+        self.call_on(node, &self.take_lane(node)?, msg, payload).await
     }
 
-    /// [`Agent::call`] on a given lane (the next one when `None`).
-    async fn call_on(
-        &self,
-        node: u16,
-        lane: Option<usize>,
-        msg: &Message,
-        payload: &[u8],
-    ) -> Result<Message, FabricError> {
+    /// [`Agent::call`] on a lane the caller holds.
+    async fn call_on(&self, node: u16, lane: &LaneUse, msg: &Message, payload: &[u8]) -> Result<Message, FabricError> {
         let work = async {
-            let conn = self.connection(node, lane, matches!(msg, Message::Ping { .. })).await?;
+            let conn = self.connection(node, lane.lane, matches!(msg, Message::Ping { .. })).await?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             let chunk = self.shared.net.chunk.bytes() as usize;
@@ -820,19 +964,19 @@ impl Agent {
         self.bounded(node, work).await
     }
 
-    /// A read request to `node` on `lane` (the next one when `None`): the response frame, then the chunks, each
-    /// verified and put where `into` says; `expect` says from the reply how many bytes must follow.
+    /// A read request to `node` on `lane`: the response frame, then the chunks, each verified and put where
+    /// `into` says; `expect` says from the reply how many bytes must follow.
     async fn call_read_some(
         &self,
         node: u16,
-        lane: Option<usize>,
+        lane: &LaneUse,
         msg: &Message,
         mut into: ReadInto<'_>,
         expect: impl Fn(&Message) -> u64,
     ) -> Result<Message, FabricError> {
         let max_chunk = self.shared.net.chunk.bytes();
         let work = async {
-            let conn = self.connection(node, lane, false).await?;
+            let conn = self.connection(node, lane.lane, false).await?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(net)?;
             write_frame(&mut send, msg, self.max_frame()).await.map_err(proto)?;
             send.finish().map_err(|e| FabricError::Network(e.to_string()))?;
@@ -927,13 +1071,19 @@ fn bind_lanes(
     lanes: usize,
     identity: &NodeIdentity,
     settings: &QuicSettings,
+    threads: Option<&lanes::Lanes>,
 ) -> Result<Vec<quinn::Endpoint>, FabricError> {
     let at = |port: u16| SocketAddr::new(bind.ip(), port);
+    // Lane `lane`'s endpoint, on its thread when it has one.
+    let endpoint = |lane: usize, addr: SocketAddr| match threads.and_then(|t| t.runtime(lane)) {
+        Some(rt) => quic::endpoint_pinned(addr, identity, settings, rt.clone()),
+        None => quic::endpoint(addr, identity, settings),
+    };
     let failed = |e: quic::QuicError| FabricError::Network(format!("binding {bind}: {e}"));
     let attempts = if bind.port() == 0 && lanes > 1 { 64 } else { 1 };
     let mut last = None;
     for _ in 0..attempts {
-        let first = quic::endpoint(bind, identity, settings).map_err(failed)?;
+        let first = endpoint(0, bind).map_err(failed)?;
         let base = first.local_addr().map_err(|e| FabricError::Network(e.to_string()))?.port();
         let mut endpoints = vec![first];
         for lane in 1..lanes {
@@ -941,7 +1091,7 @@ fn bind_lanes(
                 last = Some(FabricError::Network(format!("lane {lane}: no port above {base}")));
                 break;
             };
-            match quic::endpoint(at(port), identity, settings) {
+            match endpoint(lane, at(port)) {
                 Ok(e) => endpoints.push(e),
                 Err(e) => {
                     last = Some(FabricError::Network(format!("binding lane {lane} at {}: {e}", at(port))));
@@ -963,8 +1113,6 @@ fn configured_addr(config: &ClusterConfig, node: u16) -> Result<Option<SocketAdd
     }
 }
 
-/// Runs a fabric call in place on this worker thread (the runtime moves its other tasks elsewhere): no thread
-/// hop and no copies of the caller's buffers. On a single-threaded runtime it simply runs.
 /// This node's copy of a peer's pages while an acquire fills it: freed when dropped before [`CopyInFill::keep`].
 struct CopyInFill<'a> {
     fabric: &'a crate::fabric::Fabric,
@@ -1006,6 +1154,9 @@ impl ReadInto<'_> {
     }
 }
 
+/// Runs a fabric call in place on this worker thread (the runtime moves its other tasks elsewhere): no thread
+/// hop and no copies of the caller's buffers. On a single-threaded runtime (a lane's thread among them) it
+/// simply runs.
 fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<T, FabricError> {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         // Called from a single-threaded runtime (a caller's own): `block_in_place` would panic there.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use vfabric_transport::Location;
 
-use super::{in_place, unexpected, Agent, ReadInto};
+use super::{in_place, unexpected, Agent, LaneUse, ReadInto};
 use crate::directory::Placement;
 use crate::error::FabricError;
 use crate::fabric::Region;
@@ -287,10 +287,7 @@ impl Agent {
             let at = offset + (i * part) as u64;
             let msg = Message::Read { region: WireRegion::from(region), offset: at, len: piece.len() as u64 };
             let want = piece.len() as u64;
-            match self
-                .call_read_some(node, Some(lane), &msg, ReadInto::Buf { buf: piece, offset: at }, |_| want)
-                .await?
-            {
+            match self.call_read_some(node, &lane, &msg, ReadInto::Buf { buf: piece, offset: at }, |_| want).await? {
                 Message::Data { len } if len == want => Ok(()),
                 other => Err(unexpected(node, &other)),
             }
@@ -310,7 +307,7 @@ impl Agent {
         let writes = pieces.into_iter().zip(lanes).enumerate().map(|(i, (piece, lane))| async move {
             let at = offset + (i * part) as u64;
             let msg = Message::Write { region: WireRegion::from(region), offset: at, len: piece.len() as u64 };
-            match self.call_on(node, Some(lane), &msg, piece).await? {
+            match self.call_on(node, &lane, &msg, piece).await? {
                 Message::Done => Ok(()),
                 other => Err(unexpected(node, &other)),
             }
@@ -318,17 +315,18 @@ impl Agent {
         futures_util::future::try_join_all(writes).await.map(|_| ())
     }
 
-    /// How a transfer of `len` bytes to or from peer `node` is split: the lanes its parts take (in turn from the
-    /// peer's next lane), the bytes per part, and the count of transfers in flight to the peer, this one
-    /// included, for as long as the transfer holds it. Each lane's connection is driven on a core of its own,
-    /// so a call alone uses them all at once instead of one; with others in flight it takes its share of the
-    /// lanes (one when there are as many transfers as lanes: more, smaller calls would only add per-call
+    /// How a transfer of `len` bytes to or from peer `node` is split: the lanes its parts take (the least busy,
+    /// each held until its part's call ends), the bytes per part, and the count of transfers in flight to the
+    /// peer, this one included, for as long as the transfer holds it. Each lane's connection is driven on a core
+    /// of its own, so a call alone uses them all at once instead of one; with others in flight it takes its share
+    /// of the lanes (one when there are as many transfers as lanes: more, smaller calls would only add per-call
     /// work), and no part is under [`MIN_STRIPE`].
-    async fn stripes(&self, node: u16, len: usize) -> Result<(Vec<usize>, usize, InFlight<'_>), FabricError> {
-        let mut peer = self.peer(node)?.lock().await;
+    async fn stripes(&self, node: u16, len: usize) -> Result<(Vec<LaneUse>, usize, InFlight<'_>), FabricError> {
+        let lanes = self.peer(node)?.lock().await.conns.len();
         let in_flight = InFlight::enter(&self.shared.transfers[usize::from(node)]);
-        let parts = (peer.conns.len() / in_flight.count).min(len / MIN_STRIPE).max(1);
-        let lanes = (0..parts).map(|_| peer.take_lane()).collect();
-        Ok((lanes, len.div_ceil(parts).max(1), in_flight))
+        let parts = (lanes / in_flight.count).min(len / MIN_STRIPE).max(1);
+        let lanes = self.take_lanes(node, parts)?;
+        let part = len.div_ceil(lanes.len().max(1)).max(1);
+        Ok((lanes, part, in_flight))
     }
 }

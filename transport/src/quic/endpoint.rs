@@ -23,6 +23,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 
+use super::runtime::PinnedRuntime;
 use super::socket::{gso_segments, CappedGsoSocket};
 use super::{der, NodeIdentity, QuicError};
 
@@ -186,9 +187,34 @@ impl QuicSettings {
 /// awaiting that gives the [`Connection`] once the client's certificate has been verified; [`peer_name`] says
 /// which node it is. Dial with [`connect`].
 ///
-/// Must be called inside a Tokio runtime (the endpoint's driver is spawned on it); outside one it returns
-/// [`QuicError::Io`].
+/// Must be called inside a Tokio runtime (the endpoint's driver is spawned on it, and its connections' drivers
+/// on the runtime of whoever dials or accepts); outside one it returns [`QuicError::Io`].
 pub fn endpoint(bind: SocketAddr, identity: &NodeIdentity, settings: &QuicSettings) -> Result<Endpoint, QuicError> {
+    let runtime = quinn::default_runtime()
+        .ok_or_else(|| std::io::Error::other("no Tokio runtime: create QUIC endpoints inside one"))?;
+    build(bind, identity, settings, runtime)
+}
+
+/// [`endpoint()`] whose socket, timers and drivers (its own and every connection's) all live on the runtime
+/// `runtime` pins to, whichever runtime creates it, dials or accepts. Callable from anywhere.
+pub fn endpoint_pinned(
+    bind: SocketAddr,
+    identity: &NodeIdentity,
+    settings: &QuicSettings,
+    runtime: PinnedRuntime,
+) -> Result<Endpoint, QuicError> {
+    // The socket registers with the reactor of the runtime current when it is made.
+    let handle = runtime.handle().clone();
+    let _in = handle.enter();
+    build(bind, identity, settings, Arc::new(runtime))
+}
+
+fn build(
+    bind: SocketAddr,
+    identity: &NodeIdentity,
+    settings: &QuicSettings,
+    runtime: Arc<dyn quinn::Runtime>,
+) -> Result<Endpoint, QuicError> {
     settings.validate()?;
     let transport = Arc::new(settings.transport_config()?);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -228,8 +254,6 @@ pub fn endpoint(bind: SocketAddr, identity: &NodeIdentity, settings: &QuicSettin
     config
         .max_udp_payload_size(settings.mtu.max(MIN_ACCEPTED_PAYLOAD))
         .map_err(|e| QuicError::Config(format!("mtu {}: {e}", settings.mtu)))?;
-    let runtime = quinn::default_runtime()
-        .ok_or_else(|| std::io::Error::other("no Tokio runtime: create QUIC endpoints inside one"))?;
     let socket = std::net::UdpSocket::bind(bind)?;
     let socket = CappedGsoSocket::new(socket, settings.mtu)?;
     if settings.socket_buffer > 0 {

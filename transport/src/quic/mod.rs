@@ -10,6 +10,8 @@
 //!   never through the control codec.
 //! - [`socket`]: the endpoint's UDP socket ([`socket::CappedGsoSocket`]), quinn's with segmentation-offload
 //!   batches kept within one UDP datagram, so packets above 6,550 bytes keep GSO.
+//! - [`runtime`]: [`PinnedRuntime`], a quinn runtime that keeps an endpoint's drivers, timers and socket on
+//!   one Tokio runtime whichever runtime its users call from.
 //! - [`pool`]: reusable payload buffers ([`BufferPool`]) that return from quinn once their bytes are
 //!   acknowledged.
 //!
@@ -39,12 +41,14 @@ mod der;
 pub mod endpoint;
 mod error;
 pub mod pool;
+pub mod runtime;
 pub mod socket;
 
 pub use ca::{ClusterCa, NodeIdentity};
 pub use chunk::{
     read_chunk, read_chunk_header, read_chunk_parts, read_chunk_payload, write_chunk, ChunkHeader, CHUNK_HEADER_LEN,
 };
-pub use endpoint::{connect, endpoint, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU};
+pub use endpoint::{connect, endpoint, endpoint_pinned, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU};
 pub use error::QuicError;
 pub use pool::{BufferPool, PoolBuf};
+pub use runtime::PinnedRuntime;

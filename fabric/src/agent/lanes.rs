@@ -1,0 +1,132 @@
+//! Lane threads: on a multi-threaded runtime, each lane's QUIC endpoint, the drivers of its connections, the
+//! serving of the calls that arrive on it and the latency-bound calls this node makes over it all run on one
+//! thread of the lane's own (a current-thread Tokio runtime).
+//!
+//! Why: a call is a chain of wake-ups (a packet arrives, the endpoint's driver hands it to the connection's,
+//! which wakes the stream's reader, which answers, ...). On a multi-threaded runtime each of them may land on
+//! another worker, and on a 16-core host each hop costs a thread wake-up: measured on the H200 host, a remote
+//! 64 KiB acquire took 243-264 us between agents on the default runtime against 153-193 us between one-thread
+//! agents in the same run, and each side's runtime added about half of the difference (docs/benchmarks.md).
+//! On its lane's thread a call runs as it does on a one-thread agent, and the lanes still run on cores of
+//! their own, so a node keeps every lane's throughput.
+//!
+//! On a current-thread runtime (the agent's choice on two cores or fewer) there are no lane threads: the
+//! lanes run on that runtime's one thread, where extra threads would only compete for the cores.
+
+use std::future::Future;
+use std::thread::ThreadId;
+
+use tokio::sync::oneshot;
+use vfabric_transport::quic::PinnedRuntime;
+
+use crate::error::FabricError;
+
+/// The lane threads of an agent, by lane.
+pub(super) struct Lanes {
+    threads: Vec<LaneThread>,
+}
+
+struct LaneThread {
+    runtime: PinnedRuntime,
+    id: ThreadId,
+}
+
+/// Stops the lane threads when dropped (each ends its runtime, dropping the tasks still on it).
+pub(super) struct LaneStop {
+    _stops: Vec<oneshot::Sender<()>>,
+}
+
+impl Lanes {
+    /// Starts `n` lane threads, each running a current-thread runtime until the [`LaneStop`] is dropped.
+    pub(super) fn start(n: usize) -> std::io::Result<(Lanes, LaneStop)> {
+        let mut threads = Vec::with_capacity(n);
+        let mut stops = Vec::with_capacity(n);
+        for lane in 0..n {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let handle = runtime.handle().clone();
+            let (stop, stopped) = oneshot::channel::<()>();
+            let thread = std::thread::Builder::new().name(format!("vfabric-lane-{lane}")).spawn(move || {
+                // Ends when the stop is sent or dropped; dropping the runtime then drops its tasks.
+                let _ = runtime.block_on(stopped);
+            })?;
+            threads.push(LaneThread { runtime: PinnedRuntime::new(handle), id: thread.thread().id() });
+            stops.push(stop);
+        }
+        Ok((Lanes { threads }, LaneStop { _stops: stops }))
+    }
+
+    /// The quinn runtime of `lane`'s thread.
+    pub(super) fn runtime(&self, lane: usize) -> Option<&PinnedRuntime> {
+        self.threads.get(lane).map(|t| &t.runtime)
+    }
+
+    /// How many lane threads there are.
+    pub(super) fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Runs `work` on `lane`'s thread (in place when called there) and returns what it returns. Dropping the
+    /// returned future cancels the work, as dropping any call does.
+    pub(super) async fn run<T: Send + 'static>(
+        &self,
+        lane: usize,
+        work: impl Future<Output = Result<T, FabricError>> + Send + 'static,
+    ) -> Result<T, FabricError> {
+        let Some(thread) = self.threads.get(lane) else {
+            return Err(FabricError::Network(format!("lane {lane}: there are {} lane threads", self.threads.len())));
+        };
+        if thread.id == std::thread::current().id() {
+            return work.await;
+        }
+        let mut task = AbortOnDrop(thread.runtime.handle().spawn(work));
+        match (&mut task.0).await {
+            Ok(r) => r,
+            // Cancelled: the agent shut down (its lane threads with it).
+            Err(e) => Err(FabricError::Network(format!("lane {lane} stopped: {e}"))),
+        }
+    }
+}
+
+/// A task that is aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_runs_on_the_lane_thread_and_stops_with_it() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+        rt.block_on(async {
+            let (lanes, stop) = Lanes::start(2).expect("lanes");
+            assert_eq!(lanes.len(), 2);
+            let here = std::thread::current().id();
+            let names = [0, 1].map(|lane| {
+                lanes.run(lane, async {
+                    Ok((std::thread::current().id(), std::thread::current().name().map(String::from)))
+                })
+            });
+            let [a, b] = names;
+            let (a, b) = (a.await.expect("lane 0"), b.await.expect("lane 1"));
+            assert_ne!(a.0, here);
+            assert_ne!(a.0, b.0);
+            assert_eq!(a.1.as_deref(), Some("vfabric-lane-0"));
+            assert_eq!(b.1.as_deref(), Some("vfabric-lane-1"));
+            assert!(matches!(lanes.run(2, async { Ok(()) }).await, Err(FabricError::Network(_))));
+            // Errors come back as they are.
+            let failed = lanes.run(0, async { Err::<(), _>(FabricError::Protocol("no".into())) }).await;
+            assert!(matches!(failed, Err(FabricError::Protocol(_))));
+            // Once stopped, work on a lane fails instead of hanging.
+            drop(stop);
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let after = lanes.run(0, async { Ok(()) }).await;
+            assert!(matches!(after, Err(FabricError::Network(_))), "{after:?}");
+        });
+    }
+}
