@@ -601,3 +601,59 @@ fn writes_racing_migrations_are_never_lost() {
         }
     });
 }
+
+/// The threads of this process whose name starts with `prefix` (Linux: `/proc/self/task/*/comm`).
+fn threads_named(prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with(prefix))
+        .count()
+}
+
+#[test]
+fn lane_threads_end_with_the_agent() {
+    // Lane threads are named `vfabric-lane-N` (`comm` keeps 15 bytes); other tests of this binary may run
+    // agents at the same time, so the counts are of this test's agents' own threads, found by a unique
+    // number of lanes that no other test uses.
+    let mut cfg = config(2);
+    cfg.network.lanes = 5;
+    let ca = ClusterCa::generate("loop").expect("ca");
+    let before = threads_named("vfabric-lane-4");
+    // Shut down: the lane threads end.
+    runtime().block_on(async {
+        let a = cluster(&cfg, &ca).await;
+        assert_eq!(a[0].lane_threads(), 5);
+        assert_eq!(threads_named("vfabric-lane-4"), before + 2, "lane 4 of each agent");
+        a[0].ping(1).await.expect("ping over a lane thread");
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+    let gone = |want: usize| {
+        (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            threads_named("vfabric-lane-4") <= want
+        })
+    };
+    assert!(gone(before), "lane threads left after shutdown: {}", threads_named("vfabric-lane-4"));
+    // Never shut down, but the runtime that started the agents is dropped: they end too.
+    let rt = runtime();
+    rt.block_on(async {
+        let a = cluster(&cfg, &ca).await;
+        a[1].ping(0).await.expect("ping");
+        assert_eq!(threads_named("vfabric-lane-4"), before + 2);
+    });
+    drop(rt);
+    assert!(gone(before), "lane threads left after the runtime ended: {}", threads_named("vfabric-lane-4"));
+    // On a current-thread runtime there are none.
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+        let a = cluster(&cfg, &ca).await;
+        assert_eq!(a[0].lane_threads(), 0);
+        a[0].ping(1).await.expect("ping on the caller's thread");
+        assert!(threads_named("vfabric-lane-4") <= before);
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}
