@@ -8,7 +8,9 @@
 //! 64 KiB acquire took 243-264 us between agents on the default runtime against 153-193 us between one-thread
 //! agents in the same run, and each side's runtime added about half of the difference (docs/benchmarks.md).
 //! On its lane's thread a call runs as it does on a one-thread agent, and the lanes still run on cores of
-//! their own, so a node keeps every lane's throughput.
+//! their own, so a node keeps every lane's throughput. This pays only with calls one after another kept on one
+//! lane (the least busy lane, `LaneUse` in the parent module): taking the lanes in turn woke a thread that had
+//! slept since the round before for every call, and cost more than the hops saved (276-288 us).
 //!
 //! On a current-thread runtime (the agent's choice on two cores or fewer) there are no lane threads: the
 //! lanes run on that runtime's one thread, where extra threads would only compete for the cores.
@@ -81,8 +83,8 @@ impl Lanes {
         let mut task = AbortOnDrop(thread.runtime.handle().spawn(work));
         match (&mut task.0).await {
             Ok(r) => r,
-            // Cancelled: the agent shut down (its lane threads with it).
-            Err(e) => Err(FabricError::Network(format!("lane {lane} stopped: {e}"))),
+            // Cancelled (the agent shut down, its lane threads with it), or the work panicked.
+            Err(e) => Err(FabricError::Network(format!("lane {lane}: the call ended without an answer: {e}"))),
         }
     }
 }
