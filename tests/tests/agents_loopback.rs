@@ -509,9 +509,15 @@ fn regions_move_to_other_nodes_and_callers_follow_hints() {
         a[0].release(lease).await.expect("release");
         assert!(read_all(&a[0]).await.expect("still readable") == expect);
 
+        let forwarding = || a.iter().map(Agent::forwarding_entries).collect::<Vec<_>>();
+        assert_eq!(forwarding(), [1, 0, 0], "only the home forwards");
+
         // It moves on to n1: n0's and n2's hints name a freed copy now; their next calls find the new place.
         a[0].migrate_to(&r, 1, Location::Host).await.expect("migrate to n1's host memory");
         assert_eq!(pages_on(&a[2], Location::Gpu(0)), n2_gpu0, "n2's copy is freed");
+        // n2's copy forwarded to the new one while the move ran; once the home names the new one, n2 keeps no
+        // entry for it, however often the region moves.
+        assert_eq!(forwarding(), [1, 0, 0], "the copy that moved on left no forwarding entry");
         for (i, x) in a.iter().enumerate() {
             let back = read_all(x).await.unwrap_or_else(|e| panic!("read from n{i} after the second move: {e}"));
             assert!(back == expect, "bytes read from n{i} after the second move");

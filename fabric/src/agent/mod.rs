@@ -368,6 +368,12 @@ impl Agent {
         self.shared.lanes.as_ref().map_or(0, |l| l.len())
     }
 
+    /// How many regions of this node have their pages on another node (or in another region here) and so
+    /// keep a forwarding entry: the regions that moved away, and no copy that moved on.
+    pub fn forwarding_entries(&self) -> usize {
+        self.shared.moves.forwarding()
+    }
+
     /// This node's id (the home id in the addresses of the regions it allocates).
     pub fn node(&self) -> u16 {
         self.shared.node

@@ -12,8 +12,9 @@
 //! operation on a region of this node holds a read guard on the region's entry in [`Moves`] while it runs, and
 //! a migration holds the write guard from the first copied byte until the forwarding entry is in place. Pages
 //! that already moved are moved on by the home of the copy that has them, under its guard for that copy (writes
-//! reach that copy directly through hints), which leaves a forwarding entry there too; the region's home then
-//! points at the new copy. The
+//! reach that copy directly through hints), which forwards to the new copy while the move runs; the region's
+//! home then points at the new copy and has the old copy's node drop its entry (`Unforward`), so only a
+//! region's home forwards for good. The
 //! guards are per region, so two nodes moving regions to each other at once cannot wait on each other. A region
 //! with a lease held on it is not moved (freeing the old copy fails, so the migration is undone).
 
@@ -45,6 +46,25 @@ impl Moves {
 
     fn forget(&self, region: &Region) {
         self.regions.lock().unwrap_or_else(|p| p.into_inner()).remove(region);
+    }
+
+    /// Drops the forwarding entry of `region`, a copy whose pages moved on, once its region's home sends no
+    /// caller there any more; an entry whose pages are here stays. Callers that waited on it, and later ones,
+    /// then reach the fabric, which says the copy is gone (and they ask the home).
+    pub(super) async fn unforward(&self, region: &Region) {
+        let existing = self.regions.lock().unwrap_or_else(|p| p.into_inner()).get(region).cloned();
+        let Some(entry) = existing else { return };
+        let mut entry = entry.write_owned().await;
+        if entry.take().is_some() {
+            self.forget(region);
+        }
+    }
+
+    /// How many regions of this node have their pages elsewhere (an entry being changed right now may be left
+    /// out).
+    pub(super) fn forwarding(&self) -> usize {
+        let regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        regions.values().filter(|e| e.try_read().is_ok_and(|to| to.is_some())).count()
     }
 
     /// For an operation on `region`, a region of this node: a read guard that keeps it from moving while the
@@ -178,7 +198,8 @@ impl Agent {
     ) -> Result<Region, FabricError> {
         self.peer_or_self(node)?;
         let mut entry = self.shared.moves.entry(region).write_owned().await;
-        let now = match *entry {
+        let before = *entry;
+        let now = match before {
             // The pages are here: they move under this region's guard.
             None => self.move_pages(region, node, device).await?,
             // They are on another node (or in another region here): that copy's own home moves them, under its
@@ -189,7 +210,28 @@ impl Agent {
             tracing::info!(region = %region, node, device = %device, "a region's pages moved to another node");
         }
         *entry = (now != *region).then_some(now);
+        drop(entry);
+        // The copy that had the pages forwarded to the new one while this entry still named it; now that it
+        // names the new one, the old copy's entry may go. Only this node's own entries keep forwarding for
+        // good, so a region that moves often leaves none behind.
+        if let Some(old) = before.filter(|&old| old != now) {
+            self.unforward(&old).await;
+        }
         Ok(now)
+    }
+
+    /// Has the node of `copy` (a copy that held one of this node's regions' pages and moved them on) drop its
+    /// forwarding entry ([`Moves::unforward`]). A failure is logged: the entry only stays.
+    async fn unforward(&self, copy: &Region) {
+        let at = copy.addr.node().0;
+        if at == self.shared.node {
+            return self.shared.moves.unforward(copy).await;
+        }
+        match self.call(at, &Message::Unforward { region: WireRegion::from(copy) }, &[]).await {
+            Ok(Message::Done) => {}
+            Ok(other) => tracing::warn!(node = at, copy = %copy, error = %unexpected(at, &other), "unforward"),
+            Err(e) => tracing::warn!(node = at, copy = %copy, error = %e, "the forwarding entry of a copy stays"),
+        }
     }
 
     /// Moves the pages of `region`, which are here: a migration on this node, or a copy into a new region on

@@ -162,6 +162,13 @@ async fn serve_stream(
                 .map(|to| Message::Moved { to: WireRegion::from(&to) }),
             Err(e) => Err(e),
         },
+        Message::Unforward { region } => match home_region(shared, &region) {
+            Ok(r) => {
+                shared.moves.unforward(&r).await;
+                Ok(Message::Done)
+            }
+            Err(e) => Err(e),
+        },
         other => Err(FabricError::Protocol(format!("`{}` is not served yet", other.name()))),
     };
     let answer = match reply {

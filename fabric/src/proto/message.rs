@@ -226,6 +226,15 @@ pub enum Message {
         /// Where the region's pages are now.
         to: WireRegion,
     },
+
+    // Added after `MigrateTo` and `Moved`.
+    /// From a region's home to the node of a copy that held the region's pages and moved them on: the home
+    /// sends no caller there any more, so the copy's forwarding entry may go. A caller that still names the
+    /// copy (an old hint) then finds it freed and asks the home. Answered with [`Message::Done`].
+    Unforward {
+        /// The copy whose pages moved on.
+        region: WireRegion,
+    },
 }
 
 impl Message {
@@ -243,7 +252,8 @@ impl Message {
             | Message::Release { .. }
             | Message::Migrate { .. }
             | Message::Invalidate { .. }
-            | Message::MigrateTo { .. } => true,
+            | Message::MigrateTo { .. }
+            | Message::Unforward { .. } => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
             | Message::Allocated { .. }
@@ -277,6 +287,7 @@ impl Message {
             Message::Error { .. } => "error",
             Message::MigrateTo { .. } => "migrateto",
             Message::Moved { .. } => "moved",
+            Message::Unforward { .. } => "unforward",
         }
     }
 }
@@ -320,6 +331,7 @@ mod tests {
             Message::Error { kind: ErrorKind::Internal, message: "x".into() },
             Message::MigrateTo { region, node: 1, device: WireLocation::Gpu(0) },
             Message::Moved { to: region },
+            Message::Unforward { region },
         ]
     }
 
@@ -328,7 +340,7 @@ mod tests {
         let kinds: Vec<bool> = all().iter().map(Message::is_request).collect();
         let mut expected = vec![true; 10];
         expected.extend([false; 7]);
-        expected.extend([true, false]);
+        expected.extend([true, false, true]);
         assert_eq!(kinds, expected);
     }
 
