@@ -223,6 +223,34 @@ fn strangers_and_protocol_breakers_are_cut_off() {
         // n1 still serves n0.
         let r = a[0].alloc(1, 1 << 20, None).await.expect("n1 still serves");
         a[0].write(&r, 0, &[1u8; 1000]).await.expect("write");
+
+        // A member whose write chunk claims an offset at the end of the address space (so that offset + length
+        // wraps around): refused as a protocol violation, not a panic in the serving task.
+        let conn = quic::connect(&ep, a[1].local_addr(), "n1").await.expect("connect");
+        let (mut s, mut rcv) = conn.open_bi().await.expect("stream");
+        write_frame(&mut s, &hello, 1 << 20).await.expect("hello");
+        s.finish().expect("finish");
+        let welcome = vfabric::proto::read_frame(&mut rcv, 1 << 20).await.expect("welcome");
+        assert!(matches!(welcome, Some(Message::Welcome { node: 1, .. })), "{welcome:?}");
+        let (mut s, _r) = conn.open_bi().await.expect("stream");
+        let write = Message::Write { region: vfabric::proto::WireRegion::from(&r), offset: 0, len: 1000 };
+        write_frame(&mut s, &write, 1 << 20).await.expect("write request");
+        let payload = [2u8; 100];
+        let header = quic::ChunkHeader::for_payload(u64::MAX - 10, &payload).encode();
+        s.write_all(&header).await.expect("chunk header");
+        s.write_all(&payload).await.expect("chunk payload");
+        let _ = s.finish();
+        match tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("closed in time") {
+            quinn::ConnectionError::ApplicationClosed(c) => {
+                assert_eq!(c.error_code, quinn::VarInt::from_u32(1), "closed as a protocol violation");
+                let why = String::from_utf8_lossy(&c.reason);
+                assert!(why.contains("runs past"), "the reason says what was wrong: {why}");
+            }
+            other => panic!("closed another way: {other}"),
+        }
+        let mut back = [0u8; 1000];
+        a[0].read(&r, 0, &mut back).await.expect("n1 still serves");
+        assert_eq!(back, [1u8; 1000], "nothing of the refused write was written");
         ep.close(quinn::VarInt::from_u32(0), b"done");
         for x in &a {
             x.shutdown().await;

@@ -12,6 +12,11 @@
 //! lane (the least busy lane, `LaneUse` in the parent module): taking the lanes in turn woke a thread that had
 //! slept since the round before for every call, and cost more than the hops saved (276-288 us).
 //!
+//! What runs on a lane's thread blocks it while it runs: fabric calls there run in place (a copy of up to a
+//! chunk, 1 MiB, at a time), and migrations served on a lane, which copy whole regions, go to the runtime that
+//! started the agent (`Agent::off_lanes`). A long call on the node's fabric from elsewhere still holds up a
+//! lane whose next call waits for the fabric's lock, as it holds up a one-thread agent.
+//!
 //! On a current-thread runtime (the agent's choice on two cores or fewer) there are no lane threads: the
 //! lanes run on that runtime's one thread, where extra threads would only compete for the cores.
 
@@ -44,13 +49,26 @@ impl Lanes {
         let mut threads = Vec::with_capacity(n);
         let mut stops = Vec::with_capacity(n);
         for lane in 0..n {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let handle = runtime.handle().clone();
             let (stop, stopped) = oneshot::channel::<()>();
+            let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+            // The runtime is made (and dropped) on its own thread: dropping one inside the caller's runtime, were
+            // the thread not to start, would panic.
             let thread = std::thread::Builder::new().name(format!("vfabric-lane-{lane}")).spawn(move || {
-                // Ends when the stop is sent or dropped; dropping the runtime then drops its tasks.
-                let _ = runtime.block_on(stopped);
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(e));
+                        return;
+                    }
+                };
+                if handle_tx.send(Ok(runtime.handle().clone())).is_ok() {
+                    // Ends when the stop is sent or dropped; dropping the runtime then drops its tasks.
+                    let _ = runtime.block_on(stopped);
+                }
             })?;
+            let handle = handle_rx.recv().map_err(|_| {
+                std::io::Error::other(format!("lane {lane}'s thread ended before its runtime started"))
+            })??;
             threads.push(LaneThread { runtime: PinnedRuntime::new(handle), id: thread.thread().id() });
             stops.push(stop);
         }
@@ -62,13 +80,20 @@ impl Lanes {
         self.threads.get(lane).map(|t| &t.runtime)
     }
 
+    /// Whether this is one of the lane threads.
+    pub(super) fn is_lane_thread(&self) -> bool {
+        let me = std::thread::current().id();
+        self.threads.iter().any(|t| t.id == me)
+    }
+
     /// How many lane threads there are.
     pub(super) fn len(&self) -> usize {
         self.threads.len()
     }
 
     /// Runs `work` on `lane`'s thread (in place when called there) and returns what it returns. Dropping the
-    /// returned future cancels the work, as dropping any call does.
+    /// returned future cancels the work at its next await, as dropping any call does (a step already running
+    /// on the lane's thread finishes first).
     pub(super) async fn run<T: Send + 'static>(
         &self,
         lane: usize,

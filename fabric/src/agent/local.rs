@@ -106,7 +106,7 @@ impl Agent {
                         let Some(_) = end else { return Err(format!("a write chunk at +{at:#x} outside the write")) };
                         got += buf.len() as u64;
                         if result.is_ok() {
-                            if let Err(e) = self.write(&r, offset + at, &buf).await {
+                            if let Err(e) = self.write(&r, offset.saturating_add(at), &buf).await {
                                 result = Err(e);
                             }
                         }
@@ -136,7 +136,7 @@ impl Agent {
         while at < len || at == 0 {
             let n = (1u64 << 20).min(len - at);
             piece.resize(n as usize, 0);
-            if let Err(e) = self.read(r, offset + at, &mut piece).await {
+            if let Err(e) = self.read(r, offset.saturating_add(at), &mut piece).await {
                 if at > 0 {
                     return Err(format!("a read failed midway: {e}"));
                 }

@@ -98,6 +98,8 @@ struct Shared {
     endpoints: Vec<quinn::Endpoint>,
     /// Each lane's thread, when the agent runs on a multi-threaded runtime ([`lanes`]).
     lanes: Option<lanes::Lanes>,
+    /// The runtime that started the agent: long work served on a lane's thread runs there instead.
+    main: tokio::runtime::Handle,
     /// The task that holds the lane threads' stop (on the runtime that started the agent, so that they stop
     /// with it, or at [`Agent::shutdown`]).
     lane_stop: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -279,12 +281,6 @@ impl Agent {
             false => (None, None),
         };
         let endpoints = bind_lanes(bind, usize::from(net.lanes), identity, &settings, lanes.as_ref())?;
-        let lane_stop = lane_stop.map(|stop| {
-            tokio::spawn(async move {
-                let _stop = stop;
-                std::future::pending::<()>().await
-            })
-        });
         let mut peers = Vec::new();
         for i in 0..config.nodes.len() as u16 {
             let addr = configured_addr(config, i)?;
@@ -295,6 +291,14 @@ impl Agent {
                 last_seen: None,
             }));
         }
+        // Nothing fails after this: the lane threads live until the runtime that started the agent ends (or
+        // the agent shuts down). Until here, a failure drops their stop, and they end.
+        let lane_stop = lane_stop.map(|stop| {
+            tokio::spawn(async move {
+                let _stop = stop;
+                std::future::pending::<()>().await
+            })
+        });
         let lanes_n = usize::from(net.lanes);
         let shared = Arc::new(Shared {
             cluster: config.cluster.name.clone(),
@@ -302,6 +306,7 @@ impl Agent {
             fabric,
             endpoints,
             lanes,
+            main: tokio::runtime::Handle::current(),
             lane_stop: std::sync::Mutex::new(lane_stop),
             net,
             started: Instant::now(),
@@ -338,8 +343,8 @@ impl Agent {
     /// A runtime for an agent: `threads` workers, or with 0 the machine's choice: one thread on a machine of two
     /// cores or fewer, every core above that. One thread is a current-thread runtime: no wake-ups between
     /// workers, page copies run in line. Measured on a 2-core machine with two agents on loopback, one thread
-    /// each moved 12-15 Gbit/s against 9-10 with two workers each (docs/benchmarks.md); on bigger hosts each
-    /// lane (`network.lanes`) needs a worker of its own to use a core of its own.
+    /// each moved 12-15 Gbit/s against 9-10 with two workers each (docs/benchmarks.md). On a multi-threaded
+    /// runtime each lane (`network.lanes`) also gets a thread of its own (the `lanes` module).
     pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         match threads {
@@ -369,7 +374,8 @@ impl Agent {
     }
 
     /// How many regions of this node have their pages on another node (or in another region here) and so
-    /// keep a forwarding entry: the regions that moved away, and no copy that moved on.
+    /// keep a forwarding entry: the regions that moved away. A copy that moved on keeps one only until its
+    /// region's home names the new copy (or for good, when that message was lost: it is best effort).
     pub fn forwarding_entries(&self) -> usize {
         self.shared.moves.forwarding()
     }
@@ -799,7 +805,7 @@ impl Agent {
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), idle).await;
-        // The endpoints are idle: their threads may go.
+        // The endpoints are idle (or had their second): their threads may go. They end on their own, unjoined.
         if let Some(t) = self.shared.lane_stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
             t.abort();
         }
@@ -926,6 +932,26 @@ impl Agent {
         }
     }
 
+    /// Runs long `work` (a migration: whole regions copied, several calls) on the runtime that started the
+    /// agent when called on a lane's thread, so that the lane's connections and its other calls keep moving
+    /// meanwhile; in place anywhere else. Once started it runs to its end, also when the caller goes: a
+    /// migration cut off halfway would leave its new copy behind.
+    async fn off_lanes<T, F>(&self, work: impl FnOnce(Agent) -> F) -> Result<T, FabricError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, FabricError>> + Send + 'static,
+    {
+        match &self.shared.lanes {
+            Some(lanes) if lanes.is_lane_thread() => self
+                .shared
+                .main
+                .spawn(work(self.clone()))
+                .await
+                .map_err(|e| FabricError::Network(format!("the work ended without an answer: {e}")))?,
+            _ => work(self.clone()).await,
+        }
+    }
+
     fn max_frame(&self) -> usize {
         self.shared.net.max_frame.bytes() as usize
     }
@@ -994,7 +1020,9 @@ impl Agent {
             let mut parts = Vec::new();
             while let Some(header) = quic::read_chunk_header(&mut recv).await.map_err(chunk_failed)? {
                 let (at, len) = (header.offset, u64::from(header.len));
-                let start = at.checked_sub(offset).filter(|s| s + len <= room && len <= max_chunk);
+                let start = at
+                    .checked_sub(offset)
+                    .filter(|s| s.checked_add(len).is_some_and(|e| e <= room) && len <= max_chunk);
                 let Some(start) = start else {
                     return Err(FabricError::Protocol(format!(
                         "node {node} sent {len} bytes at {at:#x}, outside the read"

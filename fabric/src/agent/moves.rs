@@ -5,8 +5,9 @@
 //! the target node (the *hosted* copy), frees its own, and keeps a forwarding entry: a request that names the
 //! region at the home is answered `Moved { to }`. The requester follows it and caches `to` as a *hint*, so its
 //! next calls go straight to the node that has the pages. A hint goes stale when the region moves again (or is
-//! freed): the hosted copy it names is gone, the node answers `UseAfterFree` (its generation check sees a
-//! freed handle, also when the slot holds a newer region), and the requester drops the hint and asks the home.
+//! freed): the hosted copy it names is gone, the node answers `Moved` while it still forwards (see below) and
+//! then `UseAfterFree` (its generation check sees a freed handle, also when the slot holds a newer region), and
+//! the requester drops the hint and asks the home.
 //!
 //! While a region moves, no write may land in pages being copied away and no write may be lost: every
 //! operation on a region of this node holds a read guard on the region's entry in [`Moves`] while it runs, and
@@ -48,14 +49,16 @@ impl Moves {
         self.regions.lock().unwrap_or_else(|p| p.into_inner()).remove(region);
     }
 
-    /// Drops the forwarding entry of `region`, a copy whose pages moved on, once its region's home sends no
-    /// caller there any more; an entry whose pages are here stays. Callers that waited on it, and later ones,
-    /// then reach the fabric, which says the copy is gone (and they ask the home).
-    pub(super) async fn unforward(&self, region: &Region) {
+    /// Drops the forwarding entry of `region`, a copy whose pages moved on to `to`, once its region's home
+    /// sends no caller there any more; any other entry stays (one whose pages are here, or that names another
+    /// region: a stale or misdirected request changes nothing). Callers that waited on it, and later ones, then
+    /// reach the fabric, which says the copy is gone (and they ask the home).
+    pub(super) async fn unforward(&self, region: &Region, to: &Region) {
         let existing = self.regions.lock().unwrap_or_else(|p| p.into_inner()).get(region).cloned();
         let Some(entry) = existing else { return };
         let mut entry = entry.write_owned().await;
-        if entry.take().is_some() {
+        if entry.as_ref() == Some(to) {
+            *entry = None;
             self.forget(region);
         }
     }
@@ -215,19 +218,20 @@ impl Agent {
         // names the new one, the old copy's entry may go. Only this node's own entries keep forwarding for
         // good, so a region that moves often leaves none behind.
         if let Some(old) = before.filter(|&old| old != now) {
-            self.unforward(&old).await;
+            self.unforward(&old, &now).await;
         }
         Ok(now)
     }
 
-    /// Has the node of `copy` (a copy that held one of this node's regions' pages and moved them on) drop its
-    /// forwarding entry ([`Moves::unforward`]). A failure is logged: the entry only stays.
-    async fn unforward(&self, copy: &Region) {
+    /// Has the node of `copy` (a copy that held one of this node's regions' pages and moved them on to `to`)
+    /// drop its forwarding entry ([`Moves::unforward`]). A failure is logged: the entry only stays.
+    async fn unforward(&self, copy: &Region, to: &Region) {
         let at = copy.addr.node().0;
         if at == self.shared.node {
-            return self.shared.moves.unforward(copy).await;
+            return self.shared.moves.unforward(copy, to).await;
         }
-        match self.call(at, &Message::Unforward { region: WireRegion::from(copy) }, &[]).await {
+        let msg = Message::Unforward { region: WireRegion::from(copy), to: WireRegion::from(to) };
+        match self.call(at, &msg, &[]).await {
             Ok(Message::Done) => {}
             Ok(other) => tracing::warn!(node = at, copy = %copy, error = %unexpected(at, &other), "unforward"),
             Err(e) => tracing::warn!(node = at, copy = %copy, error = %e, "the forwarding entry of a copy stays"),

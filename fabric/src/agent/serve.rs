@@ -151,20 +151,24 @@ async fn serve_stream(
             return grant(shared, (peer, connection), (&region, offset, len, mode, cached), &mut send, chunk).await;
         }
         Message::Release { lease } => take_back(shared, peer, lease, &mut recv, chunk).await,
+        // Migrations copy whole regions: off the lane's thread, which keeps serving meanwhile.
         Message::Migrate { region, device } => match home_region(shared, &region) {
-            Ok(r) => as_agent(shared).migrate_at_home(&r, shared.node, device.into()).await.map(|_| Message::Done),
+            Ok(r) => as_agent(shared)
+                .off_lanes(move |a| async move { a.migrate_at_home(&r, a.node(), device.into()).await })
+                .await
+                .map(|_| Message::Done),
             Err(e) => Err(e),
         },
         Message::MigrateTo { region, node, device } => match home_region(shared, &region) {
             Ok(r) => as_agent(shared)
-                .migrate_at_home(&r, node, device.into())
+                .off_lanes(move |a| async move { a.migrate_at_home(&r, node, device.into()).await })
                 .await
                 .map(|to| Message::Moved { to: WireRegion::from(&to) }),
             Err(e) => Err(e),
         },
-        Message::Unforward { region } => match home_region(shared, &region) {
+        Message::Unforward { region, to } => match home_region(shared, &region) {
             Ok(r) => {
-                shared.moves.unforward(&r).await;
+                shared.moves.unforward(&r, &Region::from(&to)).await;
                 Ok(Message::Done)
             }
             Err(e) => Err(e),
@@ -379,7 +383,9 @@ async fn receive_write(
     while let Some(header) = quic::read_chunk_header(recv).await.map_err(network)? {
         // Chunk offsets count from the start of the write.
         let chunk_len = u64::from(header.len);
-        let start = offset.checked_add(header.offset).filter(|s| chunk_len <= max_chunk && s + chunk_len <= end);
+        let start = offset
+            .checked_add(header.offset)
+            .filter(|s| chunk_len <= max_chunk && s.checked_add(chunk_len).is_some_and(|e| e <= end));
         let Some(start) = start else {
             return Err(FabricError::Protocol(format!(
                 "a write chunk of {chunk_len} bytes at +{:#x} runs past the write's {len} bytes (or above {max_chunk})",

@@ -228,12 +228,15 @@ pub enum Message {
     },
 
     // Added after `MigrateTo` and `Moved`.
-    /// From a region's home to the node of a copy that held the region's pages and moved them on: the home
-    /// sends no caller there any more, so the copy's forwarding entry may go. A caller that still names the
-    /// copy (an old hint) then finds it freed and asks the home. Answered with [`Message::Done`].
+    /// From a region's home to the node of a copy that held the region's pages and moved them on to `to`: the
+    /// home sends no caller there any more, so the copy's forwarding entry (to `to`, and nothing else) may go.
+    /// A caller that still names the copy (an old hint) then finds it freed and asks the home. Answered with
+    /// [`Message::Done`].
     Unforward {
         /// The copy whose pages moved on.
         region: WireRegion,
+        /// Where they went (the entry is dropped only when it names this region).
+        to: WireRegion,
     },
 }
 
@@ -331,7 +334,7 @@ mod tests {
             Message::Error { kind: ErrorKind::Internal, message: "x".into() },
             Message::MigrateTo { region, node: 1, device: WireLocation::Gpu(0) },
             Message::Moved { to: region },
-            Message::Unforward { region },
+            Message::Unforward { region, to: region },
         ]
     }
 
