@@ -326,7 +326,7 @@ impl Agent {
         if node == self.shared.node {
             return in_place(|| self.shared.fabric.read(region, offset, buf));
         }
-        let (lanes, part, _in_flight) = self.stripes(node, buf.len()).await?;
+        let (lanes, part, _in_flight) = self.stripes(node, buf.len())?;
         // An empty read is one call too: the home checks its bounds.
         let pieces: Vec<&mut [u8]> = if buf.is_empty() { vec![buf] } else { buf.chunks_mut(part).collect() };
         let reads = pieces.into_iter().zip(lanes).enumerate().map(|(i, (piece, lane))| async move {
@@ -348,7 +348,7 @@ impl Agent {
         if node == self.shared.node {
             return in_place(|| self.shared.fabric.write(region, offset, data));
         }
-        let (lanes, part, _in_flight) = self.stripes(node, data.len()).await?;
+        let (lanes, part, _in_flight) = self.stripes(node, data.len())?;
         let pieces: Vec<&[u8]> = if data.is_empty() { vec![data] } else { data.chunks(part).collect() };
         let writes = pieces.into_iter().zip(lanes).enumerate().map(|(i, (piece, lane))| async move {
             let at = offset + (i * part) as u64;
@@ -367,8 +367,8 @@ impl Agent {
     /// of its own, so a call alone uses them all at once instead of one; with others in flight it takes its share
     /// of the lanes (one when there are as many transfers as lanes: more, smaller calls would only add per-call
     /// work), and no part is under [`MIN_STRIPE`].
-    async fn stripes(&self, node: u16, len: usize) -> Result<(Vec<LaneUse>, usize, InFlight<'_>), FabricError> {
-        let lanes = self.peer(node)?.lock().await.conns.len();
+    fn stripes(&self, node: u16, len: usize) -> Result<(Vec<LaneUse>, usize, InFlight<'_>), FabricError> {
+        let lanes = self.lane_loads(node)?.len();
         let in_flight = InFlight::enter(&self.shared.transfers[usize::from(node)]);
         let parts = (lanes / in_flight.count).min(len / MIN_STRIPE).max(1);
         let lanes = self.take_lanes(node, parts)?;
