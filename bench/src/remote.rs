@@ -169,6 +169,17 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// The connections between two agents of `net`, for the report.
+fn lanes_described(net: &vfabric::config::NetworkSection) -> String {
+    match net.latency_lane {
+        true => format!(
+            "{} connection(s) for bulk transfers (lanes) and the latency lane for calls under 256 KiB",
+            net.lanes
+        ),
+        false => format!("{} connection(s) (lanes), no latency lane", net.lanes),
+    }
+}
+
 /// The two-node cluster the benchmark runs: `n1` is the home of the region `n0` writes and reads.
 fn two_nodes(
     base: &ClusterConfig,
@@ -450,7 +461,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let mut lat = Vec::new();
     let mut moves = Vec::new();
     let mut device = String::new();
-    let mut lanes = 1;
+    let mut lanes = String::new();
     if let (Some(path), Some(node), Some(peer)) = (&args.cluster, &args.node, &args.peer) {
         // This end only, against a separately started agent.
         let mut cfg = ClusterConfig::from_file(path).map_err(|e| e.to_string())?;
@@ -465,7 +476,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
                 path.display()
             ));
         }
-        lanes = cfg.network.lanes;
+        lanes = lanes_described(&cfg.network);
         let mtu = cfg.network.mtu;
         rt.block_on(async {
             let a = Agent::start_from_config(&cfg, node).await.map_err(|e| e.to_string())?;
@@ -482,7 +493,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let pairs = if args.cluster.is_some() { Vec::new() } else { args.mtus.clone() };
     for (&mtu, &size) in pairs.iter().flat_map(|m| sizes.iter().map(move |s| (m, s))) {
         let cfg = two_nodes(&base, mtu, region_bytes, size, args.stream_window, args.lanes)?;
-        lanes = cfg.network.lanes;
+        lanes = lanes_described(&cfg.network);
         rt.block_on(async {
             let (a, b) = start_pair(&cfg).await?;
             if device.is_empty() {
@@ -511,7 +522,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         }
         _ => "two agents in one process on 127.0.0.1; the region's home is the other agent".to_string(),
     };
-    let _ = writeln!(md, "- {setup}; QUIC with mutual TLS (encrypted), {lanes} connection(s) (lanes) between the agents, each on a socket of its own, each call on the least busy; page payloads in 1 MiB checksummed (xxh3) chunks; device layer: {device}");
+    let _ = writeln!(md, "- {setup}; QUIC with mutual TLS (encrypted), {lanes} between the agents, each on a socket of its own, each call on the least busy it may take; page payloads in 1 MiB checksummed (xxh3) chunks; device layer: {device}");
     let _ = writeln!(
         md,
         "- the region's pages live on {} of their home; acquires put them on {} here",

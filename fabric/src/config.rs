@@ -191,6 +191,11 @@ pub struct NetworkSection {
     /// Send and receive buffer asked for each QUIC socket (the kernel caps it at `net.core.rmem_max`);
     /// `0` keeps the system's default, which drops packets while a busy receiver copies a chunk.
     pub socket_buffer: ByteSize,
+    /// One more connection per pair of nodes, the latency lane, beside the `lanes`: calls that move less than
+    /// 256 KiB of pages take it first, bulk transfers never. On a multi-threaded runtime it runs on a thread of
+    /// its own (its endpoint, its connections, the calls made and served on it). It is lane 0, on the node's
+    /// port; the `lanes` take the ports after it. The same for every node of a cluster.
+    pub latency_lane: bool,
 }
 
 impl Default for NetworkSection {
@@ -207,7 +212,15 @@ impl Default for NetworkSection {
             connection_window: ByteSize(8 << 20),
             lanes: 1,
             socket_buffer: ByteSize(4 << 20),
+            latency_lane: true,
         }
+    }
+}
+
+impl NetworkSection {
+    /// QUIC connections (and ports from each node's) per pair of nodes: the `lanes` and the latency lane.
+    pub fn connections(&self) -> u16 {
+        self.lanes + u16::from(self.latency_lane)
     }
 }
 
@@ -348,24 +361,26 @@ impl ClusterConfig {
         if !(1..=MAX_LANES).contains(&net.lanes) {
             return Err(format!("network.lanes {} must be within 1..={MAX_LANES}", net.lanes));
         }
-        // Each node listens on its port and the `lanes - 1` after it: those ranges must exist and not overlap.
+        // Each node listens on its port and the `connections - 1` after it: those ranges must exist and not
+        // overlap.
+        let ports = u32::from(net.connections());
         let mut ranges: Vec<(std::net::IpAddr, u32, &str)> = Vec::new();
         for n in &self.nodes {
             let Some(a) = n.address.as_ref().and_then(|a| a.parse::<std::net::SocketAddr>().ok()) else { continue };
-            let (first, last) = (u32::from(a.port()), u32::from(a.port()) + u32::from(net.lanes) - 1);
+            let (first, last) = (u32::from(a.port()), u32::from(a.port()) + ports - 1);
             if a.port() != 0 && last > u32::from(u16::MAX) {
-                return Err(format!("node `{}`: {} lanes from port {first} run past port 65535", n.name, net.lanes));
+                return Err(format!("node `{}`: {ports} lanes from port {first} run past port 65535", n.name));
             }
-            if let Some((_, other, name)) = ranges
-                .iter()
-                .find(|(ip, p, _)| *ip == a.ip() && a.port() != 0 && p.abs_diff(first) < u32::from(net.lanes))
+            if let Some((_, other, name)) =
+                ranges.iter().find(|(ip, p, _)| *ip == a.ip() && a.port() != 0 && p.abs_diff(first) < ports)
             {
                 return Err(format!(
-                    "nodes `{name}` and `{}` listen on {} at ports {other} and {first}: with network.lanes = {} each \
-                     takes that many ports from its own, so they overlap",
+                    "nodes `{name}` and `{}` listen on {} at ports {other} and {first}: with network.lanes = {} and \
+                     the latency lane {} each takes {ports} ports from its own, so they overlap",
                     n.name,
                     a.ip(),
-                    net.lanes
+                    net.lanes,
+                    if net.latency_lane { "on" } else { "off" },
                 ));
             }
             ranges.push((a.ip(), first, &n.name));
@@ -424,7 +439,13 @@ mod tests {
         assert!(bad(&two(2, "127.0.0.1:7000", "127.0.0.1:7001")).contains("overlap"));
         assert!(bad(&two(4, "127.0.0.1:7003", "127.0.0.1:7000")).contains("overlap"));
         assert!(bad(&two(2, "127.0.0.1:65535", "127.0.0.2:7000")).contains("65535"));
-        for fine in [two(1, "127.0.0.1:7000", "127.0.0.1:7001"), two(4, "127.0.0.1:7000", "127.0.0.1:7004")] {
+        // The latency lane takes a port too: 4 lanes take 5.
+        assert!(bad(&two(4, "127.0.0.1:7000", "127.0.0.1:7004")).contains("overlap"));
+        let no_latency_lane =
+            two(1, "127.0.0.1:7000", "127.0.0.1:7001").replace("[network]\n", "[network]\nlatency_lane = false\n");
+        for fine in
+            [two(1, "127.0.0.1:7000", "127.0.0.1:7002"), two(4, "127.0.0.1:7000", "127.0.0.1:7005"), no_latency_lane]
+        {
             ClusterConfig::from_toml(&format!("{base}{fine}"), "t").expect("lanes that fit");
         }
         ClusterConfig::from_toml(&format!("{base}{}", two(8, "10.0.0.1:7000", "10.0.0.2:7000")), "t")

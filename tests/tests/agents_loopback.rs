@@ -22,7 +22,7 @@ fn config(nodes: usize) -> ClusterConfig {
     c.network.heartbeat_ms = 100;
     c.network.dead_after_ms = 3000;
     c.network.chunk = ByteSize(256 << 10);
-    // Two connections per pair of nodes: calls and leases alternate between them.
+    // Two connections per pair of nodes for bulk transfers, and the latency lane (lane 0) for the others.
     c.network.lanes = 2;
     c.nodes = (0..nodes).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
     c
@@ -67,10 +67,11 @@ fn remote_regions_round_trip_through_their_home() {
             agent.read(&r, 0, &mut back).await.unwrap_or_else(|e| panic!("read from n{i}: {e}"));
             assert_eq!(pattern::first_mismatch(7, 0, &back), None, "bytes read from n{i}");
         }
-        // n0's calls to n1 took both lanes, each a connection of its own, each driven on a thread of its own
-        // (the runtime is multi-threaded).
-        assert_eq!(a[0].open_lanes(1).await.expect("known node"), 2);
-        assert_eq!(a[0].lane_threads(), 2);
+        // n0's calls to n1 took the latency lane (the alloc) and both lanes (the write, in two parts), each a
+        // connection of its own; the latency lane is driven on a thread of its own (the runtime is
+        // multi-threaded).
+        assert_eq!(a[0].open_lanes(1).await.expect("known node"), [0, 1, 2]);
+        assert_eq!(a[0].lane_threads(), 1);
         // A write at an offset from n2, read back in a window straddling it.
         let patch = pattern::bytes(9, 0, 300_000);
         a[2].write(&r, 1_000_000, &patch).await.expect("write at an offset");
@@ -134,12 +135,16 @@ fn remote_regions_round_trip_through_their_home() {
 fn long_calls_are_striped_over_the_lanes() {
     runtime().block_on(async {
         let mut cfg = config(2);
-        cfg.network.lanes = 3;
+        cfg.network.lanes = 2;
         // No heartbeat during the test: a ping takes a lane too, and the count of open lanes below would be off.
         cfg.network.heartbeat_ms = 60_000;
         cfg.network.dead_after_ms = 120_000;
         let ca = ClusterCa::generate("loop").expect("ca");
         let a = cluster(&cfg, &ca).await;
+        // A long write leaves the latency lane (lane 0) alone: n1's first call to n0 opens the two lanes only.
+        let here = a[0].alloc(0, 1 << 20, None).await.expect("local alloc");
+        a[1].write(&here, 0, &pattern::bytes(5, 0, 1 << 20)).await.expect("long write to n0");
+        assert_eq!(a[1].open_lanes(0).await.expect("known node"), [1, 2], "a bulk write took the two lanes");
         let len = 6 << 20;
         let r = a[0].alloc(1, len as u64, None).await.expect("remote alloc");
         // Short calls one after another keep to one lane (the least busy, the first of those).
@@ -147,16 +152,16 @@ fn long_calls_are_striped_over_the_lanes() {
             a[0].write(&r, i * 4096, &[i as u8; 4096]).await.expect("short write");
         }
         a[0].ping(1).await.expect("ping");
-        assert_eq!(a[0].open_lanes(1).await.expect("known node"), 1, "calls one at a time took one lane");
-        // One write: without striping it would take that lane again, and open no other.
+        assert_eq!(a[0].open_lanes(1).await.expect("known node"), [0], "calls one at a time took lane 0");
+        // One write: without striping it would take one lane, and open no other.
         let data = pattern::bytes(11, 0, (4 << 20) + 777);
         a[0].write(&r, 12_345, &data).await.expect("striped write");
-        assert_eq!(a[0].open_lanes(1).await.expect("known node"), 3, "one write used every lane");
+        assert_eq!(a[0].open_lanes(1).await.expect("known node"), [0, 1, 2], "one write used both lanes");
         let mut back = vec![0u8; (3 << 20) + 5];
         a[0].read(&r, 12_345 + 1001, &mut back).await.expect("striped read");
         assert!(back[..] == data[1001..1001 + back.len()], "bytes read back in parts");
-        // Short calls at the same time spread over the lanes: n1 has called n0 once (the alloc, on one lane),
-        // and three writes in flight at once take the three lanes, each held until its call ends.
+        // Short calls at the same time spread over the lanes, the latency lane included: three writes in flight
+        // at once take the three lanes, each held until its call ends (n1 had opened two).
         let back_home = a[1].alloc(0, 1 << 20, None).await.expect("alloc at n0");
         let short = [7u8; 64 << 10];
         let (w0, w1, w2) = tokio::join!(
@@ -165,7 +170,7 @@ fn long_calls_are_striped_over_the_lanes() {
             a[1].write(&back_home, 128 << 10, &short)
         );
         w0.and(w1).and(w2).expect("three writes at once");
-        assert_eq!(a[1].open_lanes(0).await.expect("known node"), 3, "three calls at once took three lanes");
+        assert_eq!(a[1].open_lanes(0).await.expect("known node"), [0, 1, 2], "three calls at once took three lanes");
         // The last part runs past the region's end: the whole read fails, typed.
         let mut past = vec![0u8; 2 << 20];
         match a[0].read(&r, len as u64 - (1 << 20), &mut past).await {
@@ -647,18 +652,21 @@ fn threads_named(prefix: &str) -> usize {
 
 #[test]
 fn lane_threads_end_with_the_agent() {
-    // Lane threads are named `vfabric-lane-N` (`comm` keeps 15 bytes); other tests of this binary may run
-    // agents at the same time, so the counts are of this test's agents' own threads, found by a unique
-    // number of lanes that no other test uses.
+    // The latency lane's thread is named `vf-lane0-NODE` (`comm` keeps 15 bytes); other tests of this binary
+    // may run agents at the same time, so this test's nodes have names no other test uses.
     let mut cfg = config(2);
     cfg.network.lanes = 5;
+    for (i, n) in cfg.nodes.iter_mut().enumerate() {
+        n.name = format!("lt{i}");
+    }
     let ca = ClusterCa::generate("loop").expect("ca");
-    let before = threads_named("vfabric-lane-4");
+    let ours = || threads_named("vf-lane0-lt");
+    let before = ours();
     // Shut down: the lane threads end.
     runtime().block_on(async {
         let a = cluster(&cfg, &ca).await;
-        assert_eq!(a[0].lane_threads(), 5);
-        assert_eq!(threads_named("vfabric-lane-4"), before + 2, "lane 4 of each agent");
+        assert_eq!(a[0].lane_threads(), 1, "the latency lane's thread alone");
+        assert_eq!(ours(), before + 2, "one for each agent");
         a[0].ping(1).await.expect("ping over a lane thread");
         for x in &a {
             x.shutdown().await;
@@ -667,25 +675,34 @@ fn lane_threads_end_with_the_agent() {
     let gone = |want: usize| {
         (0..100).any(|_| {
             std::thread::sleep(Duration::from_millis(20));
-            threads_named("vfabric-lane-4") <= want
+            ours() <= want
         })
     };
-    assert!(gone(before), "lane threads left after shutdown: {}", threads_named("vfabric-lane-4"));
+    assert!(gone(before), "lane threads left after shutdown: {}", ours());
     // Never shut down, but the runtime that started the agents is dropped: they end too.
     let rt = runtime();
     rt.block_on(async {
         let a = cluster(&cfg, &ca).await;
         a[1].ping(0).await.expect("ping");
-        assert_eq!(threads_named("vfabric-lane-4"), before + 2);
+        assert_eq!(ours(), before + 2);
     });
     drop(rt);
-    assert!(gone(before), "lane threads left after the runtime ended: {}", threads_named("vfabric-lane-4"));
-    // On a current-thread runtime there are none.
+    assert!(gone(before), "lane threads left after the runtime ended: {}", ours());
+    // On a current-thread runtime there are none, nor without a latency lane.
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
         let a = cluster(&cfg, &ca).await;
         assert_eq!(a[0].lane_threads(), 0);
         a[0].ping(1).await.expect("ping on the caller's thread");
-        assert!(threads_named("vfabric-lane-4") <= before);
+        assert!(ours() <= before);
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+    cfg.network.latency_lane = false;
+    runtime().block_on(async {
+        let a = cluster(&cfg, &ca).await;
+        assert_eq!(a[0].lane_threads(), 0, "no latency lane");
+        a[0].ping(1).await.expect("ping on the runtime's workers");
         for x in &a {
             x.shutdown().await;
         }

@@ -1,24 +1,31 @@
-//! Lane threads: on a multi-threaded runtime, each lane's QUIC endpoint, the drivers of its connections, the
-//! serving of the calls that arrive on it and the latency-bound calls this node makes over it all run on one
-//! thread of the lane's own (a current-thread Tokio runtime).
+//! Lane threads: on a multi-threaded runtime, the latency lane (lane 0, `network.latency_lane`) runs on a
+//! thread of its own with a current-thread Tokio runtime: its QUIC endpoint, the drivers of its connections,
+//! the serving of the calls that arrive on it and the calls this node makes over it.
 //!
 //! Why: a call is a chain of wake-ups (a packet arrives, the endpoint's driver hands it to the connection's,
 //! which wakes the stream's reader, which answers, ...). On a multi-threaded runtime each of them may land on
 //! another worker, and on a 16-core host each hop costs a thread wake-up: measured on the H200 host, a remote
 //! 64 KiB acquire took 243-264 us between agents on the default runtime against 153-193 us between one-thread
 //! agents in the same run, and each side's runtime added about half of the difference (docs/benchmarks.md).
-//! On its lane's thread a call runs as it does on a one-thread agent, and the lanes still run on cores of
-//! their own, so a node keeps every lane's throughput. This pays only with calls one after another kept on one
-//! lane (the least busy lane, `LaneUse` in the parent module): taking the lanes in turn woke a thread that had
-//! slept since the round before for every call, and cost more than the hops saved (276-288 us).
+//! On its lane's thread a call runs as it does on a one-thread agent. This pays only with calls one after
+//! another kept on that lane (the least busy lane, the lowest of those: `LaneUse` in the parent module).
 //!
-//! What runs on a lane's thread blocks it while it runs: fabric calls there run in place (a copy of up to a
-//! chunk, 1 MiB, at a time), and migrations served on a lane, which copy whole regions, go to the runtime that
-//! started the agent (`Agent::off_lanes`). A long call on the node's fabric from elsewhere still holds up a
-//! lane whose next call waits for the fabric's lock, as it holds up a one-thread agent.
+//! Why that lane only, and no bulk transfers on it: a lane's thread is one core for everything its lane does,
+//! and a lane's packets are read, decrypted and answered there. With every lane on a thread of its own, 8
+//! writes of 2 MiB in flight over 4 lanes reached 20 Gbit/s on the H200 host against 31 with the lanes on the
+//! runtime's workers, where a lane's endpoint and connection drivers run on different cores. So bulk transfers
+//! (`BULK` bytes or more) take the other lanes (`lanes_for`), on the workers, and the `network.lanes` are all
+//! theirs: the latency lane is one more.
+//!
+//! What runs on the lane's thread blocks it while it runs: fabric calls there run in place, and bulk requests
+//! or migrations served there (from a peer that sent them on lane 0) go to the runtime that started the agent
+//! (`Agent::off_lanes`). A long call on the node's fabric from elsewhere still holds up the lane when its next
+//! call waits for the fabric's lock, as it holds up a one-thread agent.
 //!
 //! On a current-thread runtime (the agent's choice on two cores or fewer) there are no lane threads: the
-//! lanes run on that runtime's one thread, where extra threads would only compete for the cores.
+//! lanes run on that runtime's one thread, where extra threads would only compete for the cores. The latency
+//! lane is still there (both ends of a connection must agree on the lanes), and still keeps small calls out
+//! of the bulk transfers' queues.
 
 use std::future::Future;
 use std::thread::ThreadId;
@@ -28,7 +35,7 @@ use vfabric_transport::quic::PinnedRuntime;
 
 use crate::error::FabricError;
 
-/// The lane threads of an agent, by lane.
+/// The lane threads of an agent, by lane (the first lanes, as many as were started: the agent starts one).
 pub(super) struct Lanes {
     threads: Vec<LaneThread>,
 }
@@ -44,8 +51,10 @@ pub(super) struct LaneStop {
 }
 
 impl Lanes {
-    /// Starts `n` lane threads, each running a current-thread runtime until the [`LaneStop`] is dropped.
-    pub(super) fn start(n: usize) -> std::io::Result<(Lanes, LaneStop)> {
+    /// Starts the threads of the first `n` lanes of node `node`, each running a current-thread runtime until
+    /// the [`LaneStop`] is dropped. Lane `i`'s thread is named `vf-lane{i}-{node}` (`top -H` shows it; the
+    /// kernel keeps 15 bytes of it).
+    pub(super) fn start(n: usize, node: &str) -> std::io::Result<(Lanes, LaneStop)> {
         let mut threads = Vec::with_capacity(n);
         let mut stops = Vec::with_capacity(n);
         for lane in 0..n {
@@ -53,7 +62,7 @@ impl Lanes {
             let (handle_tx, handle_rx) = std::sync::mpsc::channel();
             // The runtime is made (and dropped) on its own thread: dropping one inside the caller's runtime, were
             // the thread not to start, would panic.
-            let thread = std::thread::Builder::new().name(format!("vfabric-lane-{lane}")).spawn(move || {
+            let thread = std::thread::Builder::new().name(format!("vf-lane{lane}-{node}")).spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => rt,
                     Err(e) => {
@@ -131,7 +140,7 @@ mod tests {
     fn work_runs_on_the_lane_thread_and_stops_with_it() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
         rt.block_on(async {
-            let (lanes, stop) = Lanes::start(2).expect("lanes");
+            let (lanes, stop) = Lanes::start(2, "n0").expect("lanes");
             assert_eq!(lanes.len(), 2);
             let here = std::thread::current().id();
             let names = [0, 1].map(|lane| {
@@ -143,8 +152,8 @@ mod tests {
             let (a, b) = (a.await.expect("lane 0"), b.await.expect("lane 1"));
             assert_ne!(a.0, here);
             assert_ne!(a.0, b.0);
-            assert_eq!(a.1.as_deref(), Some("vfabric-lane-0"));
-            assert_eq!(b.1.as_deref(), Some("vfabric-lane-1"));
+            assert_eq!(a.1.as_deref(), Some("vf-lane0-n0"));
+            assert_eq!(b.1.as_deref(), Some("vf-lane1-n0"));
             assert!(matches!(lanes.run(2, async { Ok(()) }).await, Err(FabricError::Network(_))));
             // Errors come back as they are.
             let failed = lanes.run(0, async { Err::<(), _>(FabricError::Protocol("no".into())) }).await;

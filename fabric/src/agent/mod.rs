@@ -38,6 +38,23 @@ use crate::error::FabricError;
 use crate::fabric::{Fabric, Lease, LeasePtr, Region};
 use crate::proto::{read_frame, write_frame, Message, WireRegion, PROTOCOL_VERSION};
 
+/// Calls moving this many bytes of pages or more are bulk transfers: they keep off the latency lane
+/// ([`lanes_for`]), and are made and served off a lane's thread ([`lanes`]), whose one core also reads and
+/// decrypts every packet of its lane. Smaller calls are bound by latency.
+const BULK: u64 = 256 << 10;
+
+/// The lanes a call that moves `bytes` of pages may take: every lane, but the latency lane (lane 0, when the
+/// cluster has one: `network.latency_lane`) only for calls under [`BULK`]. Calls one after another take it
+/// (the least busy lane, the lowest of those), and no bulk transfer sits in its queues; on a multi-threaded
+/// runtime it runs on a thread of its own ([`lanes`]).
+fn lanes_for(net: &NetworkSection, bytes: u64) -> std::ops::Range<usize> {
+    let all = usize::from(net.connections());
+    match bytes >= BULK && net.latency_lane {
+        true => 1..all,
+        false => 0..all,
+    }
+}
+
 /// A peer as this agent sees it.
 struct Peer {
     name: String,
@@ -59,11 +76,11 @@ impl Peer {
 
 /// A call's hold on a lane to a node: counted in that lane's load until dropped.
 ///
-/// A call takes the least busy lane, the lowest of those as little busy: calls one after another all take
-/// lane 0, and only calls at the same time spread over the lanes. Taking the lanes in turn instead cost every
-/// call the wake-up of a thread (and a core) that had been idle since the round before: measured on the H200
-/// host with lane threads, a 64 KiB acquire one at a time took 238-288 us over 4 lanes in turn and 158-178
-/// over 1 lane (docs/benchmarks.md).
+/// A call takes the least busy lane it may take ([`lanes_for`]: bulk transfers leave the latency lane alone),
+/// the lowest of those as little busy: calls one after another all take lane 0, and only calls at the same time
+/// spread over the lanes. Taking the lanes in turn instead cost every call the wake-up of a thread (and a core)
+/// that had been idle since the round before: measured on the H200 host with a thread per lane, a 64 KiB
+/// acquire one at a time took 238-288 us over 4 lanes in turn and 158-178 over 1 lane (docs/benchmarks.md).
 struct LaneUse {
     lane: usize,
     load: Arc<std::sync::atomic::AtomicUsize>,
@@ -96,7 +113,7 @@ struct Shared {
     fabric: Fabric,
     /// One endpoint (UDP socket) per lane, on consecutive ports; lane 0's is the node's address.
     endpoints: Vec<quinn::Endpoint>,
-    /// Each lane's thread, when the agent runs on a multi-threaded runtime ([`lanes`]).
+    /// The latency lane's thread, when the agent runs on a multi-threaded runtime ([`lanes`]).
     lanes: Option<lanes::Lanes>,
     /// The runtime that started the agent: long work served on a lane's thread runs there instead.
     main: tokio::runtime::Handle,
@@ -272,22 +289,22 @@ impl Agent {
             socket_buffer: usize::try_from(net.socket_buffer.bytes()).unwrap_or(usize::MAX),
             ..QuicSettings::default()
         };
-        // On a multi-threaded runtime each lane gets a thread of its own (see `lanes`).
+        // On a multi-threaded runtime the latency lane gets a thread of its own (see `lanes`).
         let threaded = tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
-        let (lanes, lane_stop) = match threaded {
-            true => lanes::Lanes::start(usize::from(net.lanes))
+        let (lanes, lane_stop) = match threaded && net.latency_lane {
+            true => lanes::Lanes::start(1, name)
                 .map(|(l, stop)| (Some(l), Some(stop)))
                 .map_err(|e| FabricError::Network(format!("starting the lane threads: {e}")))?,
             false => (None, None),
         };
-        let endpoints = bind_lanes(bind, usize::from(net.lanes), identity, &settings, lanes.as_ref())?;
+        let endpoints = bind_lanes(bind, usize::from(net.connections()), identity, &settings, lanes.as_ref())?;
         let mut peers = Vec::new();
         for i in 0..config.nodes.len() as u16 {
             let addr = configured_addr(config, i)?;
             peers.push(Mutex::new(Peer {
                 name: config.nodes[usize::from(i)].name.clone(),
                 addr,
-                conns: vec![None; usize::from(net.lanes)],
+                conns: vec![None; usize::from(net.connections())],
                 last_seen: None,
             }));
         }
@@ -299,7 +316,7 @@ impl Agent {
                 std::future::pending::<()>().await
             })
         });
-        let lanes_n = usize::from(net.lanes);
+        let lanes_n = usize::from(net.connections());
         let shared = Arc::new(Shared {
             cluster: config.cluster.name.clone(),
             node,
@@ -344,7 +361,7 @@ impl Agent {
     /// cores or fewer, every core above that. One thread is a current-thread runtime: no wake-ups between
     /// workers, page copies run in line. Measured on a 2-core machine with two agents on loopback, one thread
     /// each moved 12-15 Gbit/s against 9-10 with two workers each (docs/benchmarks.md). On a multi-threaded
-    /// runtime each lane (`network.lanes`) also gets a thread of its own (the `lanes` module).
+    /// runtime the latency lane also gets a thread of its own (the `lanes` module).
     pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         match threads {
@@ -367,8 +384,9 @@ impl Agent {
         self.shared.tasks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// How many threads of their own the lanes run on: one per lane when the agent was started on a
-    /// multi-threaded runtime, none on a current-thread one (see the `lanes` module).
+    /// How many threads of their own the lanes run on: one, the latency lane's, when the agent was started on a
+    /// multi-threaded runtime and the cluster has a latency lane (`network.latency_lane`), else none (see the
+    /// `lanes` module).
     pub fn lane_threads(&self) -> usize {
         self.shared.lanes.as_ref().map_or(0, |l| l.len())
     }
@@ -524,12 +542,12 @@ impl Agent {
             let l = in_place(|| self.shared.fabric.acquire(region, range, device, mode))?;
             return Ok(AgentLease { kind: LeaseKind::Local(l) });
         }
-        let lane = self.take_lane(home)?;
+        let bytes = range.end.saturating_sub(range.start);
+        let lane = self.take_lane(home, bytes)?;
         let region = *region;
-        self.on_lane(
-            lane.lane,
-            move |agent| async move { agent.acquire_remote(region, range, device, mode, lane).await },
-        )
+        self.on_lane(lane.lane, bytes, move |agent| async move {
+            agent.acquire_remote(region, range, device, mode, lane).await
+        })
         .await
     }
 
@@ -691,8 +709,10 @@ impl Agent {
         let released = match self.hold_lane(home, r.lane) {
             Ok(lane) => {
                 let release = Message::Release { lease: lease_id };
-                self.on_lane(r.lane, move |agent| async move { agent.call_on(home, &lane, &release, &bytes).await })
-                    .await
+                self.on_lane(r.lane, bytes.len() as u64, move |agent| async move {
+                    agent.call_on(home, &lane, &release, &bytes).await
+                })
+                .await
             }
             Err(e) => Err(e),
         };
@@ -742,10 +762,11 @@ impl Agent {
         moved
     }
 
-    /// How many of the lanes to peer `node` have an open connection (each is dialled on first use).
-    pub async fn open_lanes(&self, node: u16) -> Result<usize, FabricError> {
+    /// The lanes to peer `node` that have an open connection, by number (each is dialled on first use).
+    pub async fn open_lanes(&self, node: u16) -> Result<Vec<usize>, FabricError> {
         let p = self.peer(node)?.lock().await;
-        Ok(p.conns.iter().flatten().filter(|c| c.close_reason().is_none()).count())
+        let open = p.conns.iter().enumerate().filter(|(_, c)| c.as_ref().is_some_and(|c| c.close_reason().is_none()));
+        Ok(open.map(|(lane, _)| lane).collect())
     }
 
     /// Counters of the QUIC connections to peer `node` (packets, losses, congestion, flow-control stalls), summed
@@ -763,9 +784,12 @@ impl Agent {
     pub async fn ping(&self, node: u16) -> Result<Duration, FabricError> {
         let t = Instant::now();
         let nonce = t.elapsed().as_nanos() as u64 ^ 0x5eed;
-        let lane = self.take_lane(node)?;
+        let lane = self.take_lane(node, 0)?;
         let ping = Message::Ping { nonce };
-        match self.on_lane(lane.lane, move |agent| async move { agent.call_on(node, &lane, &ping, &[]).await }).await? {
+        match self
+            .on_lane(lane.lane, 0, move |agent| async move { agent.call_on(node, &lane, &ping, &[]).await })
+            .await?
+        {
             Message::Pong { nonce: n } if n == nonce => Ok(t.elapsed()),
             other => Err(unexpected(node, &other)),
         }
@@ -812,18 +836,20 @@ impl Agent {
         tracing::info!(node = self.shared.node, "agent stopped");
     }
 
-    /// The least busy lane to `node` (the lowest of those as little busy), held for a call until the guard is
-    /// dropped.
-    fn take_lane(&self, node: u16) -> Result<LaneUse, FabricError> {
-        self.take_lanes(node, 1)?.pop().ok_or_else(|| FabricError::Network(format!("node {node}: no lanes")))
+    /// The least busy lane to `node` (the lowest of those as little busy) for a call that moves `bytes` of
+    /// pages, held for the call until the guard is dropped.
+    fn take_lane(&self, node: u16, bytes: u64) -> Result<LaneUse, FabricError> {
+        self.take_lanes(node, 1, bytes)?.pop().ok_or_else(|| FabricError::Network(format!("node {node}: no lanes")))
     }
 
-    /// The `n` least busy lanes to `node` (at most every lane once), each held until its guard is dropped.
-    fn take_lanes(&self, node: u16, n: usize) -> Result<Vec<LaneUse>, FabricError> {
+    /// The `n` least busy lanes to `node` (at most each lane that [`lanes_for`] gives once) for calls that
+    /// move `bytes` of pages each, each held until its guard is dropped.
+    fn take_lanes(&self, node: u16, n: usize, bytes: u64) -> Result<Vec<LaneUse>, FabricError> {
         let loads = self.lane_loads(node)?;
-        let mut taken: Vec<LaneUse> = Vec::with_capacity(n.min(loads.len()));
-        while taken.len() < n.min(loads.len()) {
-            let free = (0..loads.len()).filter(|l| taken.iter().all(|t| t.lane != *l));
+        let usable = lanes_for(&self.shared.net, bytes);
+        let mut taken: Vec<LaneUse> = Vec::with_capacity(n.min(usable.len()));
+        while taken.len() < n.min(usable.len()) {
+            let free = usable.clone().filter(|l| taken.iter().all(|t| t.lane != *l));
             let Some((lane, load)) =
                 free.map(|l| (l, loads[l].load(std::sync::atomic::Ordering::Acquire))).min_by_key(|&(l, v)| (v, l))
             else {
@@ -918,17 +944,18 @@ impl Agent {
         Ok(conn)
     }
 
-    /// Runs a call's `work` on `lane`'s thread, where that lane's connections are driven ([`lanes`]): a call
-    /// bound by latency then makes no hops between threads until its answer is in. In place when the agent
-    /// has no lane threads.
-    async fn on_lane<T, F>(&self, lane: usize, work: impl FnOnce(Agent) -> F) -> Result<T, FabricError>
+    /// Runs a call's `work`, which moves `bytes` of pages, on `lane`'s thread when it has one, where that
+    /// lane's connections are driven ([`lanes`]): a call bound by latency then makes no hops between threads
+    /// until its answer is in. In place otherwise, and for a call of [`BULK`] bytes or more (which the latency
+    /// lane never carries): its copies and checksums would hold up the thread that decrypts the lane's packets.
+    async fn on_lane<T, F>(&self, lane: usize, bytes: u64, work: impl FnOnce(Agent) -> F) -> Result<T, FabricError>
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, FabricError>> + Send + 'static,
     {
         match &self.shared.lanes {
-            Some(lanes) => lanes.run(lane, work(self.clone())).await,
-            None => work(self.clone()).await,
+            Some(lanes) if bytes < BULK && lanes.runtime(lane).is_some() => lanes.run(lane, work(self.clone())).await,
+            _ => work(self.clone()).await,
         }
     }
 
@@ -958,7 +985,7 @@ impl Agent {
 
     /// One request to `node`: the frame, then `payload` as checksummed chunks; returns the response frame.
     async fn call(&self, node: u16, msg: &Message, payload: &[u8]) -> Result<Message, FabricError> {
-        self.call_on(node, &self.take_lane(node)?, msg, payload).await
+        self.call_on(node, &self.take_lane(node, payload.len() as u64)?, msg, payload).await
     }
 
     /// [`Agent::call`] on a lane the caller holds.
@@ -1080,7 +1107,9 @@ impl Agent {
 /// Pings every peer with an address each `network.heartbeat_ms`; an answer marks it alive.
 async fn heartbeat_loop(agent: Agent) {
     let period = Duration::from_millis(agent.shared.net.heartbeat_ms);
-    let mut tick = tokio::time::interval(period);
+    // The first beat after one period (the peers' grace periods start with the agent), not at once: a test
+    // that turns heartbeats off by a long period then sees no call it did not make.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;

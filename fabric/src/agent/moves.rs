@@ -26,7 +26,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use vfabric_transport::Location;
 
-use super::{in_place, unexpected, Agent, LaneUse, ReadInto};
+use super::{in_place, lanes_for, unexpected, Agent, LaneUse, ReadInto};
 use crate::directory::Placement;
 use crate::error::FabricError;
 use crate::fabric::Region;
@@ -361,17 +361,19 @@ impl Agent {
         futures_util::future::try_join_all(writes).await.map(|_| ())
     }
 
-    /// How a transfer of `len` bytes to or from peer `node` is split: the lanes its parts take (the least busy,
-    /// each held until its part's call ends), the bytes per part, and the count of transfers in flight to the
-    /// peer, this one included, for as long as the transfer holds it. Each lane's connection is driven on a core
-    /// of its own, so a call alone uses them all at once instead of one; with others in flight it takes its share
-    /// of the lanes (one when there are as many transfers as lanes: more, smaller calls would only add per-call
-    /// work), and no part is under [`MIN_STRIPE`].
+    /// How a transfer of `len` bytes to or from peer `node` is split: the lanes its parts take (the least busy
+    /// of those [`lanes_for`] gives: a bulk transfer leaves the latency lane alone), each held until its part's
+    /// call ends, the bytes per part, and the count of transfers in flight to the peer, this one included, for
+    /// as long as the transfer holds it. Each lane's connection is driven on a core of its own, so a call alone
+    /// uses them all at once instead of one; with others in flight it takes its share of the lanes (one when
+    /// there are as many transfers as lanes: more, smaller calls would only add per-call work), and no part is
+    /// under [`MIN_STRIPE`].
     fn stripes(&self, node: u16, len: usize) -> Result<(Vec<LaneUse>, usize, InFlight<'_>), FabricError> {
-        let lanes = self.lane_loads(node)?.len();
+        self.lane_loads(node)?; // `node` is a node of the cluster: `transfers` has its entry
+        let lanes = lanes_for(&self.shared.net, len as u64).len();
         let in_flight = InFlight::enter(&self.shared.transfers[usize::from(node)]);
         let parts = (lanes / in_flight.count).min(len / MIN_STRIPE).max(1);
-        let lanes = self.take_lanes(node, parts)?;
+        let lanes = self.take_lanes(node, parts, len as u64)?;
         let part = len.div_ceil(lanes.len().max(1)).max(1);
         Ok((lanes, part, in_flight))
     }

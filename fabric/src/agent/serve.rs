@@ -7,7 +7,7 @@ use std::time::Instant;
 use vfabric_transport::quic;
 
 use super::wire::{chunk_error, error_kind};
-use super::{in_place, Agent, RemoteGrant, Shared};
+use super::{in_place, Agent, RemoteGrant, Shared, BULK};
 use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
 use crate::fabric::{Lease, Region};
@@ -116,7 +116,7 @@ async fn find_peer(shared: &Shared, name: &str) -> Option<u16> {
 async fn serve_stream(
     shared: &Arc<Shared>,
     (peer, connection): (u16, usize),
-    mut send: quinn::SendStream,
+    send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), String> {
     let max = shared.net.max_frame.bytes() as usize;
@@ -131,6 +131,46 @@ async fn serve_stream(
     if let Ok(p) = shared.peers.get(usize::from(peer)).ok_or(()) {
         p.lock().await.last_seen = Some(Instant::now());
     }
+    if pages_moved(shared, peer, &msg) < BULK {
+        return answer(shared, (peer, connection), msg, send, recv).await;
+    }
+    // A bulk transfer, which peers send on the bulk lanes; one that arrives on the latency lane anyway (a peer
+    // configured without it) is answered off that lane's thread, which keeps decrypting its packets meanwhile.
+    let answered = as_agent(shared)
+        .off_lanes(move |a| async move { Ok(answer(&a.shared, (peer, connection), msg, send, recv).await) })
+        .await;
+    answered.unwrap_or_else(|e| {
+        // The runtime that started the agent is going away: so is the agent, and the stream with it.
+        tracing::debug!(error = %e, "a bulk request ended unanswered");
+        Ok(())
+    })
+}
+
+/// The bytes of pages that request `msg` of `peer` moves, either way.
+fn pages_moved(shared: &Shared, peer: u16, msg: &Message) -> u64 {
+    match msg {
+        Message::Write { len, .. } | Message::Read { len, .. } | Message::Acquire { len, .. } => *len,
+        // A write lease's pages come back with its release.
+        Message::Release { lease } => shared
+            .remote_leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(lease)
+            .filter(|g| g.peer == peer && g.lease.mode() == Mode::Write)
+            .map_or(0, |g| g.lease.len()),
+        _ => 0,
+    }
+}
+
+/// Answers request `msg`, read from `recv`; the answer goes to `send`. `Err` as for [`serve_stream`].
+async fn answer(
+    shared: &Arc<Shared>,
+    (peer, connection): (u16, usize),
+    msg: Message,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) -> Result<(), String> {
+    let max = shared.net.max_frame.bytes() as usize;
     let chunk = shared.net.chunk.bytes();
     let reply = match msg {
         Message::Ping { nonce } => Ok(Message::Pong { nonce }),

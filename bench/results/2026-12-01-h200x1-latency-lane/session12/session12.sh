@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The latency lane, first form: only lane 0 on a thread of its own, bulk transfers on the other 3 of the 4 lanes
+# (on the runtime's workers). 2 MiB throughput beside iperf3 (default runtime) for new and old (19be2e8, no lane
+# threads); 64 KiB acquire latency for new, new without the latency thread, and old; the GPU tests.
+# ("nothread" ran with that build's `latency_thread = false`, since replaced by `latency_lane`.)
+set -u
+export NCCL_NVLS_ENABLE=0
+B=.device-bin
+export PATH="$PWD/$B/iperf3:$PATH"
+cfg=cluster-configs/h200x1-agents.toml
+log=$OUT/session12.log
+for run in new:1 old:1 new:2; do
+  bin=${run%%:*}; i=${run##*:}
+  dir=$B; [ $bin != new ] && dir=$B/$bin
+  name=h200x1-2m-$bin-run$i
+  echo "=== $name" | tee -a $log
+  SECONDS=0
+  VFABRIC_BIN=$dir timeout 100 bash scripts/remote-bench-procs.sh config $cfg g0 g1 --home-device gpu0 --sizes 2MiB \
+    --streams 1,8 --total 2GiB --latency-samples 200 --out $OUT --name $name >> $log 2>&1
+  echo "$name rc=$? in ${SECONDS}s"
+  grep "|" $OUT/$name.md | grep -v "^|---" | head -8 | grep -v packet
+done
+for run in new:: old:: new:latency_thread=false new::; do
+  IFS=: read bin netw x <<< "$run"
+  dir=$B; [ $bin != new ] && dir=$B/$bin
+  name=h200x1-64k-$bin${netw:+-nothread}
+  [ -e $OUT/$name.md ] && name=$name-again
+  VFABRIC_BIN=$dir VFABRIC_NETWORK="$netw" VFABRIC_MEMORY='page_size = "64KiB"' timeout 100 bash scripts/remote-bench-procs.sh config $cfg g0 g1 \
+    --home-device gpu0 --sizes 64KiB --streams 1 --total 64MiB --latency-samples 2000 --iperf-seconds 0 \
+    --out $OUT --name $name >> $log 2>&1
+  echo "$name $(grep -A2 'acquire(Read) onto' $OUT/$name.md | tail -1)"
+done
+echo "=== gpu tests" | tee -a $log
+$B/gpu-tests --test-threads=1 >> $log 2>&1; echo "gpu tests rc=$?"; grep "test result" $log
+cd $OUT && tar czf results.tgz *.md *.json && rm -f *.md *.json; ls $OUT
