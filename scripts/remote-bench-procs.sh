@@ -6,7 +6,8 @@
 # Usage: scripts/remote-bench-procs.sh loopback|netns [vfabric-bench remote args...]   (netns: as root)
 #        scripts/remote-bench-procs.sh config FILE THIS PEER [args...]   (the agents of FILE's nodes THIS and PEER,
 #        certificates made afresh; e.g. cluster-configs/h200x2-agents.toml g0 g1 on the GPU machine)
-# VFABRIC_LANES=N sets network.lanes (the QUIC connections between the agents) for both, VFABRIC_NETWORK='k = v; ...'
+# VFABRIC_LANES=N sets network.lanes (the QUIC connections for bulk transfers, beside the latency lane) for both,
+# VFABRIC_NETWORK='k = v; ...'
 # and VFABRIC_MEMORY other [network] and [memory] settings, VFABRIC_MTU the packet size; VFABRIC_AGENT_THREADS=N
 # their runtime's worker threads (0: every core; 1: one thread), VFABRIC_PEER_THREADS the peer's alone.
 set -uo pipefail

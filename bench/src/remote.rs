@@ -75,8 +75,9 @@ pub struct RemoteArgs {
     /// in-process agents and the requests share them).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// QUIC connections between the two agents started here, each on a socket of its own (default: the
-    /// configuration's `network.lanes`). With `--cluster` the configuration says, for both ends.
+    /// QUIC connections for bulk transfers between the two agents started here, each on a socket of its own,
+    /// beside the latency lane (default: the configuration's `network.lanes`). With `--cluster` the
+    /// configuration says, for both ends.
     #[arg(long)]
     pub lanes: Option<u16>,
     /// Results folder.

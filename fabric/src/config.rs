@@ -151,7 +151,7 @@ impl MemorySection {
     }
 }
 
-/// The most QUIC connections (`network.lanes`) between two nodes.
+/// The most lanes for bulk transfers (`network.lanes`) between two nodes (the latency lane comes on top).
 pub const MAX_LANES: u16 = 32;
 
 /// `[network]`: QUIC between agents.
@@ -183,10 +183,12 @@ pub struct NetworkSection {
     /// Bytes of other nodes' pages an agent keeps after their leases end, so that acquiring them again costs
     /// a version check instead of a transfer when they have not changed (`0` keeps none).
     pub replica_cache: ByteSize,
-    /// QUIC connections between each pair of nodes, each on a UDP socket (and so a core) of its own: a node
-    /// listens on its address's port and the `lanes - 1` ports after it; a call takes the least busy lane.
+    /// QUIC connections for bulk transfers between each pair of nodes, each on a UDP socket (and so a core) of
+    /// its own: a node listens on its address's port and the ports after it, one for each of these and one
+    /// for the latency lane ([`NetworkSection::connections`]); a call takes the least busy lane it may take.
     /// One connection tops out at 10-13 Gbit/s (its packets are built, encrypted and read on one core); hosts
-    /// with many cores gain from 4-8. The same for every node of a cluster.
+    /// with many cores gain from 4-8. The same for every node of a cluster (a peer with other lanes is
+    /// refused at its hello).
     pub lanes: u16,
     /// Send and receive buffer asked for each QUIC socket (the kernel caps it at `net.core.rmem_max`);
     /// `0` keeps the system's default, which drops packets while a busy receiver copies a chunk.
@@ -220,7 +222,7 @@ impl Default for NetworkSection {
 impl NetworkSection {
     /// QUIC connections (and ports from each node's) per pair of nodes: the `lanes` and the latency lane.
     pub fn connections(&self) -> u16 {
-        self.lanes + u16::from(self.latency_lane)
+        self.lanes.saturating_add(u16::from(self.latency_lane))
     }
 }
 
@@ -245,6 +247,12 @@ impl ClusterConfig {
             .map_err(|e| ConfigError::Parse { origin: origin.to_string(), message: e.to_string() })?;
         cfg.validate().map_err(|message| ConfigError::Invalid { origin: origin.to_string(), message })?;
         Ok(cfg)
+    }
+
+    /// Checks a configuration made or changed in code as [`ClusterConfig::from_toml`] checks a file; `origin`
+    /// names it in errors.
+    pub fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        self.validate().map_err(|message| ConfigError::Invalid { origin: origin.to_string(), message })
     }
 
     /// Reads a configuration file.
@@ -369,7 +377,10 @@ impl ClusterConfig {
             let Some(a) = n.address.as_ref().and_then(|a| a.parse::<std::net::SocketAddr>().ok()) else { continue };
             let (first, last) = (u32::from(a.port()), u32::from(a.port()) + ports - 1);
             if a.port() != 0 && last > u32::from(u16::MAX) {
-                return Err(format!("node `{}`: {ports} lanes from port {first} run past port 65535", n.name));
+                return Err(format!(
+                    "node `{}`: {ports} ports (lanes and the latency lane) from port {first} run past 65535",
+                    n.name
+                ));
             }
             if let Some((_, other, name)) =
                 ranges.iter().find(|(ip, p, _)| *ip == a.ip() && a.port() != 0 && p.abs_diff(first) < ports)

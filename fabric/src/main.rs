@@ -61,8 +61,8 @@ enum Command {
         #[arg(long)]
         device: Option<Backend>,
         /// Worker threads: 1 runs the agent on one thread; 0 (default) picks one thread on machines of two
-        /// cores or fewer and every core above that. With more than one, each lane also gets a thread of its
-        /// own for its QUIC side.
+        /// cores or fewer and every core above that. With more than one, the latency lane gets a thread of its
+        /// own (the bulk lanes run on the workers).
         #[arg(long, default_value_t = 0)]
         threads: usize,
     },

@@ -16,8 +16,14 @@ fn region() -> WireRegion {
 fn every_message() -> Vec<Message> {
     let region = region();
     vec![
-        Message::Hello { cluster: "prod-east".into(), node: 3, protocol: PROTOCOL_VERSION },
-        Message::Hello { cluster: String::new(), node: u16::MAX, protocol: 0 },
+        Message::Hello {
+            cluster: "prod-east".into(),
+            node: 3,
+            protocol: PROTOCOL_VERSION,
+            lanes: 4,
+            latency_lane: true,
+        },
+        Message::Hello { cluster: String::new(), node: u16::MAX, protocol: 0, lanes: 0, latency_lane: false },
         Message::Ping { nonce: u64::MAX },
         Message::Alloc { size: 1 << 30, device: Some(WireLocation::Gpu(7)) },
         Message::Alloc { size: 0, device: Some(WireLocation::Host) },
@@ -245,7 +251,8 @@ async fn read_frame_refuses_an_oversized_header_without_the_body() {
 #[tokio::test]
 async fn write_frame_refuses_a_message_over_max_and_writes_nothing() {
     let (mut a, mut b) = tokio::io::duplex(1 << 16);
-    let msg = Message::Hello { cluster: "c".repeat(64), node: 1, protocol: PROTOCOL_VERSION };
+    let msg =
+        Message::Hello { cluster: "c".repeat(64), node: 1, protocol: PROTOCOL_VERSION, lanes: 1, latency_lane: true };
     assert!(matches!(write_frame(&mut a, &msg, 32).await, Err(CodecError::TooLarge { max: 32, .. })));
     drop(a);
     assert!(matches!(read_frame(&mut b, DEFAULT_MAX_FRAME).await, Ok(None)));

@@ -141,8 +141,12 @@ fn long_calls_are_striped_over_the_lanes() {
         cfg.network.dead_after_ms = 120_000;
         let ca = ClusterCa::generate("loop").expect("ca");
         let a = cluster(&cfg, &ca).await;
-        // A long write leaves the latency lane (lane 0) alone: n1's first call to n0 opens the two lanes only.
-        let here = a[0].alloc(0, 1 << 20, None).await.expect("local alloc");
+        // Bulk transfers leave the latency lane (lane 0) alone: an acquire of 4 KiB in a 2 MiB page (the whole
+        // page crosses the wire) and a long write, n1's first calls to n0, open the two lanes only.
+        let here = a[0].alloc(0, 2 << 20, None).await.expect("local alloc");
+        let lease = a[1].acquire(&here, 0..4096, Location::Host, vfabric::Mode::Write).await.expect("acquire");
+        a[1].release(lease).await.expect("release");
+        assert_eq!(a[1].open_lanes(0).await.expect("known node"), [1], "the acquire of a page took a bulk lane");
         a[1].write(&here, 0, &pattern::bytes(5, 0, 1 << 20)).await.expect("long write to n0");
         assert_eq!(a[1].open_lanes(0).await.expect("known node"), [1, 2], "a bulk write took the two lanes");
         let len = 6 << 20;
@@ -208,7 +212,13 @@ fn strangers_and_protocol_breakers_are_cut_off() {
         let ep = quic::endpoint("127.0.0.1:0".parse().expect("addr"), &id, &QuicSettings::default()).expect("endpoint");
         let conn = quic::connect(&ep, a[1].local_addr(), "n1").await.expect("connect");
         let (mut s, mut rcv) = conn.open_bi().await.expect("stream");
-        let hello = Message::Hello { cluster: "loop".into(), node: 0, protocol: vfabric::proto::PROTOCOL_VERSION };
+        let hello = Message::Hello {
+            cluster: "loop".into(),
+            node: 0,
+            protocol: vfabric::proto::PROTOCOL_VERSION,
+            lanes: cfg.network.lanes,
+            latency_lane: cfg.network.latency_lane,
+        };
         write_frame(&mut s, &hello, 1 << 20).await.expect("hello");
         s.finish().expect("finish");
         let welcome = vfabric::proto::read_frame(&mut rcv, 1 << 20).await.expect("welcome");
@@ -228,6 +238,29 @@ fn strangers_and_protocol_breakers_are_cut_off() {
         // n1 still serves n0.
         let r = a[0].alloc(1, 1 << 20, None).await.expect("n1 still serves");
         a[0].write(&r, 0, &[1u8; 1000]).await.expect("write");
+
+        // A member with another lane layout (it would dial the wrong ports): refused at its hello, with a reason
+        // that names the settings.
+        for (lanes, latency_lane) in [(cfg.network.lanes + 1, true), (cfg.network.lanes, false)] {
+            let conn = quic::connect(&ep, a[1].local_addr(), "n1").await.expect("connect");
+            let (mut s, _rcv) = conn.open_bi().await.expect("stream");
+            let other = Message::Hello {
+                cluster: "loop".into(),
+                node: 0,
+                protocol: vfabric::proto::PROTOCOL_VERSION,
+                lanes,
+                latency_lane,
+            };
+            write_frame(&mut s, &other, 1 << 20).await.expect("hello");
+            s.finish().expect("finish");
+            match tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("closed in time") {
+                quinn::ConnectionError::ApplicationClosed(c) => {
+                    let why = String::from_utf8_lossy(&c.reason);
+                    assert!(why.contains("network.lanes and network.latency_lane"), "{why}");
+                }
+                other => panic!("closed another way: {other}"),
+            }
+        }
 
         // A member whose write chunk claims an offset at the end of the address space (so that offset + length
         // wraps around): refused as a protocol violation, not a panic in the serving task.

@@ -171,7 +171,7 @@ impl LocalClient {
             .map_err(|e| FabricError::Network(format!("connecting to the agent at {}: {e}", path.display())))?;
         let max_frame = crate::proto::DEFAULT_MAX_FRAME;
         let protocol = crate::proto::PROTOCOL_VERSION;
-        let hello = Message::Hello { cluster: String::new(), node: u16::MAX, protocol };
+        let hello = Message::Hello { cluster: String::new(), node: u16::MAX, protocol, lanes: 0, latency_lane: false };
         let codec = |e: CodecError| FabricError::Protocol(e.to_string());
         write_frame(&mut stream, &hello, max_frame).await.map_err(codec)?;
         match read_frame(&mut stream, max_frame).await.map_err(codec)? {

@@ -55,6 +55,14 @@ fn lanes_for(net: &NetworkSection, bytes: u64) -> std::ops::Range<usize> {
     }
 }
 
+/// The bytes of the whole pages of `page_size` that `len` bytes from `offset` touch: what an acquire moves.
+fn pages_of(page_size: u64, offset: u64, len: u64) -> u64 {
+    let ps = page_size.max(1);
+    let first = offset / ps;
+    let end = offset.saturating_add(len).div_ceil(ps);
+    end.saturating_sub(first).saturating_mul(ps)
+}
+
 /// A peer as this agent sees it.
 struct Peer {
     name: String,
@@ -269,6 +277,8 @@ impl Agent {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(FabricError::Network("the agent runs inside a tokio runtime (see `Agent::runtime`)".into()));
         }
+        // A configuration made or changed in code gets the checks a file gets (lanes, ports, windows, ...).
+        config.check(&format!("the configuration of cluster `{}`", config.cluster.name))?;
         let node = config.node_index(name)?;
         let net = config.network.clone();
         let bind = match bind {
@@ -542,7 +552,8 @@ impl Agent {
             let l = in_place(|| self.shared.fabric.acquire(region, range, device, mode))?;
             return Ok(AgentLease { kind: LeaseKind::Local(l) });
         }
-        let bytes = range.end.saturating_sub(range.start);
+        // The pages of the range cross the wire, and come back with a write lease's release on the same lane.
+        let bytes = pages_of(region.page_size, range.start, range.end.saturating_sub(range.start));
         let lane = self.take_lane(home, bytes)?;
         let region = *region;
         self.on_lane(lane.lane, bytes, move |agent| async move {
@@ -847,6 +858,9 @@ impl Agent {
     fn take_lanes(&self, node: u16, n: usize, bytes: u64) -> Result<Vec<LaneUse>, FabricError> {
         let loads = self.lane_loads(node)?;
         let usable = lanes_for(&self.shared.net, bytes);
+        if usable.is_empty() || usable.end > loads.len() {
+            return Err(FabricError::Network(format!("node {node}: no lane for a call of {bytes} bytes")));
+        }
         let mut taken: Vec<LaneUse> = Vec::with_capacity(n.min(usable.len()));
         while taken.len() < n.min(usable.len()) {
             let free = usable.clone().filter(|l| taken.iter().all(|t| t.lane != *l));
@@ -917,6 +931,8 @@ impl Agent {
                 cluster: self.shared.cluster.clone(),
                 node: self.shared.node,
                 protocol: PROTOCOL_VERSION,
+                lanes: self.shared.net.lanes,
+                latency_lane: self.shared.net.latency_lane,
             };
             let max = self.max_frame();
             write_frame(&mut send, &hello, max).await.map_err(proto)?;

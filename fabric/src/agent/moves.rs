@@ -364,8 +364,8 @@ impl Agent {
     /// How a transfer of `len` bytes to or from peer `node` is split: the lanes its parts take (the least busy
     /// of those [`lanes_for`] gives: a bulk transfer leaves the latency lane alone), each held until its part's
     /// call ends, the bytes per part, and the count of transfers in flight to the peer, this one included, for
-    /// as long as the transfer holds it. Each lane's connection is driven on a core of its own, so a call alone
-    /// uses them all at once instead of one; with others in flight it takes its share of the lanes (one when
+    /// as long as the transfer holds it. Each lane's connection is driven by its own tasks, on a core at a time,
+    /// so a call alone uses several cores at once instead of one; with others in flight it takes its share of the lanes (one when
     /// there are as many transfers as lanes: more, smaller calls would only add per-call work), and no part is
     /// under [`MIN_STRIPE`].
     fn stripes(&self, node: u16, len: usize) -> Result<(Vec<LaneUse>, usize, InFlight<'_>), FabricError> {

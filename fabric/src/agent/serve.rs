@@ -7,7 +7,7 @@ use std::time::Instant;
 use vfabric_transport::quic;
 
 use super::wire::{chunk_error, error_kind};
-use super::{in_place, Agent, RemoteGrant, Shared, BULK};
+use super::{in_place, pages_of, Agent, RemoteGrant, Shared, BULK};
 use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
 use crate::fabric::{Lease, Region};
@@ -57,18 +57,23 @@ async fn serve_connection(shared: Arc<Shared>, conn: quinn::Connection) {
     };
     let Ok((mut send, mut recv)) = conn.accept_bi().await else { return };
     match read_frame(&mut recv, max).await {
-        Ok(Some(Message::Hello { cluster, node: n, protocol }))
-            if cluster == shared.cluster && n == node && protocol == PROTOCOL_VERSION =>
+        Ok(Some(Message::Hello { cluster, node: n, protocol, lanes, latency_lane }))
+            if cluster == shared.cluster
+                && n == node
+                && protocol == PROTOCOL_VERSION
+                && (lanes, latency_lane) == (shared.net.lanes, shared.net.latency_lane) =>
         {
             let welcome = Message::Welcome { node: shared.node, protocol: PROTOCOL_VERSION };
             if write_frame(&mut send, &welcome, max).await.is_err() || send.finish().is_err() {
                 return;
             }
         }
-        Ok(Some(Message::Hello { cluster, node: n, protocol })) => {
+        Ok(Some(Message::Hello { cluster, node: n, protocol, lanes, latency_lane })) => {
             let why = format!(
-                "hello from `{name}` claims cluster `{cluster}` node {n} protocol {protocol}; expected `{}` node {node} protocol {PROTOCOL_VERSION}",
-                shared.cluster
+                "hello from `{name}` claims cluster `{cluster}` node {n} protocol {protocol}, {lanes} lanes, latency \
+                 lane {latency_lane}; expected `{}` node {node} protocol {PROTOCOL_VERSION}, {} lanes, latency lane {} \
+                 (network.lanes and network.latency_lane must be the same on every node)",
+                shared.cluster, shared.net.lanes, shared.net.latency_lane
             );
             return close(&conn, CLOSE_PROTOCOL, &why);
         }
@@ -134,8 +139,8 @@ async fn serve_stream(
     if pages_moved(shared, peer, &msg) < BULK {
         return answer(shared, (peer, connection), msg, send, recv).await;
     }
-    // A bulk transfer, which peers send on the bulk lanes; one that arrives on the latency lane anyway (a peer
-    // configured without it) is answered off that lane's thread, which keeps decrypting its packets meanwhile.
+    // A bulk transfer, which peers send on the bulk lanes; one that arrives on the latency lane anyway (a peer's
+    // choice: ours never send one there) is answered off that lane's thread, which keeps decrypting its packets.
     let answered = as_agent(shared)
         .off_lanes(move |a| async move { Ok(answer(&a.shared, (peer, connection), msg, send, recv).await) })
         .await;
@@ -149,7 +154,9 @@ async fn serve_stream(
 /// The bytes of pages that request `msg` of `peer` moves, either way.
 fn pages_moved(shared: &Shared, peer: u16, msg: &Message) -> u64 {
     match msg {
-        Message::Write { len, .. } | Message::Read { len, .. } | Message::Acquire { len, .. } => *len,
+        Message::Write { len, .. } | Message::Read { len, .. } => *len,
+        // An acquire moves whole pages.
+        Message::Acquire { region, offset, len, .. } => pages_of(region.page_size, *offset, *len),
         // A write lease's pages come back with its release.
         Message::Release { lease } => shared
             .remote_leases

@@ -25,8 +25,9 @@ use super::message::Message;
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"VFAB";
 
-/// The protocol version this build speaks; a frame carrying any other is refused.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks; a frame carrying any other is refused. 2: `Hello` carries the
+/// sender's lane layout (the latency lane moved every other lane one port up).
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// The frame header: magic (4) + version (u16 big-endian) + flags (u16 BE, must be 0) + body length (u32 BE).
 pub const FRAME_HEADER_LEN: usize = 12;
@@ -369,7 +370,7 @@ mod tests {
     fn header_layout_is_as_documented() {
         let bytes = frame(&Message::Ping { nonce: 5 });
         assert_eq!(&bytes[0..4], b"VFAB");
-        assert_eq!(&bytes[4..6], &[0, 1]);
+        assert_eq!(&bytes[4..6], &[0, 2], "version 2, big-endian");
         assert_eq!(&bytes[6..8], &[0, 0]);
         let len = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
         assert_eq!(len, bytes.len() - FRAME_HEADER_LEN);
@@ -388,11 +389,13 @@ mod tests {
 
     #[test]
     fn unknown_version_is_refused() {
-        let bytes = raw_frame(MAGIC, 2, 0, 1, &[13]);
-        assert!(matches!(
-            decode_all(&bytes, DEFAULT_MAX_FRAME),
-            Err(CodecError::UnsupportedVersion { found: 2, supported: PROTOCOL_VERSION })
-        ));
+        for version in [1, PROTOCOL_VERSION + 1] {
+            let bytes = raw_frame(MAGIC, version, 0, 1, &[13]);
+            assert!(matches!(
+                decode_all(&bytes, DEFAULT_MAX_FRAME),
+                Err(CodecError::UnsupportedVersion { found, supported: PROTOCOL_VERSION }) if found == version
+            ));
+        }
     }
 
     #[test]

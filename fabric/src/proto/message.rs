@@ -79,7 +79,7 @@ pub enum ErrorKind {
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub enum Message {
     // Requests: sent by the side that opened the stream.
-    /// Opens a connection: the sender's cluster name, node id and protocol version.
+    /// Opens a connection: the sender's cluster name, node id, protocol version and lane layout.
     Hello {
         /// The cluster the sender belongs to; a mismatch is refused.
         cluster: String,
@@ -87,6 +87,11 @@ pub enum Message {
         node: u16,
         /// The protocol version the sender speaks.
         protocol: u16,
+        /// The sender's `network.lanes`; an agent refuses a peer whose lanes differ from its own (they would
+        /// dial each other's ports wrongly). Local clients send 0.
+        lanes: u16,
+        /// The sender's `network.latency_lane`, checked like `lanes`.
+        latency_lane: bool,
     },
     /// Asks for a [`Message::Pong`] with the same nonce (liveness and round-trip time).
     Ping {
@@ -308,7 +313,7 @@ mod tests {
     fn all() -> Vec<Message> {
         let region = region();
         vec![
-            Message::Hello { cluster: "c".into(), node: 1, protocol: 1 },
+            Message::Hello { cluster: "c".into(), node: 1, protocol: 1, lanes: 4, latency_lane: true },
             Message::Ping { nonce: 9 },
             Message::Alloc { size: 4096, device: None },
             Message::Free { region },
@@ -354,7 +359,8 @@ mod tests {
         assert_eq!(distinct.len(), names.len(), "{names:?}");
         assert!(names.iter().all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase())), "{names:?}");
         assert_eq!(Message::Read { region: region(), offset: 0, len: 0 }.name(), "read");
-        assert_eq!(Message::Hello { cluster: String::new(), node: 0, protocol: 0 }.name(), "hello");
+        let hello = Message::Hello { cluster: String::new(), node: 0, protocol: 0, lanes: 0, latency_lane: false };
+        assert_eq!(hello.name(), "hello");
     }
 
     #[test]
