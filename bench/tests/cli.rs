@@ -122,6 +122,10 @@ fn remote_between_two_agents_verifies_reads_and_moves() {
         moves[0]["there_gbit_s"].as_f64().unwrap_or(0.0) > 0.0 && moves[0]["back_gbit_s"].as_f64().unwrap_or(0.0) > 0.0
     );
     let md = std::fs::read_to_string(dir.join("r.md")).expect("markdown");
-    assert!(md.contains("2 connection(s) (lanes)") && md.contains("iperf3 did not run"), "{md}");
+    assert!(
+        md.contains("2 connection(s) for bulk transfers (lanes) and the latency lane")
+            && md.contains("iperf3 did not run"),
+        "{md}"
+    );
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
