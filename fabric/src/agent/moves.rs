@@ -36,17 +36,52 @@ use crate::proto::{ErrorKind, Message, WireRegion};
 /// while its pages are here, `Some(to)` once they moved to region `to` (on the node its address names).
 #[derive(Default)]
 pub(super) struct Moves {
-    regions: std::sync::Mutex<HashMap<Region, Arc<RwLock<Option<Region>>>>>,
+    regions: std::sync::Mutex<Entries>,
+}
+
+/// The entries, and the size at which the next one made sweeps out those no longer needed.
+#[derive(Default)]
+struct Entries {
+    map: HashMap<Region, Arc<RwLock<Option<Region>>>>,
+    sweep_at: usize,
+}
+
+/// The fewest entries kept before a sweep.
+const SWEEP_FLOOR: usize = 1024;
+
+impl Entries {
+    /// Drops the entries that no operation holds and that forward nowhere: an operation makes one for every
+    /// region it names, regions that are freed or never existed included (a peer may name any), and without
+    /// this the table would only grow. Run under the table's lock, where no one can take an entry meanwhile,
+    /// so an entry that nobody holds stays unheld until it is gone. Sweeping again only once the table has
+    /// doubled keeps the cost per entry made constant.
+    fn sweep(&mut self) {
+        self.map.retain(|_, e| Arc::strong_count(e) > 1 || e.try_read().map_or(true, |to| to.is_some()));
+        self.sweep_at = (2 * self.map.len()).max(SWEEP_FLOOR);
+    }
 }
 
 impl Moves {
+    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.regions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn entry(&self, region: &Region) -> Arc<RwLock<Option<Region>>> {
-        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(regions.entry(*region).or_default())
+        let mut entries = self.entries();
+        if entries.map.len() >= entries.sweep_at {
+            entries.sweep();
+        }
+        Arc::clone(entries.map.entry(*region).or_default())
     }
 
     fn forget(&self, region: &Region) {
-        self.regions.lock().unwrap_or_else(|p| p.into_inner()).remove(region);
+        self.entries().map.remove(region);
+    }
+
+    /// How many entries there are (regions named since the last sweep, and those moved away).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries().map.len()
     }
 
     /// Drops the forwarding entry of `region`, a copy whose pages moved on to `to`, once its region's home
@@ -54,7 +89,7 @@ impl Moves {
     /// region: a stale or misdirected request changes nothing). Callers that waited on it, and later ones, then
     /// reach the fabric, which says the copy is gone (and they ask the home).
     pub(super) async fn unforward(&self, region: &Region, to: &Region) {
-        let existing = self.regions.lock().unwrap_or_else(|p| p.into_inner()).get(region).cloned();
+        let existing = self.entries().map.get(region).cloned();
         let Some(entry) = existing else { return };
         let mut entry = entry.write_owned().await;
         if entry.as_ref() == Some(to) {
@@ -66,8 +101,7 @@ impl Moves {
     /// How many regions of this node have their pages elsewhere (an entry being changed right now may be left
     /// out).
     pub(super) fn forwarding(&self) -> usize {
-        let regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
-        regions.values().filter(|e| e.try_read().is_ok_and(|to| to.is_some())).count()
+        self.entries().map.values().filter(|e| e.try_read().is_ok_and(|to| to.is_some())).count()
     }
 
     /// For an operation on `region`, a region of this node: a read guard that keeps it from moving while the
@@ -376,5 +410,40 @@ impl Agent {
         let lanes = self.take_lanes(node, parts, len as u64)?;
         let part = len.div_ceil(lanes.len().max(1)).max(1);
         Ok((lanes, part, in_flight))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(slot: u32) -> Region {
+        Region::from(&WireRegion {
+            addr: (1u64 << 48) | u64::from(slot) << 21,
+            len: 1 << 21,
+            page_size: 1 << 21,
+            slot,
+            generation: 1,
+        })
+    }
+
+    #[test]
+    fn entries_nobody_needs_are_swept_and_the_others_kept() {
+        tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(async {
+            let moves = Moves::default();
+            // A region that moved away, and one an operation holds while the table fills.
+            let moved = region(0);
+            *moves.entry(&moved).write().await = Some(region(1));
+            let held = moves.staying(&region(2)).await.expect("not moved");
+            // A peer naming region after region that does not exist (each call makes an entry, then lets go).
+            for slot in 3..20_000 {
+                drop(moves.staying(&region(slot)).await.expect("not moved"));
+                assert!(moves.len() <= 2 * SWEEP_FLOOR + 2, "{} entries after {slot} names", moves.len());
+            }
+            assert!(matches!(moves.staying(&moved).await, Err(FabricError::Moved { to }) if to == region(1)));
+            assert_eq!(moves.forwarding(), 1, "the forwarding entry outlived every sweep");
+            assert_eq!(Arc::strong_count(&moves.entry(&region(2))), 3, "the held entry is the one in the table");
+            drop(held);
+        });
     }
 }
