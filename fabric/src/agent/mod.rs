@@ -363,7 +363,15 @@ impl Agent {
             .collect::<Vec<_>>();
         let beating = tokio::spawn(heartbeat_loop(agent.clone()));
         agent.tasks().extend(serving.into_iter().chain([beating]));
-        tracing::info!(node, name, addr = %agent.local_addr(), "agent started");
+        tracing::info!(
+            node,
+            name,
+            addr = %agent.local_addr(),
+            lanes = agent.shared.net.lanes,
+            latency_lane = agent.shared.net.latency_lane,
+            lane_threads = agent.lane_threads(),
+            "agent started"
+        );
         Ok(agent)
     }
 
