@@ -60,6 +60,8 @@ pub mod error;
 pub mod extent;
 pub mod fit;
 pub mod frames;
+pub mod location;
+pub mod page_move;
 pub mod quota;
 pub mod range;
 
@@ -67,6 +69,8 @@ pub use addr::{GlobalAddr, NodeId, PageSize, MAX_OFFSET, OFFSET_BITS};
 pub use error::AllocError;
 pub use extent::{Fragmentation, FreeExtents};
 pub use fit::Fit;
+pub use location::{Location, ParseLocationError};
+pub use page_move::PageMove;
 pub use frames::{
     AllocClass, CompactionPlan, FrameAlloc, FrameArena, FrameArenaConfig, FrameMove, FrameRun, FrameState,
     DEFAULT_HEADROOM_PERCENT,

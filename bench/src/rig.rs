@@ -48,16 +48,21 @@ impl std::fmt::Display for Direction {
     }
 }
 
+/// A location named in a direction.
+fn loc(s: &str) -> Result<Location, String> {
+    s.parse().map_err(|e: vfabric_allocator::ParseLocationError| e.to_string())
+}
+
 impl std::str::FromStr for Direction {
     type Err = String;
     /// `gpu0>gpu1`, `gpu0->host`, `gpu0<>gpu1`, `gpu0<->gpu1`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.replace("<->", "<>").replace("->", ">");
         if let Some((a, b)) = t.split_once("<>") {
-            return Ok(Direction::Both(a.parse()?, b.parse()?));
+            return Ok(Direction::Both(loc(a)?, loc(b)?));
         }
         if let Some((a, b)) = t.split_once('>') {
-            return Ok(Direction::One(a.parse()?, b.parse()?));
+            return Ok(Direction::One(loc(a)?, loc(b)?));
         }
         Err(format!("`{s}` is not a direction: write gpu0>gpu1, gpu0<>gpu1, gpu0>host or host>gpu0"))
     }

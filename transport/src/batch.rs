@@ -5,16 +5,9 @@
 //! both arenas, coalesces it into contiguous runs for the copy engine, and lays out the page index lists and
 //! chunking for the SM kernel. Both backends execute the same plans.
 
-use crate::error::{MoveError, Side};
+use vfabric_allocator::PageMove;
 
-/// One page to move: from frame `src` of the source arena to frame `dst` of the destination arena.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PageMove {
-    /// Frame index in the source arena.
-    pub src: u32,
-    /// Frame index in the destination arena.
-    pub dst: u32,
-}
+use crate::error::{MoveError, Side};
 
 /// A set of pages of one size to move between two arenas.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! Every CUDA call's result is turned into [`DeviceError::Cuda`], naming the call, so a log line says what the
 //! driver refused and not only the code.
 
-use crate::location::Location;
+use vfabric_allocator::Location;
 
 /// An error from the device layer: opening the driver, creating arenas, reading and writing them.
 #[derive(Debug, thiserror::Error)]

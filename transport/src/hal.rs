@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::DeviceError;
-use crate::location::Location;
+use vfabric_allocator::Location;
 use crate::mover::{Mover, MoverConfig};
 
 /// Which implementation of the device layer runs.

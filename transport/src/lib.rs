@@ -16,12 +16,11 @@ pub mod cuda;
 pub mod emulated;
 pub mod error;
 pub mod hal;
-pub mod location;
 pub mod mover;
 pub mod quic;
 
-pub use batch::{CopyRun, PageBatch, PageMove, Plan};
+pub use batch::{CopyRun, PageBatch, Plan};
 pub use error::{DeviceError, MoveError, Side};
 pub use hal::{open, Arena, ArenaSpec, Backend, DeviceKind, DeviceLayer, GpuInfo, OpenOptions, Opened};
-pub use location::Location;
+pub use vfabric_allocator::{Location, PageMove};
 pub use mover::{Engine, EngineChoice, KernelSide, Mover, MoverConfig, Transfer, TransferReport};

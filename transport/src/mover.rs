@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::batch::{PageBatch, Plan};
 use crate::error::MoveError;
 use crate::hal::Arena;
-use crate::location::Location;
+use vfabric_allocator::Location;
 
 /// The engine that moves a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

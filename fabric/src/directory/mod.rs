@@ -29,7 +29,7 @@ use vfabric_allocator::{
     TenantId, Tier,
 };
 use vfabric_allocator::{Fit, MAX_OFFSET};
-use vfabric_transport::Location;
+use vfabric_allocator::Location;
 
 use crate::error::FabricError;
 

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use vfabric_allocator::{GlobalAddr, TenantId};
-use vfabric_transport::{Location, PageMove};
+use vfabric_allocator::{Location, PageMove};
 
 /// Index of a device (location) in the directory: GPUs in order, then the host.
 pub type DevIdx = u8;

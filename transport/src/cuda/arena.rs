@@ -10,7 +10,7 @@ use super::host::PinnedHostMemory;
 use super::vmm::{set_access, Mapping, PhysicalChunk, VirtualRange};
 use crate::error::DeviceError;
 use crate::hal::{check_bounds, copy_parts, write_gathered, Arena};
-use crate::location::Location;
+use vfabric_allocator::Location;
 
 /// GPU memory: `chunks` mapped back to back into `range`, readable and writable by every GPU of the node that
 /// can reach it.

@@ -9,7 +9,7 @@ use super::node::CudaNode;
 use super::stream::{Event, Stream};
 use crate::error::DeviceError;
 use crate::hal::{check_bounds, Arena};
-use crate::location::Location;
+use vfabric_allocator::Location;
 
 /// One contiguous copy between two arenas.
 #[derive(Debug, Clone, Copy)]

@@ -16,7 +16,7 @@ use super::stream::{Event, Stream};
 use crate::batch::{PageBatch, Plan};
 use crate::error::{DeviceError, MoveError};
 use crate::hal::Arena;
-use crate::location::Location;
+use vfabric_allocator::Location;
 use crate::mover::{prepare, Engine, EngineChoice, Execution, Mover, MoverConfig, Pending, Transfer, Way};
 
 /// The page copy kernels, built from `kernels/page_copy.cu` with `nvcc -ptx -arch=compute_90` on the GPU machine.

@@ -14,7 +14,7 @@ use super::mover::CudaMover;
 use super::vmm::{granularity, PhysicalChunk};
 use crate::error::DeviceError;
 use crate::hal::{Arena, ArenaSpec, DeviceKind, DeviceLayer, GpuInfo};
-use crate::location::Location;
+use vfabric_allocator::Location;
 use crate::mover::{Mover, MoverConfig};
 
 /// The CUDA device layer of one node: every GPU the driver shows, each through its primary context.

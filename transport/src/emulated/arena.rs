@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::DeviceError;
 use crate::hal::{check_bounds, copy_parts, Arena};
-use crate::location::Location;
+use vfabric_allocator::Location;
 
 /// Memory charged to an emulated GPU: its counters, which GPU, how many bytes.
 pub(crate) type Charge = (Arc<Vec<AtomicU64>>, usize, u64);

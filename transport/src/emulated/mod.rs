@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::error::DeviceError;
 use crate::hal::{Arena, ArenaSpec, DeviceKind, DeviceLayer, GpuInfo};
-use crate::location::Location;
+use vfabric_allocator::Location;
 use crate::mover::{Mover, MoverConfig};
 
 /// A node of emulated GPUs, each with a fixed amount of (host) memory.

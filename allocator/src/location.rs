@@ -30,8 +30,13 @@ impl std::fmt::Display for Location {
     }
 }
 
+/// A string that names no location (see [`Location`]'s `FromStr`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a location: use gpuN, N or host")]
+pub struct ParseLocationError(pub String);
+
 impl std::str::FromStr for Location {
-    type Err = String;
+    type Err = ParseLocationError;
     /// Parses `gpu0`, `gpu1`, ..., `0`, `1`, ... and `host` / `h`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim().to_ascii_lowercase();
@@ -39,7 +44,7 @@ impl std::str::FromStr for Location {
             return Ok(Location::Host);
         }
         let digits = t.strip_prefix("gpu").unwrap_or(&t);
-        digits.parse::<u16>().map(Location::Gpu).map_err(|_| format!("`{s}` is not a location: use gpuN, N or host"))
+        digits.parse::<u16>().map(Location::Gpu).map_err(|_| ParseLocationError(s.to_string()))
     }
 }
 
@@ -52,7 +57,7 @@ mod tests {
         assert_eq!("gpu1".parse::<Location>(), Ok(Location::Gpu(1)));
         assert_eq!("0".parse::<Location>(), Ok(Location::Gpu(0)));
         assert_eq!("Host".parse::<Location>(), Ok(Location::Host));
-        assert!("gpux".parse::<Location>().is_err());
+        assert_eq!("gpux".parse::<Location>(), Err(ParseLocationError("gpux".into())));
         assert_eq!(Location::Gpu(3).to_string(), "gpu3");
         assert_eq!(Location::Host.gpu(), None);
     }
