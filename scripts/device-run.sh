@@ -2,6 +2,7 @@
 # Runs on the GPU machine, from the repository root, with .device-bin/ carried (scripts/device-build.sh made it):
 # the GPU tests, the demo, the PyTorch and NCCL baselines and vfabric-bench, in one call. Everything goes to
 # $OUT/device-run.log; the benchmark's JSON and Markdown and the rebuilt PTX go beside it. A summary comes last.
+# Back on the development machine, scripts/keep-results.sh OUTDIR puts them into bench/results/ (docs/benchmarks.md).
 #
 #   VFABRIC_BENCH_ARGS   extra arguments for vfabric-bench migrate (default: --sweep --sm-sweep)
 #   VFABRIC_BENCH_NAME   name of the benchmark's result files (default: migrate-h200x2)
