@@ -1,7 +1,9 @@
 //! The errors of the fabric's API. Every failing call leaves every other region as it was.
 
-use vfabric_allocator::{AllocError, TenantId, Tier};
+use vfabric_allocator::{TenantId, Tier};
 use vfabric_transport::{DeviceError, Location, MoveError};
+
+use crate::directory::DirectoryError;
 
 /// Why a fabric call failed.
 #[derive(Debug, thiserror::Error)]
@@ -115,17 +117,40 @@ pub enum FabricError {
     },
 }
 
-impl FabricError {
-    /// Maps an allocator error met while placing pages on `location`.
-    pub(crate) fn from_alloc(e: AllocError, location: Location) -> FabricError {
+impl From<DirectoryError> for FabricError {
+    /// The directory's errors as the fabric's API has always reported them: the same variants, with the
+    /// configuration and address-space errors (no variant of their own here) as `InvalidSize` with the
+    /// directory's message.
+    fn from(e: DirectoryError) -> FabricError {
         match e {
-            AllocError::QuotaExceeded { tenant, tier, limit, used, requested } => {
+            DirectoryError::OutOfMemory { location, needed, available } => {
+                FabricError::OutOfMemory { location, needed, available }
+            }
+            DirectoryError::QuotaExceeded { tenant, tier, limit, used, requested } => {
                 FabricError::QuotaExceeded { tenant, tier, limit, used, requested }
             }
-            AllocError::OutOfMemory { requested, available, .. } => {
-                FabricError::OutOfMemory { location, needed: requested, available }
+            DirectoryError::UnknownRegion(h) => FabricError::InvalidAddress(h.to_string()),
+            DirectoryError::UseAfterFree(h) => FabricError::UseAfterFree(h.to_string()),
+            DirectoryError::DoubleFree(h) => FabricError::DoubleFree(h.to_string()),
+            DirectoryError::FreeRange(source) => FabricError::InvalidAddress(source.to_string()),
+            DirectoryError::OutOfBounds { offset, len, region_len } => {
+                FabricError::OutOfBounds { offset, len, region_len }
             }
-            other => FabricError::InvalidSize(other.to_string()),
+            DirectoryError::LeasedElsewhere { region, page, held } => {
+                FabricError::LeasedElsewhere { region: region.to_string(), page, how: held.to_string() }
+            }
+            DirectoryError::UnknownLease(id) => FabricError::UnknownLease(id),
+            DirectoryError::DeviceUnavailable(location) => FabricError::DeviceUnavailable(location),
+            e @ (DirectoryError::InvalidWatermarks { .. }
+            | DirectoryError::InvalidArena { .. }
+            | DirectoryError::TooManyDevices(_)
+            | DirectoryError::NoHostArena
+            | DirectoryError::InvalidAddressSpace(_)
+            | DirectoryError::ZeroSize
+            | DirectoryError::TooManyPages { .. }
+            | DirectoryError::AddressSpaceExhausted(_)
+            | DirectoryError::CompactionImpossible { .. }
+            | DirectoryError::Allocator { .. }) => FabricError::InvalidSize(e.to_string()),
         }
     }
 }

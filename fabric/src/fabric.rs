@@ -22,8 +22,8 @@ use vfabric_transport::{
 
 use crate::config::ClusterConfig;
 use crate::directory::{
-    AcquireRequest, DevIdx, Directory, DirectoryConfig, DirectoryStats, LeaseFrames, Mode, Placement, ReadSource,
-    RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH,
+    AcquireRequest, DevIdx, Directory, DirectoryConfig, DirectoryError, DirectoryStats, LeaseFrames, Mode, Placement,
+    ReadSource, RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH,
 };
 use crate::error::FabricError;
 
@@ -335,7 +335,7 @@ impl Fabric {
     /// go to (a hint; by default the GPU with the most free memory). No memory is taken until pages are
     /// written or acquired; a region may be larger than any GPU.
     pub fn alloc(&self, size: u64, placement: Placement) -> Result<Region, FabricError> {
-        lock(&self.inner.state).dir.alloc(size, placement)
+        Ok(lock(&self.inner.state).dir.alloc(size, placement)?)
     }
 
     /// Frees a region and all its memory. Refused while any of its pages is leased.
@@ -440,7 +440,7 @@ impl Fabric {
     /// Releases a lease (dropping it does the same, logging instead of returning an error).
     pub fn release(&self, mut lease: Lease) -> Result<(), FabricError> {
         lease.released = true;
-        lock(&self.inner.state).dir.release(lease.id)
+        Ok(lock(&self.inner.state).dir.release(lease.id)?)
     }
 
     /// Moves a region to `device`: new pages go there, and pages on other GPUs move there (those that do not fit
@@ -463,7 +463,7 @@ impl Fabric {
     /// so a copy of the range made at one version is current exactly while the version stays the same.
     pub fn version(&self, region: &Region, range: Range<u64>) -> Result<u64, FabricError> {
         let len = range.end.saturating_sub(range.start);
-        lock(&self.inner.state).dir.version(region, range.start, len)
+        Ok(lock(&self.inner.state).dir.version(region, range.start, len)?)
     }
 
     /// Figures about the directory and the bytes moved.
@@ -491,7 +491,7 @@ impl Fabric {
     fn drive<T>(
         &self,
         st: &mut State,
-        mut step: impl FnMut(&mut Directory) -> Result<Step<T>, FabricError>,
+        mut step: impl FnMut(&mut Directory) -> Result<Step<T>, DirectoryError>,
     ) -> Result<T, FabricError> {
         // Each stage frees, moves or fills at least one frame; a bound only guards against a directory bug.
         for _ in 0..1_000_000 {

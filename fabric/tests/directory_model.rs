@@ -13,10 +13,9 @@ use std::collections::{HashMap, VecDeque};
 
 use proptest::prelude::*;
 use vfabric::directory::{
-    AcquireRequest, Directory, DirectoryConfig, LeaseGrant, Mode, Placement, ReadSource, RegionHandle, Stage,
-    StageKind, Step, PREFETCH_DEPTH,
+    AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseGrant, Mode, Placement, ReadSource, RegionHandle,
+    Stage, StageKind, Step, PREFETCH_DEPTH,
 };
-use vfabric::error::FabricError;
 use vfabric_allocator::PageSize;
 use vfabric_transport::Location;
 
@@ -90,6 +89,28 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Why a simulated operation failed: the directory refused it, or one of its stages' copies failed (simulated).
+#[derive(Debug)]
+enum SimError {
+    Dir(DirectoryError),
+    CopyFailed,
+}
+
+impl From<DirectoryError> for SimError {
+    fn from(e: DirectoryError) -> Self {
+        SimError::Dir(e)
+    }
+}
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SimError::Dir(e) => write!(f, "{e}"),
+            SimError::CopyFailed => write!(f, "simulated copy failure"),
+        }
+    }
+}
+
 /// Simulated device memory: one token per frame.
 struct Sim {
     dir: Directory,
@@ -116,7 +137,7 @@ fn key(r: &RegionHandle, page: u32) -> (u32, u64, u32) {
 impl Sim {
     /// Carries a stage out, or (every `fail_every`-th stage) fails it the way a broken copy would: the
     /// destination frames get garbage, and the stage is aborted.
-    fn run(&mut self, stage: Stage) -> Result<(), FabricError> {
+    fn run(&mut self, stage: Stage) -> Result<(), SimError> {
         let fail = self.next_fails();
         self.copy(&stage, fail);
         if stage.kind == StageKind::Fetch {
@@ -124,7 +145,7 @@ impl Sim {
         }
         if fail {
             self.dir.abort(stage);
-            return Err(FabricError::InvalidSize("simulated copy failure".into()));
+            return Err(SimError::CopyFailed);
         }
         self.dir.commit(stage);
         Ok(())
@@ -166,8 +187,8 @@ impl Sim {
                     }
                     self.prefetch.push_back((stage, fail, late));
                 }
-                Ok(None) | Err(FabricError::OutOfMemory { .. }) => return,
-                Err(FabricError::InvalidSize(s)) if s.contains("simulated") => return,
+                Ok(None) | Err(SimError::Dir(DirectoryError::OutOfMemory { .. })) => return,
+                Err(SimError::CopyFailed) => return,
                 Err(e) => panic!("prefetch: {e}"),
             }
         }
@@ -188,8 +209,8 @@ impl Sim {
 
     fn drive<T>(
         &mut self,
-        mut f: impl FnMut(&mut Directory) -> Result<Step<T>, FabricError>,
-    ) -> Result<T, FabricError> {
+        mut f: impl FnMut(&mut Directory) -> Result<Step<T>, DirectoryError>,
+    ) -> Result<T, SimError> {
         for _ in 0..1000 {
             match f(&mut self.dir)? {
                 Step::Done(t) => return Ok(t),
@@ -208,7 +229,7 @@ impl Sim {
         self.next_token
     }
 
-    fn read_page(&mut self, r: &RegionHandle, page: u32) -> Result<u64, FabricError> {
+    fn read_page(&mut self, r: &RegionHandle, page: u32) -> Result<u64, DirectoryError> {
         let pieces = self.dir.plan_read(r, u64::from(page) * PAGE, PAGE)?;
         Ok(match pieces[0].source {
             ReadSource::Zero => 0,
@@ -235,13 +256,13 @@ impl Sim {
                     Ok(()) => {
                         self.regions.remove(i);
                         self.model.retain(|k, _| k.1 != h.addr.raw());
-                        assert!(matches!(self.dir.free(&h), Err(FabricError::DoubleFree(_))), "double free");
+                        assert!(matches!(self.dir.free(&h), Err(DirectoryError::DoubleFree(_))), "double free");
                         assert!(
-                            matches!(self.dir.plan_read(&h, 0, 1), Err(FabricError::UseAfterFree(_))),
+                            matches!(self.dir.plan_read(&h, 0, 1), Err(DirectoryError::UseAfterFree(_))),
                             "use after free"
                         );
                     }
-                    Err(FabricError::LeasedElsewhere { .. }) => {
+                    Err(SimError::Dir(DirectoryError::LeasedElsewhere { .. })) => {
                         assert!(self.leases.iter().any(|l| l.1 == h), "refused to free a region nobody leases");
                     }
                     Err(e) => panic!("free: {e}"),
@@ -261,8 +282,9 @@ impl Sim {
                             self.model.insert(key(&h, page + j as u32), t0 * 100 + j as u64);
                         }
                     }
-                    Err(FabricError::LeasedElsewhere { .. }) | Err(FabricError::OutOfMemory { .. }) => {}
-                    Err(FabricError::InvalidSize(s)) if s.contains("simulated") => {}
+                    Err(SimError::Dir(DirectoryError::LeasedElsewhere { .. } | DirectoryError::OutOfMemory { .. })) => {
+                    }
+                    Err(SimError::CopyFailed) => {}
                     Err(e) => panic!("write: {e}"),
                 }
             }
@@ -274,7 +296,7 @@ impl Sim {
                 for p in page..page + pages {
                     match self.read_page(&h, p) {
                         Ok(v) => assert_eq!(v, self.model[&key(&h, p)], "host read of page {p} of {h}"),
-                        Err(FabricError::LeasedElsewhere { .. }) => {}
+                        Err(DirectoryError::LeasedElsewhere { .. }) => {}
                         Err(e) => panic!("read: {e}"),
                     }
                 }
@@ -304,7 +326,7 @@ impl Sim {
                 let Some(i) = pick(lease, self.leases.len()) else { return };
                 let (grant, h, written) = self.leases.remove(i);
                 self.dir.release(grant.id).expect("release");
-                assert!(matches!(self.dir.release(grant.id), Err(FabricError::UnknownLease(_))));
+                assert!(matches!(self.dir.release(grant.id), Err(DirectoryError::UnknownLease(_))));
                 if grant.mode == Mode::Write {
                     for (j, v) in written.iter().enumerate() {
                         self.model.insert(key(&h, grant.first_page + j as u32), *v);
@@ -315,13 +337,23 @@ impl Sim {
                 let Some(i) = pick(region, self.regions.len()) else { return };
                 let h = self.regions[i];
                 match self.drive(|d| d.step_migrate(&h, DEVICES[device].0)) {
-                    Ok(()) | Err(FabricError::LeasedElsewhere { .. }) | Err(FabricError::OutOfMemory { .. }) => {}
-                    Err(FabricError::InvalidSize(s)) if s.contains("simulated") => {}
+                    Ok(())
+                    | Err(SimError::Dir(DirectoryError::LeasedElsewhere { .. } | DirectoryError::OutOfMemory { .. })) =>
+                        {}
+                    Err(SimError::CopyFailed) => {}
                     Err(e) => panic!("migrate: {e}"),
                 }
             }
             Op::Compact { device, frames } => match self.drive(|d| d.plan_compaction(DEVICES[device].0, frames)) {
-                Ok(()) | Err(FabricError::OutOfMemory { .. }) | Err(FabricError::InvalidSize(_)) => {}
+                // Refusals the fabric reports as out of memory or as an invalid size (the allocator's other
+                // refusals), and simulated copy failures.
+                Ok(())
+                | Err(SimError::Dir(
+                    DirectoryError::OutOfMemory { .. }
+                    | DirectoryError::CompactionImpossible { .. }
+                    | DirectoryError::Allocator { .. },
+                ))
+                | Err(SimError::CopyFailed) => {}
                 Err(e) => panic!("compact: {e}"),
             },
         }
@@ -360,8 +392,8 @@ impl Sim {
                 self.prefetch(&h, DEVICES[device].0);
                 true
             }
-            Err(FabricError::LeasedElsewhere { .. }) | Err(FabricError::OutOfMemory { .. }) => false,
-            Err(FabricError::InvalidSize(s)) if s.contains("simulated") => false,
+            Err(SimError::Dir(DirectoryError::LeasedElsewhere { .. } | DirectoryError::OutOfMemory { .. })) => false,
+            Err(SimError::CopyFailed) => false,
             Err(e) => panic!("acquire: {e}"),
         }
     }

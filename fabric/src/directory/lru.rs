@@ -2,7 +2,7 @@
 //! by frame, so touching, removing and appending a frame are O(1) and cost 9 bytes a frame (a B-tree of
 //! (priority, stamp, frame) keys cost about 48).
 
-use super::Priority;
+use super::region::Priority;
 
 const NIL: u32 = u32::MAX;
 const OUT: u8 = u8::MAX;

@@ -1,0 +1,234 @@
+//! Acquire and release: one step of an acquire (evict, compact, fetch, then grant the lease), the fetches it
+//! plans, and the release that publishes a write lease's new version.
+
+use vfabric_allocator::{AllocClass, Location};
+
+use super::error::DirectoryError;
+use super::lease::{LeaseFrames, LeaseGrant, LeaseRecord, Mode};
+use super::page::{Copy, DevIdx, PageEntry, PageRef};
+use super::region::{RegionHandle, Stream};
+use super::stage::{Stage, StageKind, Step, Update};
+use super::state::Directory;
+
+/// A request to acquire a range, kept across the steps that stage its copies.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The region.
+    pub region: RegionHandle,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The device that will use the pages.
+    pub device: Location,
+    /// Read or write.
+    pub mode: Mode,
+    /// Still trying for one run of frames (cleared when compaction cannot make one).
+    contiguous: bool,
+}
+
+impl AcquireRequest {
+    /// A request for `len` bytes at `offset` of `region` on `device`.
+    pub fn new(region: RegionHandle, offset: u64, len: u64, device: Location, mode: Mode) -> Self {
+        AcquireRequest { region, offset, len, device, mode, contiguous: true }
+    }
+}
+
+impl Directory {
+    /// One step of an acquire: either the lease, or the next stage of copies it needs (evictions, compaction,
+    /// fetches), after which the caller commits and calls again.
+    pub fn step_acquire(&mut self, req: &mut AcquireRequest) -> Result<Step<LeaseGrant>, DirectoryError> {
+        let (first, n) = self.span(&req.region, req.offset, req.len)?;
+        let dev = self.dev(req.device)?;
+        let slot = req.region.slot;
+        {
+            let r = self.region(&req.region)?;
+            for i in first..first + n {
+                let p = &r.pages[i as usize];
+                let conflict = match req.mode {
+                    Mode::Write => p.leased(),
+                    Mode::Read => p.write_leased,
+                };
+                if conflict {
+                    return Err(self.leased_error(&req.region, u64::from(i), p));
+                }
+            }
+        }
+        if req.mode == Mode::Write && !self.in_flight.is_empty() {
+            // A write lease drops the other copies, one of which may be the prefetch's source.
+            return Ok(Step::Wait);
+        }
+        let total = self.devs[usize::from(dev)].frames.frames();
+        if n > total {
+            return Err(DirectoryError::OutOfMemory {
+                location: req.device,
+                needed: u64::from(n),
+                available: u64::from(total),
+            });
+        }
+        let pages: Vec<PageRef> = (first..first + n).map(|page| PageRef { slot, page }).collect();
+        let cur: Vec<Option<u32>> = pages.iter().map(|&p| self.page(p).copy_on(dev).map(|c| c.frame)).collect();
+        let in_request = |p: PageRef| p.slot == slot && p.page >= first && p.page < first + n;
+        if req.contiguous && cur.iter().flatten().any(|&f| self.devs[usize::from(dev)].frames.lease_count(f) > 0) {
+            // A page here is pinned by another lease where it is: it cannot move into a run.
+            req.contiguous = false;
+        }
+        if self.in_flight.iter().any(|f| f.slot == slot && f.pages.start < first + n && first < f.pages.end) {
+            // Pages of the request are on their way, or moving into a run: their frames change at commit.
+            return Ok(Step::Wait);
+        }
+        let all_here = cur.iter().all(Option::is_some);
+        let in_run = all_here && cur.iter().enumerate().all(|(i, f)| *f == cur[0].map(|c| c + i as u32));
+        if all_here && (in_run || !req.contiguous) {
+            return Ok(Step::Done(self.grant(req, dev, first, cur.into_iter().flatten().collect(), in_run)));
+        }
+        if !self.in_flight.is_empty() {
+            // Stages take frames and evict: only with no prefetch in flight (it may hold pages this one wants).
+            return Ok(Step::Wait);
+        }
+        let tenant = self.tenant_of(slot);
+        if req.contiguous {
+            // Every page goes into one run, those already here included.
+            let evict = self.eviction_need(dev, n);
+            if evict > 0 {
+                let stage = self.plan_evict(dev, evict, &in_request)?;
+                if !stage.updates.is_empty() {
+                    return Ok(Step::Stage(stage));
+                }
+                if self.available(dev) < n {
+                    // Nothing more can leave: place page by page where there is room.
+                    req.contiguous = false;
+                    return self.step_acquire(req);
+                }
+            }
+            let d = &self.devs[usize::from(dev)];
+            if d.frames.largest_free_run() < n {
+                return match d.frames.compaction_plan(n) {
+                    Ok(plan) if !plan.is_noop() => Ok(Step::Stage(self.compaction_stage(dev, plan))),
+                    _ => {
+                        req.contiguous = false;
+                        self.step_acquire(req)
+                    }
+                };
+            }
+            let run = self.devs[usize::from(dev)].frames.free_runs().find(|r| r.len >= n).map(|r| r.start);
+            let Some(start) = run else {
+                req.contiguous = false;
+                return self.step_acquire(req);
+            };
+            self.take_run(dev, start, n, tenant)?;
+            let targets: Vec<u32> = (start..start + n).collect();
+            return Ok(Step::Stage(self.plan_fetch(dev, &pages, &targets, &cur)));
+        }
+        // Page by page: only the pages not here yet need frames.
+        let missing: Vec<usize> = (0..pages.len()).filter(|&i| cur[i].is_none()).collect();
+        let need = missing.len() as u32;
+        let evict = self.eviction_need(dev, need);
+        if evict > 0 {
+            let stage = self.plan_evict(dev, evict, &in_request)?;
+            if !stage.updates.is_empty() {
+                return Ok(Step::Stage(stage));
+            }
+            if self.available(dev) < need {
+                return Err(DirectoryError::OutOfMemory {
+                    location: req.device,
+                    needed: u64::from(need),
+                    available: u64::from(self.available(dev)),
+                });
+            }
+        }
+        let frames = self.take(dev, need, tenant, AllocClass::Normal)?;
+        let sub: Vec<PageRef> = missing.iter().map(|&i| pages[i]).collect();
+        let none = vec![None; sub.len()];
+        Ok(Step::Stage(self.plan_fetch(dev, &sub, &frames, &none)))
+    }
+
+    /// The copy a page is fetched from: a GPU's (NVLink) before the host's; `None` for a page never written.
+    pub(super) fn fetch_source(&self, e: &PageEntry) -> Option<Copy> {
+        e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next())
+    }
+
+    /// Copies `pages` into `targets` (already taken) on `dev`: from their copy on `dev` when they have one
+    /// (`cur`), else from a GPU copy (NVLink) before a host copy, else zeros.
+    pub(super) fn plan_fetch(&mut self, dev: DevIdx, pages: &[PageRef], targets: &[u32], cur: &[Option<u32>]) -> Stage {
+        let mut stage = Stage::new(StageKind::Fetch);
+        let to = self.loc(dev);
+        for (i, &page) in pages.iter().enumerate() {
+            let new = Copy { dev, frame: targets[i] };
+            stage.taken.push(new);
+            if let Some(old) = cur[i] {
+                stage.copy(to, to, old, new.frame);
+                stage.updates.push(Update::Relocate { page, old: Copy { dev, frame: old }, new });
+                continue;
+            }
+            match self.fetch_source(self.page(page)) {
+                Some(s) => stage.copy(self.loc(s.dev), to, s.frame, new.frame),
+                None => stage.zero.push((to, new.frame)),
+            }
+            stage.updates.push(Update::Add { page, copy: new });
+        }
+        stage
+    }
+
+    pub(super) fn grant(
+        &mut self,
+        req: &AcquireRequest,
+        dev: DevIdx,
+        first: u32,
+        frames: Vec<u32>,
+        in_run: bool,
+    ) -> LeaseGrant {
+        let slot = req.region.slot;
+        for (i, &f) in frames.iter().enumerate() {
+            let page = PageRef { slot, page: first + i as u32 };
+            let here = Copy { dev, frame: f };
+            if req.mode == Mode::Write {
+                let others: Vec<Copy> = self.page(page).copies().filter(|c| *c != here).collect();
+                for c in others {
+                    self.release_frame(c);
+                }
+                let e = self.page_mut(page);
+                e.keep_only(here);
+                e.write_leased = true;
+            } else {
+                self.page_mut(page).read_leases += 1;
+            }
+            self.pin(here);
+        }
+        let n = frames.len() as u32;
+        if let Some(r) = self.regions[slot as usize].as_mut() {
+            let streak = match r.stream {
+                Some(s) if s.dev == dev && s.next == first => s.streak + 1,
+                _ => 0,
+            };
+            r.stream = Some(Stream { dev, next: first + n, streak, len: n });
+        }
+        let id = self.next_lease;
+        self.next_lease += 1;
+        self.leases.insert(id, LeaseRecord { slot, first_page: first, dev, mode: req.mode, frames: frames.clone() });
+        let frames = if in_run {
+            LeaseFrames::Run { first: frames[0], len: frames.len() as u32 }
+        } else {
+            LeaseFrames::Pages(frames)
+        };
+        LeaseGrant { id, device: req.device, frames, first_page: first, mode: req.mode }
+    }
+
+    /// Releases a lease; a write lease publishes a new version of its pages.
+    pub fn release(&mut self, id: u64) -> Result<(), DirectoryError> {
+        let l = self.leases.remove(&id).ok_or(DirectoryError::UnknownLease(id))?;
+        for (i, &f) in l.frames.iter().enumerate() {
+            let page = PageRef { slot: l.slot, page: l.first_page + i as u32 };
+            let e = self.page_mut(page);
+            match l.mode {
+                Mode::Write => {
+                    e.write_leased = false;
+                    e.version += 1;
+                }
+                Mode::Read => e.read_leases = e.read_leases.saturating_sub(1),
+            }
+            self.unpin(Copy { dev: l.dev, frame: f });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! Regions: allocating and freeing them, looking them (and their pages) up, and checking the byte ranges and
+//! leases that calls on them name.
+
+use vfabric_allocator::{AllocClass, GlobalAddr, TenantId};
+
+use super::error::{DirectoryError, LeaseHeld};
+use super::lease::Mode;
+use super::page::{Copy, DevIdx, PageEntry, PageRef};
+use super::region::{Placement, Priority, RegionEntry, RegionHandle};
+use super::stage::Step;
+use super::state::Directory;
+
+impl Directory {
+    /// Allocates a region of `size` bytes (rounded up to whole pages). No memory is taken until pages are
+    /// written or acquired.
+    pub fn alloc(&mut self, size: u64, placement: Placement) -> Result<RegionHandle, DirectoryError> {
+        if size == 0 {
+            return Err(DirectoryError::ZeroSize);
+        }
+        let ps = self.page_size();
+        let pages = size.div_ceil(ps);
+        if pages > u64::from(u32::MAX) {
+            return Err(DirectoryError::TooManyPages { size });
+        }
+        let home = match placement.device {
+            Some(l) => self.dev(l)?,
+            None => self.pick_gpu(),
+        };
+        let range = self.space.alloc(pages * ps).map_err(DirectoryError::AddressSpaceExhausted)?;
+        let addr = GlobalAddr::new(self.cfg.node, range.start).map_err(DirectoryError::AddressSpaceExhausted)?;
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.regions.push(None);
+                self.generations.push(0);
+                (self.regions.len() - 1) as u32
+            }
+        };
+        self.generations[slot as usize] += 1;
+        let handle =
+            RegionHandle { slot, generation: self.generations[slot as usize], addr, len: pages * ps, page_size: ps };
+        self.regions[slot as usize] = Some(RegionEntry {
+            handle,
+            placement,
+            home,
+            pages: vec![PageEntry::default(); pages as usize],
+            stream: None,
+        });
+        Ok(handle)
+    }
+
+    /// The GPU with the most frames available to ordinary allocations (the host when there is none).
+    pub(super) fn pick_gpu(&self) -> DevIdx {
+        self.devs
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.is_gpu())
+            .max_by_key(|(i, d)| (d.frames.available(AllocClass::Normal), std::cmp::Reverse(*i)))
+            .map_or(self.host, |(i, _)| i as DevIdx)
+    }
+
+    /// The live region `h` names.
+    pub fn region(&self, h: &RegionHandle) -> Result<&RegionEntry, DirectoryError> {
+        match self.regions.get(h.slot as usize) {
+            // The whole handle must match: one that crossed a wire may name a slot with other bounds.
+            Some(Some(r)) if r.handle == *h => Ok(r),
+            Some(_) if self.generations[h.slot as usize] >= h.generation => Err(DirectoryError::UseAfterFree(*h)),
+            _ => Err(DirectoryError::UnknownRegion(*h)),
+        }
+    }
+
+    pub(super) fn page(&self, p: PageRef) -> &PageEntry {
+        // Callers hold a PageRef only for live regions (taken from `users` or a checked handle).
+        &self.regions[p.slot as usize].as_ref().expect("live region").pages[p.page as usize]
+    }
+
+    pub(super) fn page_mut(&mut self, p: PageRef) -> &mut PageEntry {
+        &mut self.regions[p.slot as usize].as_mut().expect("live region").pages[p.page as usize]
+    }
+
+    pub(super) fn priority_of(&self, p: PageRef) -> Priority {
+        self.regions[p.slot as usize].as_ref().map_or(Priority::Normal, |r| r.placement.priority)
+    }
+
+    pub(super) fn tenant_of(&self, slot: u32) -> TenantId {
+        self.regions[slot as usize].as_ref().map_or(TenantId::default(), |r| r.placement.tenant)
+    }
+
+    /// Frees a region and every frame its pages hold. Refused while any of its pages is leased; waits for a
+    /// prefetch of its pages.
+    pub fn free(&mut self, h: &RegionHandle) -> Result<Step<()>, DirectoryError> {
+        let r = match self.region(h) {
+            Ok(r) => r,
+            Err(DirectoryError::UseAfterFree(h)) => return Err(DirectoryError::DoubleFree(h)),
+            Err(e) => return Err(e),
+        };
+        if let Some((i, p)) = r.pages.iter().enumerate().find(|(_, p)| p.leased()) {
+            return Err(self.leased_error(h, i as u64, p));
+        }
+        if self.in_flight.iter().any(|f| f.slot == h.slot) {
+            return Ok(Step::Wait);
+        }
+        let copies: Vec<Copy> = r.pages.iter().flat_map(|p| p.copies().collect::<Vec<_>>()).collect();
+        for c in copies {
+            self.release_frame(c);
+        }
+        let addr = h.addr.offset();
+        self.regions[h.slot as usize] = None;
+        self.free_slots.push(h.slot);
+        self.space.free(addr).map_err(DirectoryError::FreeRange)?;
+        Ok(Step::Done(()))
+    }
+
+    /// The error for a call refused because page `page` of `h` is leased (`p` is its entry).
+    pub(super) fn leased_error(&self, h: &RegionHandle, page: u64, p: &PageEntry) -> DirectoryError {
+        let held = if p.write_leased {
+            let on = self.leases.values().find(|l| l.slot == h.slot && l.mode == Mode::Write).map(|l| self.loc(l.dev));
+            LeaseHeld::Writing(on)
+        } else {
+            LeaseHeld::Reading(p.read_leases)
+        };
+        DirectoryError::LeasedElsewhere { region: *h, page, held }
+    }
+
+    /// Checks a byte range of a region; returns its first page and page count.
+    pub(super) fn span(&self, h: &RegionHandle, offset: u64, len: u64) -> Result<(u32, u32), DirectoryError> {
+        let r = self.region(h)?;
+        let end = offset.checked_add(len);
+        if len == 0 || end.is_none_or(|e| e > r.handle.len) {
+            return Err(DirectoryError::OutOfBounds { offset, len, region_len: r.handle.len });
+        }
+        let ps = self.page_size();
+        let first = offset / ps;
+        let last = (offset + len).div_ceil(ps);
+        Ok((first as u32, (last - first) as u32))
+    }
+}

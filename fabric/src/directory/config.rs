@@ -1,0 +1,38 @@
+//! How the directory manages memory: the node, page size, headroom, placement fit, watermarks and readahead.
+
+use vfabric_allocator::{Fit, NodeId, PageSize};
+
+/// How the directory manages memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectoryConfig {
+    /// This node's id: the high 16 bits of the addresses of regions allocated here.
+    pub node: NodeId,
+    /// The page size of every region of this node.
+    pub page_size: PageSize,
+    /// Share of each device's frames only the fabric's own moves may use.
+    pub headroom_percent: u8,
+    /// How frames are placed.
+    pub fit: Fit,
+    /// Eviction starts when a GPU's used frames would pass this share of its ordinary frames...
+    pub high_watermark_percent: u8,
+    /// ...and goes on until they are at or under this share.
+    pub low_watermark_percent: u8,
+    /// How far ahead of a walk in order pages are prefetched (0: no prefetch): once two acquires in a row
+    /// continue a walk, [`Directory::step_prefetch`] keeps up to this many pages (or the last acquire's size,
+    /// when larger) after it on its device, fetching the next half-window when fewer remain.
+    pub readahead_pages: u32,
+}
+
+impl Default for DirectoryConfig {
+    fn default() -> Self {
+        DirectoryConfig {
+            node: NodeId(0),
+            page_size: PageSize::MIB_2,
+            headroom_percent: 15,
+            fit: Fit::FirstFit,
+            high_watermark_percent: 90,
+            low_watermark_percent: 75,
+            readahead_pages: 32,
+        }
+    }
+}

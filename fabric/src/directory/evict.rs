@@ -1,0 +1,93 @@
+//! Eviction: the watermarks, how many frames to free before taking more, and the stage that frees them
+//! (least recently used and lowest priority first; the only copy of a page goes to host memory).
+
+use std::collections::HashMap;
+
+use vfabric_allocator::{AllocClass, Location};
+
+use super::error::DirectoryError;
+use super::page::{Copy, DevIdx, PageRef};
+use super::stage::{Stage, StageKind, Update};
+use super::state::Directory;
+
+impl Directory {
+    /// How many frames to evict from `dev` before `need` more are taken there: enough for them, and, on a GPU
+    /// past its high watermark, down to the low watermark.
+    pub(super) fn eviction_need(&self, dev: DevIdx, need: u32) -> u32 {
+        let d = &self.devs[usize::from(dev)];
+        let avail = d.frames.available(AllocClass::Normal);
+        let mut evict = need.saturating_sub(avail);
+        if d.is_gpu() {
+            let (high, low) = self.watermarks(dev);
+            let after = u64::from(d.frames.used_frames()) + u64::from(need);
+            if after > high {
+                evict = evict.max(after.saturating_sub(low).min(u64::from(u32::MAX)) as u32);
+            }
+        }
+        evict
+    }
+
+    /// The high and low watermarks of a device, in frames.
+    pub(super) fn watermarks(&self, dev: DevIdx) -> (u64, u64) {
+        let d = &self.devs[usize::from(dev)];
+        let normal = u64::from(d.frames.frames() - d.frames.reserved_frames());
+        let pct = |p: u8| normal * u64::from(p) / 100;
+        (pct(self.cfg.high_watermark_percent), pct(self.cfg.low_watermark_percent))
+    }
+
+    /// Plans evicting up to `count` copies from `dev`, least recently used and lowest priority first, never a
+    /// pinned frame and never a page `keep` names. A copy that exists elsewhere too is dropped; the only copy
+    /// of a page goes to host memory. Returns an empty stage when nothing can be evicted.
+    pub(super) fn plan_evict(
+        &mut self,
+        dev: DevIdx,
+        count: u32,
+        keep: &dyn Fn(PageRef) -> bool,
+    ) -> Result<Stage, DirectoryError> {
+        let mut stage = Stage::new(StageKind::Evict);
+        if count == 0 {
+            return Ok(stage);
+        }
+        let candidates: Vec<(u32, PageRef)> = {
+            let d = &self.devs[usize::from(dev)];
+            d.lru.iter().filter_map(|f| d.users[f as usize].map(|p| (f, p))).collect()
+        };
+        let mut dropped: HashMap<PageRef, u32> = HashMap::new();
+        let mut chosen = 0;
+        for (frame, page) in candidates {
+            if chosen == count {
+                break;
+            }
+            if keep(page) {
+                continue;
+            }
+            let copy = Copy { dev, frame };
+            let copies = self.page(page).copies().count() as u32;
+            let gone = dropped.get(&page).copied().unwrap_or(0);
+            if copies - gone > 1 {
+                stage.updates.push(Update::Drop { page, copy });
+                *dropped.entry(page).or_default() += 1;
+            } else if dev != self.host {
+                let tenant = self.tenant_of(page.slot);
+                let h = match self.take(self.host, 1, tenant, AllocClass::Reserved) {
+                    Ok(f) => f[0],
+                    Err(e) => {
+                        if stage.updates.is_empty() {
+                            self.abort(stage);
+                            return Err(e);
+                        }
+                        break;
+                    }
+                };
+                let host = Copy { dev: self.host, frame: h };
+                stage.taken.push(host);
+                stage.copy(self.loc(dev), Location::Host, frame, h);
+                stage.updates.push(Update::Relocate { page, old: copy, new: host });
+            } else {
+                continue;
+            }
+            chosen += 1;
+        }
+        Ok(stage)
+    }
+}

@@ -1,0 +1,170 @@
+//! Prefetch: keeping a walk of a region in order ahead of itself, with at most [`PREFETCH_DEPTH`] stages in
+//! flight across later calls.
+
+use vfabric_allocator::{AllocClass, Location};
+
+use super::error::DirectoryError;
+use super::page::{Copy, PageRef};
+use super::region::RegionHandle;
+use super::stage::{Stage, StageKind, Step, Update};
+use super::state::{Directory, InFlight};
+
+/// Most prefetch stages in flight at once: one on the link and one queued behind it, so the link stays busy
+/// between one completing and the walk asking for the next.
+pub const PREFETCH_DEPTH: usize = 2;
+
+impl Directory {
+    /// One step of keeping a walk in order ahead of itself, called after an acquire of `h` on `device` (and
+    /// again after each prefetch it starts, until it returns `Done(None)`). Once two acquires in a row continued
+    /// a walk, the pages after it are kept coming: while fewer than a window of them are on the device or on
+    /// their way, and fewer than [`PREFETCH_DEPTH`] prefetches are in flight, it returns `Done(Some(stage))`, a
+    /// [`StageKind::Prefetch`] stage copying the next chunk (half a window, or the last acquire's size when
+    /// larger; pages with a copy elsewhere and none here, in order) into frames taken in one allocation, so that
+    /// the acquire that reaches them finds one run. The caller starts its copies and goes on; the stage stays in
+    /// flight until it is committed or aborted, and meanwhile the calls that could disturb it return
+    /// [`Step::Wait`]. Two in flight keep the link busy between one completing and the walk asking for more.
+    /// Room is made first, as an ordinary eviction stage of just what the chunk needs past the high watermark
+    /// (so that write-backs of dirty pages run beside the prefetches already in flight, the other way over the
+    /// link, rather than in one long batch), or down to the low watermark when no run of free frames would
+    /// hold the chunk.
+    pub fn step_prefetch(&mut self, h: &RegionHandle, device: Location) -> Result<Step<Option<Stage>>, DirectoryError> {
+        let dev = self.dev(device)?;
+        let slot = h.slot;
+        let r = self.region(h)?;
+        let total = r.pages.len() as u32;
+        let Some(st) = r.stream.filter(|s| s.dev == dev && s.streak >= 1) else { return Ok(Step::Done(None)) };
+        if self.in_flight.len() >= PREFETCH_DEPTH || self.cfg.readahead_pages == 0 {
+            return Ok(Step::Done(None));
+        }
+        // Never more than half of what the device keeps before evicting: a window that does not fit would evict
+        // its own pages before the walk reaches them.
+        let fits = (self.watermarks(dev).0 / 2).clamp(1, u64::from(u32::MAX)) as u32;
+        let window = self.cfg.readahead_pages.max(st.len.saturating_mul(2)).min(fits);
+        let chunk = window.div_ceil(2).max(st.len).min(window);
+        let end = st.next.saturating_add(window).min(total);
+        // Walks of one page a step take pages wherever they are; longer steps want each chunk in one run, so
+        // pages already here but elsewhere move into the chunk's run with the rest.
+        let runs = st.len > 1;
+        let frames = &self.devs[usize::from(dev)].frames;
+        let in_flight = |i: u32| self.in_flight.iter().any(|f| f.slot == slot && f.pages.contains(&i));
+        let in_place = |from: u32, to: u32| {
+            let here: Vec<Option<u32>> =
+                (from..to).map(|i| r.pages[i as usize].copy_on(dev).map(|c| c.frame)).collect();
+            here.iter().all(Option::is_some)
+                && (!runs || here.iter().enumerate().all(|(k, f)| *f == here[0].map(|s| s + k as u32)))
+        };
+        // The first chunk of the window, in the walk's steps, that is neither in place nor on its way.
+        let mut from = st.next;
+        let to = loop {
+            let to = from.saturating_add(chunk).min(total);
+            if from >= end || (to > end && to < total) {
+                // Only whole chunks (short at the region's end): small copies waste the link.
+                return Ok(Step::Done(None));
+            }
+            if !(from..to).any(in_flight) && !in_place(from, to) {
+                break to;
+            }
+            from = to;
+        };
+        // The pages to copy, in order, up to one that cannot come (leased for writing, pinned where it is, or
+        // never written).
+        let mut wanted: Vec<(PageRef, Option<Copy>, Copy)> = Vec::new();
+        for page in from..to {
+            let e = &r.pages[page as usize];
+            if e.write_leased {
+                break;
+            }
+            match e.copy_on(dev) {
+                Some(_) if !runs => continue,
+                Some(c) if frames.lease_count(c.frame) > 0 => break,
+                Some(c) => wanted.push((PageRef { slot, page }, Some(c), c)),
+                None => match self.fetch_source(e) {
+                    Some(src) => wanted.push((PageRef { slot, page }, None, src)),
+                    None => break,
+                },
+            }
+        }
+        if wanted.iter().all(|w| w.1.is_some()) && (!runs || wanted.len() < 2) {
+            return Ok(Step::Done(None));
+        }
+        let need = wanted.len() as u32;
+        let (high, _) = self.watermarks(dev);
+        let used = u64::from(frames.used_frames());
+        let over = (used + u64::from(need)).saturating_sub(high).min(u64::from(u32::MAX)) as u32;
+        let mut evict = need.saturating_sub(self.available(dev)).max(over);
+        if frames.largest_free_run() < need {
+            // No run for the chunk: evict down to the low watermark as an acquire would.
+            evict = evict.max(self.eviction_need(dev, need));
+        }
+        if evict > 0 {
+            // The walk's own pages ahead stay; those behind it are the least recently used anyway.
+            let (lo, hi) = (st.next, end);
+            let keep = |p: PageRef| p.slot == slot && p.page >= lo && p.page < hi;
+            let stage = self.plan_evict(dev, evict, &keep)?;
+            if !stage.updates.is_empty() {
+                return Ok(Step::Stage(stage));
+            }
+        }
+        let count = need.min(self.available(dev));
+        if count == 0 || (runs && count < need) {
+            return Ok(Step::Done(None));
+        }
+        let d = &self.devs[usize::from(dev)];
+        if d.frames.largest_free_run() < count {
+            // Make the run first (frames in flight are pinned, so compaction leaves them be). Taking scattered
+            // frames instead would make the acquire gather the chunk, and free scattered frames for the next.
+            if let Ok(plan) = d.frames.compaction_plan(count) {
+                if !plan.is_noop() {
+                    return Ok(Step::Stage(self.compaction_stage(dev, plan)));
+                }
+            }
+        }
+        let tenant = self.tenant_of(slot);
+        let taken = self.take(dev, count, tenant, AllocClass::Normal)?;
+        let mut stage = Stage::new(StageKind::Prefetch);
+        let to_loc = self.loc(dev);
+        let mut moves = Vec::with_capacity(taken.len());
+        for (&(p, old, src), &f) in wanted.iter().zip(&taken) {
+            let new = Copy { dev, frame: f };
+            stage.taken.push(new);
+            stage.copy(self.loc(src.dev), to_loc, src.frame, f);
+            match old {
+                Some(old) => stage.updates.push(Update::Relocate { page: p, old, new }),
+                None => stage.updates.push(Update::Add { page: p, copy: new }),
+            }
+            moves.push((p.page, new, old));
+        }
+        // Pinned while in flight: no compaction may move a frame no page points to yet, nor a copy being moved.
+        for &(_, new, old) in &moves {
+            self.pin(new);
+            if let Some(old) = old {
+                self.pin(old);
+            }
+        }
+        self.in_flight.push_back(InFlight { slot, pages: from..to, moves });
+        Ok(Step::Done(Some(stage)))
+    }
+
+    /// Prefetch stages in flight.
+    pub fn prefetches_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Drops the record of a prefetch stage that is being committed or aborted.
+    pub(super) fn forget_in_flight(&mut self, stage: &Stage) {
+        if stage.kind != StageKind::Prefetch {
+            return;
+        }
+        let first = stage.taken.first().copied();
+        if let Some(i) = self.in_flight.iter().position(|f| f.moves.first().map(|m| m.1) == first) {
+            if let Some(f) = self.in_flight.remove(i) {
+                for (_, new, old) in f.moves {
+                    self.unpin(new);
+                    if let Some(old) = old {
+                        self.unpin(old);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Stages: the copies the directory asks its caller to make before it can go on, the metadata changes they
+//! make when committed, and [`Step`], what every step of a call returns.
+
+use serde::Serialize;
+use vfabric_allocator::{CompactionPlan, Location, PageMove};
+
+use super::page::{Copy, DevIdx, PageRef};
+
+/// Pages moved between two devices in one stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageBatch {
+    /// Source device.
+    pub from: Location,
+    /// Destination device.
+    pub to: Location,
+    /// Frame pairs.
+    pub moves: Vec<PageMove>,
+}
+
+/// Why a stage exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StageKind {
+    /// Pages leave a device to make room.
+    Evict,
+    /// Pages move within a device so that a run of frames becomes free.
+    Compact,
+    /// Pages come to a device (from the host, a peer, or zero-filled).
+    Fetch,
+    /// Pages move to another device for good.
+    Migrate,
+    /// Pages a walk in order will want next, copied to its device while the caller works: the stage stays in
+    /// flight across later calls (see [`crate::directory::Directory::step_prefetch`]).
+    Prefetch,
+}
+
+/// Copies the directory needs before it can go on: the caller performs every batch and zero-fill, then calls
+/// [`crate::directory::Directory::commit`] (or [`crate::directory::Directory::abort`] if a copy failed, which frees the frames the
+/// stage took and changes nothing else: a stage only ever copies into frames it took).
+#[derive(Debug, Clone)]
+pub struct Stage {
+    /// Why.
+    pub kind: StageKind,
+    /// Page copies, at most one batch per pair of devices; they may run concurrently.
+    pub batches: Vec<StageBatch>,
+    /// Frames to fill with zeros (pages read or written for the first time).
+    pub zero: Vec<(Location, u32)>,
+    pub(crate) updates: Vec<Update>,
+    pub(crate) taken: Vec<Copy>,
+}
+
+impl Stage {
+    pub(crate) fn new(kind: StageKind) -> Self {
+        Stage { kind, batches: Vec::new(), zero: Vec::new(), updates: Vec::new(), taken: Vec::new() }
+    }
+
+    pub(crate) fn copy(&mut self, from: Location, to: Location, src: u32, dst: u32) {
+        let mv = PageMove { src, dst };
+        match self.batches.iter_mut().find(|b| b.from == from && b.to == to) {
+            Some(b) => b.moves.push(mv),
+            None => self.batches.push(StageBatch { from, to, moves: vec![mv] }),
+        }
+    }
+
+    /// Pages the stage copies.
+    pub fn pages(&self) -> usize {
+        self.batches.iter().map(|b| b.moves.len()).sum()
+    }
+
+    /// Whether there is nothing to copy or fill (the caller may commit at once).
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty() && self.zero.is_empty()
+    }
+}
+
+/// A metadata change a stage makes when committed.
+#[derive(Debug, Clone)]
+pub(crate) enum Update {
+    /// The copy at `old` now lives at `new` (`new` was taken by the stage); `old`'s frame is freed.
+    Relocate { page: PageRef, old: Copy, new: Copy },
+    /// Compaction within one device: each (from, to) frame pair moves, as the allocator's plan says.
+    Compact { dev: DevIdx, plan: CompactionPlan },
+    /// The page gains a copy (taken by the stage); as its owner when it had none.
+    Add { page: PageRef, copy: Copy },
+    /// The page loses a copy; its frame is freed.
+    Drop { page: PageRef, copy: Copy },
+}
+
+/// Either the result, or copies to make first.
+#[derive(Debug)]
+pub enum Step<T> {
+    /// Done.
+    Done(T),
+    /// Perform the stage, commit it, and call again.
+    Stage(Stage),
+    /// A prefetch is in flight and this call cannot go on beside it: finish that stage (commit, or abort if a
+    /// copy failed), then call again.
+    Wait,
+}

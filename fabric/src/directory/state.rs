@@ -1,0 +1,127 @@
+//! The directory itself: its tables (devices, regions, leases, prefetches in flight), its constructor, and the
+//! lookup of devices by location.
+
+use std::collections::{HashMap, VecDeque};
+
+use vfabric_allocator::{Fit, FrameArena, FrameArenaConfig, Location, QuotaBook, RangeAllocator, Tier, MAX_OFFSET};
+
+use super::config::DirectoryConfig;
+use super::error::DirectoryError;
+use super::lease::LeaseRecord;
+use super::lru::Lru;
+use super::page::{Copy, DevIdx, PageRef};
+use super::region::RegionEntry;
+
+/// One device's frames and the pages in them.
+pub(super) struct DeviceState {
+    pub(super) location: Location,
+    pub(super) frames: FrameArena,
+    /// The page whose copy is in each frame.
+    pub(super) users: Vec<Option<PageRef>>,
+    /// Eviction order of the frames whose copy is not pinned by a lease.
+    pub(super) lru: Lru,
+}
+
+impl DeviceState {
+    pub(super) fn is_gpu(&self) -> bool {
+        self.location != Location::Host
+    }
+}
+
+/// A prefetch stage in flight. Every frame it names is pinned until it commits or aborts, so that no
+/// compaction moves them: the frames it took (no page points to them yet) and the copies it moves into them.
+#[derive(Debug, Clone)]
+pub(super) struct InFlight {
+    pub(super) slot: u32,
+    /// The pages it covers (those already in place are not copied).
+    pub(super) pages: std::ops::Range<u32>,
+    /// Per page copied: the page, the frame it took, and the page's copy on the device that moves there (into
+    /// the run), if it had one.
+    pub(super) moves: Vec<(u32, Copy, Option<Copy>)>,
+}
+
+/// The directory of one node.
+pub struct Directory {
+    pub(super) cfg: DirectoryConfig,
+    pub(super) devs: Vec<DeviceState>,
+    pub(super) host: DevIdx,
+    pub(super) regions: Vec<Option<RegionEntry>>,
+    pub(super) generations: Vec<u64>,
+    pub(super) free_slots: Vec<u32>,
+    pub(super) space: RangeAllocator,
+    pub(super) quotas: QuotaBook,
+    pub(super) leases: HashMap<u64, LeaseRecord>,
+    pub(super) next_lease: u64,
+    /// Prefetch stages in flight, oldest first (at most [`crate::directory::PREFETCH_DEPTH`]).
+    pub(super) in_flight: VecDeque<InFlight>,
+}
+
+impl Directory {
+    /// A directory over `devices` (location and arena size in bytes); exactly one must be the host.
+    pub fn new(cfg: DirectoryConfig, devices: &[(Location, u64)]) -> Result<Self, DirectoryError> {
+        if cfg.low_watermark_percent > cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
+            return Err(DirectoryError::InvalidWatermarks {
+                low: cfg.low_watermark_percent,
+                high: cfg.high_watermark_percent,
+            });
+        }
+        let mut devs = Vec::new();
+        for &(location, bytes) in devices {
+            let tier = if location == Location::Host { Tier::Host } else { Tier::Gpu };
+            let frames = FrameArena::new(
+                FrameArenaConfig::new(tier, cfg.page_size, bytes).with_headroom(cfg.headroom_percent).with_fit(cfg.fit),
+            )
+            .map_err(|source| DirectoryError::InvalidArena { location, source })?;
+            let n = frames.frames() as usize;
+            devs.push(DeviceState { location, frames, users: vec![None; n], lru: Lru::new(n) });
+        }
+        if devs.len() > usize::from(DevIdx::MAX) {
+            return Err(DirectoryError::TooManyDevices(devs.len()));
+        }
+        let host = devs.iter().position(|d| d.location == Location::Host).ok_or(DirectoryError::NoHostArena)? as DevIdx;
+        let ps = cfg.page_size.bytes();
+        let space = RangeAllocator::new((MAX_OFFSET + 1) / ps * ps, ps, Fit::FirstFit)
+            .map_err(DirectoryError::InvalidAddressSpace)?;
+        Ok(Directory {
+            cfg,
+            devs,
+            host,
+            regions: Vec::new(),
+            generations: Vec::new(),
+            free_slots: Vec::new(),
+            space,
+            quotas: QuotaBook::new(),
+            leases: HashMap::new(),
+            next_lease: 1,
+            in_flight: VecDeque::new(),
+        })
+    }
+
+    /// The page size.
+    pub fn page_size(&self) -> u64 {
+        self.cfg.page_size.bytes()
+    }
+
+    /// The devices, in index order.
+    pub fn locations(&self) -> Vec<Location> {
+        self.devs.iter().map(|d| d.location).collect()
+    }
+
+    /// The index of a device.
+    pub fn dev(&self, location: Location) -> Result<DevIdx, DirectoryError> {
+        self.devs
+            .iter()
+            .position(|d| d.location == location)
+            .map(|i| i as DevIdx)
+            .ok_or(DirectoryError::DeviceUnavailable(location))
+    }
+
+    pub(super) fn loc(&self, dev: DevIdx) -> Location {
+        self.devs[usize::from(dev)].location
+    }
+
+    /// The tenant quotas.
+    pub fn quotas_mut(&mut self) -> &mut QuotaBook {
+        &mut self.quotas
+    }
+}

@@ -1,0 +1,93 @@
+//! Figures about the directory: per device, and the host memory its own tables take.
+
+use vfabric_allocator::Location;
+
+use super::lru::Lru;
+use super::page::{PageEntry, PageRef};
+use super::state::Directory;
+
+/// Figures about one device.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeviceStats {
+    /// The device.
+    pub location: Location,
+    /// Frames in its arena.
+    pub frames: u32,
+    /// Frames holding a copy.
+    pub used: u32,
+    /// Frames pinned by leases.
+    pub leased: u32,
+    /// The largest run of free frames.
+    pub largest_free_run: u32,
+    /// Free ranges.
+    pub free_ranges: u64,
+    /// Pages whose owner copy is here.
+    pub owned: u64,
+}
+
+/// Figures about the whole directory.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DirectoryStats {
+    /// Live regions.
+    pub regions: usize,
+    /// Pages of live regions.
+    pub pages: u64,
+    /// Pages never written (no copy anywhere).
+    pub unbacked: u64,
+    /// Leases held.
+    pub leases: usize,
+    /// Per device.
+    pub devices: Vec<DeviceStats>,
+    /// Host memory the directory's own tables take, in bytes (an estimate from the sizes of its structures).
+    pub metadata_bytes: u64,
+}
+
+impl Directory {
+    /// Figures about every device and the tables themselves.
+    pub fn stats(&self) -> DirectoryStats {
+        let mut pages = 0u64;
+        let mut unbacked = 0u64;
+        let mut owned = vec![0u64; self.devs.len()];
+        let mut sharer_bytes = 0u64;
+        for r in self.regions.iter().flatten() {
+            pages += r.pages.len() as u64;
+            for p in &r.pages {
+                match p.owner() {
+                    Some(o) => owned[usize::from(o.dev)] += 1,
+                    None => unbacked += 1,
+                }
+                sharer_bytes += p.heap_bytes() as u64;
+            }
+        }
+        let devices = self
+            .devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let f = d.frames.fragmentation();
+                DeviceStats {
+                    location: d.location,
+                    frames: d.frames.frames(),
+                    used: d.frames.used_frames(),
+                    leased: d.frames.leased_frames(),
+                    largest_free_run: d.frames.largest_free_run(),
+                    free_ranges: f.free_ranges,
+                    owned: owned[i],
+                }
+            })
+            .collect();
+        // Per page: its entry (and its replica list); per frame: the reverse map and the eviction order.
+        let entry = std::mem::size_of::<PageEntry>() as u64;
+        let per_frame = (std::mem::size_of::<Option<PageRef>>() + Lru::BYTES_PER_FRAME) as u64;
+        let frames: u64 = self.devs.iter().map(|d| d.users.len() as u64).sum();
+        let metadata_bytes = pages * entry + sharer_bytes + frames * per_frame;
+        DirectoryStats {
+            regions: self.regions.iter().flatten().count(),
+            pages,
+            unbacked,
+            leases: self.leases.len(),
+            devices,
+            metadata_bytes,
+        }
+    }
+}
