@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::json;
 use vfabric::pattern::{self, shuffled};
 use vfabric::{ByteSize, ClusterConfig, Fabric, Mode, Placement};
-use vfabric_transport::{Arena, ArenaSpec, Backend, DeviceKind, EngineChoice, Location, PageBatch, PageMove};
+use vfabric_transport::{Arena, Backend, DeviceKind, EngineChoice, Location};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::common::ConfigArgs;
@@ -138,8 +138,7 @@ fn walk(
     let ps = f.page_size();
     let pages = r.len / ps;
     let g0 = Location::Gpu(0);
-    let gpu_arena = f.arena(g0).map_err(|e| e.to_string())?;
-    let scratch: Arc<dyn Arena> = f.layer().create_arena(&ArenaSpec::new(g0, chunk * ps)).map_err(|e| e.to_string())?;
+    let scratch: Arc<dyn Arena> = f.scratch_arena(g0, chunk * ps).map_err(|e| e.to_string())?;
     let steps = pages / chunk;
     let order: Vec<u64> =
         if random { shuffled(steps as u32, 0xF00D).into_iter().map(u64::from).collect() } else { (0..steps).collect() };
@@ -149,14 +148,7 @@ fn walk(
         let t0 = Instant::now();
         let lease = f.acquire(r, s * chunk * ps..(s + 1) * chunk * ps, g0, Mode::Read).map_err(|e| e.to_string())?;
         let in_acquire = t0.elapsed().as_secs_f64();
-        let batch = PageBatch::from_moves(
-            ps,
-            lease.frames().iter().enumerate().map(|(i, &fr)| PageMove { src: fr, dst: i as u32 }).collect(),
-        );
-        f.mover()
-            .submit(&gpu_arena, &scratch, &batch, EngineChoice::Auto)
-            .and_then(|t| t.wait())
-            .map_err(|e| e.to_string())?;
+        lease.pages().copy_to(&scratch, EngineChoice::Auto).map_err(|e| e.to_string())?;
         f.release(lease).map_err(|e| e.to_string())?;
         Ok(in_acquire)
     };
@@ -211,13 +203,13 @@ pub fn run(args: &PagerArgs, command_line: &str) -> Result<(), String> {
     let base = args.target.load()?;
     // One small fabric to see what the device layer is.
     let probe = fabric(&base, 4 << 20, 8 << 20)?;
-    let emulated = probe.layer().kind() == DeviceKind::Emulated;
+    let emulated = probe.device_kind() == DeviceKind::Emulated;
     if let Some(why) = probe.fallback_reason() {
         eprintln!(
             "no usable GPU ({why}): benchmarking the emulated device (host memory); its figures are memcpy speeds"
         );
     }
-    let device = probe.layer().describe();
+    let device = probe.describe();
     eprintln!("{device}");
     drop(probe);
     let ps = base.memory.page().bytes();

@@ -481,7 +481,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         let mtu = cfg.network.mtu;
         rt.block_on(async {
             let a = Agent::start_from_config(&cfg, node).await.map_err(|e| e.to_string())?;
-            device = a.fabric().layer().describe();
+            device = a.fabric().describe();
             for &size in &sizes {
                 measure(&a, peer, mtu, size, region_bytes, args, &mut rows, &mut lat, &mut moves).await?;
             }
@@ -498,7 +498,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         rt.block_on(async {
             let (a, b) = start_pair(&cfg).await?;
             if device.is_empty() {
-                device = b.fabric().layer().describe();
+                device = b.fabric().describe();
             }
             measure(&a, b.node(), mtu, size, region_bytes, args, &mut rows, &mut lat, &mut moves).await?;
             a.shutdown().await;

@@ -77,13 +77,13 @@ impl Truth {
 }
 
 /// Checks the device copies under a lease against the expected page hashes.
-fn check_lease(fabric: &Fabric, lease: &Lease, truth: &Truth) -> Result<(u64, u64), FabricError> {
-    let arena = fabric.arena(lease.device())?;
+fn check_lease(lease: &Lease, truth: &Truth) -> Result<(u64, u64), FabricError> {
     let first = lease.offset() / truth.page;
     let mut buf = vec![0u8; truth.page as usize];
     let mut ok = 0;
-    for (i, &f) in lease.frames().iter().enumerate() {
-        arena.read(u64::from(f) * truth.page, &mut buf)?;
+    let pages = lease.pages();
+    for i in 0..lease.frames().len() {
+        pages.read(i as u64 * truth.page, &mut buf)?;
         if xxh3_64(&buf) == truth.hashes[first as usize + i] {
             ok += 1;
         }
@@ -112,7 +112,7 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
     if let Some(why) = fabric.fallback_reason() {
         let _ = writeln!(out, "no usable GPU ({why}): running on the emulated device (host memory stands in for GPUs)");
     }
-    let _ = writeln!(out, "{}", fabric.layer().describe());
+    let _ = writeln!(out, "{}", fabric.describe());
     let page = fabric.page_size();
     let stats = fabric.stats();
     for d in &stats.directory.devices {
@@ -188,7 +188,7 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
         let mut checked = (0, 0);
         for &(off, end) in &pieces {
             let lease = fabric.acquire(&region, off..end, device, Mode::Read)?;
-            let (n, ok) = check_lease(&fabric, &lease, truth)?;
+            let (n, ok) = check_lease(&lease, truth)?;
             checked = (checked.0 + n, checked.1 + ok);
             fabric.release(lease)?;
             b.inc((end - off) / page);
@@ -215,11 +215,10 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
     let t = Instant::now();
     let lease = fabric.acquire(&region, 0..n * page, g1, Mode::Write)?;
     let mut secs = t.elapsed().as_secs_f64();
-    let arena = fabric.arena(g1)?;
-    for (i, &f) in lease.frames().iter().enumerate() {
+    for i in 0..lease.frames().len() {
         let data = truth.bytes(seed ^ 0xFFFF, i as u64 * page, page as usize);
         truth.hashes[i] = xxh3_64(&data);
-        arena.write(u64::from(f) * page, &data)?;
+        lease.write(i as u64 * page, &data)?;
     }
     let t = Instant::now();
     fabric.release(lease)?;
@@ -235,7 +234,7 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
     });
     fabric.free(&region)?;
 
-    let report = DemoReport { device: fabric.layer().kind(), region_bytes, steps };
+    let report = DemoReport { device: fabric.device_kind(), region_bytes, steps };
     print_table(&report, out);
     Ok(report)
 }

@@ -225,8 +225,8 @@ fn main() -> ExitCode {
             if let Some(why) = fabric.fallback_reason() {
                 println!("no usable GPU ({why}): the emulated device stands in");
             }
-            println!("{}", fabric.layer().describe());
-            println!("NCCL: {}", if fabric.layer().nccl_available() { "available" } else { "not found" });
+            println!("{}", fabric.describe());
+            println!("NCCL: {}", if fabric.nccl_available() { "available" } else { "not found" });
             let ps = fabric.page_size();
             for d in fabric.stats().directory.devices {
                 let bytes = u64::from(d.frames) * ps;

@@ -6,7 +6,7 @@
 
 use vfabric::{ClusterConfig, Fabric, FabricError, Lease, LeasePtr, Mode, Placement, Region};
 use vfabric_allocator::{TenantId, Tier};
-use vfabric_transport::{ArenaSpec, EngineChoice, Location, PageBatch};
+use vfabric_transport::{EngineChoice, Location};
 
 use crate::pattern;
 
@@ -42,7 +42,6 @@ fn check_region(f: &Fabric, r: &Region, seed: u64, what: &str) {
 
 /// Reads the device copies under a lease, through its pointers: a device-to-host copy from each pointer.
 fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
-    let arena = f.arena(lease.device()).expect("arena");
     let ps = f.page_size();
     let ptrs: Vec<u64> = match lease.ptr() {
         LeasePtr::Contiguous { ptr, len } => (0..len / ps).map(|i| ptr + i * ps).collect(),
@@ -50,8 +49,8 @@ fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
     };
     let mut out = vec![0u8; ptrs.len() * ps as usize];
     for (i, p) in ptrs.iter().enumerate() {
-        let off = p - arena.device_ptr();
-        arena.read(off, &mut out[i * ps as usize..(i + 1) * ps as usize]).expect("read through the lease");
+        let out = &mut out[i * ps as usize..(i + 1) * ps as usize];
+        f.read_device(lease.device(), *p, out).expect("read through the lease");
     }
     out
 }
@@ -110,9 +109,8 @@ pub fn sequential_walks_prefetch_every_byte(cfg: &ClusterConfig) {
             expect[((p + 1) * ps) as usize..((p + 3) * ps) as usize].copy_from_slice(&new);
             let lease = f.acquire(&r, (p + 4) * ps..(p + 5) * ps, gpus(&f)[gpus(&f).len() - 1], Mode::Write);
             let lease = lease.expect("write lease ahead of the walk");
-            let arena = f.arena(lease.device()).expect("arena");
             let LeasePtr::Contiguous { ptr, .. } = *lease.ptr() else { panic!("one page is one run") };
-            arena.fill(ptr - arena.device_ptr(), ps, 0x5A).expect("device memset through the lease");
+            f.fill_device(lease.device(), ptr, ps, 0x5A).expect("device memset through the lease");
             f.release(lease).expect("release");
             expect[((p + 4) * ps) as usize..((p + 5) * ps) as usize].fill(0x5A);
         }
@@ -198,18 +196,8 @@ pub fn kernels_through_lease_pointers(cfg: &ClusterConfig) {
     write_pattern(&f, &r, 9);
     // Read lease on `dev`: copy its pages with the device's mover into a scratch arena, check them.
     let lease = f.acquire(&r, 0..8 * ps, dev, Mode::Read).expect("acquire");
-    let arena = f.arena(dev).expect("arena");
-    let scratch = f.layer().create_arena(&ArenaSpec::new(dev, 8 * ps)).expect("scratch");
-    let batch = PageBatch::from_moves(
-        ps,
-        lease
-            .frames()
-            .iter()
-            .enumerate()
-            .map(|(i, &fr)| vfabric_transport::PageMove { src: fr, dst: i as u32 })
-            .collect(),
-    );
-    f.mover().submit(&arena, &scratch, &batch, EngineChoice::SmKernel).expect("submit").wait().expect("copy");
+    let scratch = f.scratch_arena(dev, 8 * ps).expect("scratch");
+    lease.pages().copy_to(&scratch, EngineChoice::SmKernel).expect("copy");
     let mut got = vec![0u8; (8 * ps) as usize];
     scratch.read(0, &mut got).expect("read scratch");
     assert_eq!(pattern::first_mismatch(9, 0, &got), None, "a device copy from the lease's pages");
@@ -220,8 +208,7 @@ pub fn kernels_through_lease_pointers(cfg: &ClusterConfig) {
         LeasePtr::Contiguous { ptr, .. } => *ptr,
         LeasePtr::Pages(v) => v[0],
     };
-    let arena = f.arena(dev).expect("arena");
-    arena.fill(base - arena.device_ptr(), ps, 0x5A).expect("memset page 2 through the lease");
+    f.fill_device(dev, base, ps, 0x5A).expect("memset page 2 through the lease");
     f.release(lease).expect("release");
     let mut page = vec![0u8; ps as usize];
     f.read(&r, 2 * ps, &mut page).expect("read");
@@ -261,8 +248,7 @@ pub fn replicas_are_invalidated_on_write(cfg: &ClusterConfig) {
     // A write lease on the last GPU drops every other copy; the others fetch the new version.
     let last = *g.last().expect("gpu");
     let w = f.acquire(&r, ps..2 * ps, last, Mode::Write).expect("write lease");
-    let arena = f.arena(last).expect("arena");
-    arena.write(u64::from(w.frames()[0]) * ps, &pattern::bytes(3, 0, ps as usize)).expect("write through lease");
+    w.write(0, &pattern::bytes(3, 0, ps as usize)).expect("write through lease");
     let err = f.acquire(&r, ps..2 * ps, g[0], Mode::Read).expect_err("read while write-leased");
     assert!(matches!(err, FabricError::LeasedElsewhere { .. }), "{err}");
     f.release(w).expect("release");

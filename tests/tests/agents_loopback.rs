@@ -354,12 +354,9 @@ fn a_stopped_agent_fails_calls_instead_of_hanging() {
 /// The bytes under a lease, read through its frames on this node's device.
 fn leased_bytes(agent: &Agent, lease: &vfabric::agent::AgentLease) -> Vec<u8> {
     let l = lease.local().expect("a local lease");
-    let arena = agent.fabric().arena(l.device()).expect("arena");
     let ps = agent.fabric().page_size();
     let mut out = vec![0u8; l.frames().len() * ps as usize];
-    for (i, &f) in l.frames().iter().enumerate() {
-        arena.read(u64::from(f) * ps, &mut out[i * ps as usize..(i + 1) * ps as usize]).expect("read frame");
-    }
+    l.read(0, &mut out).expect("read the leased pages");
     out
 }
 
@@ -391,10 +388,7 @@ fn remote_leases_put_pages_on_this_node_and_keep_the_home_coherent() {
         assert!(page == data[3 * ps as usize..]);
         // The "kernel" writes through the lease on n0's GPU; the release sends the pages home.
         let l = w.local().expect("local lease");
-        let arena = a[0].fabric().arena(g0).expect("arena");
-        for &f in l.frames() {
-            arena.fill(u64::from(f) * ps, ps, 0x77).expect("device memset");
-        }
+        l.pages().fill(0, l.len(), 0x77).expect("device memset");
         a[0].release(w).await.expect("release sends the pages home");
         let mut back = vec![0u8; (4 * ps) as usize];
         a[2].read(&r, 0, &mut back).await.expect("read after the write lease");
@@ -509,7 +503,7 @@ fn copies_of_remote_pages_are_reused_while_current_and_refreshed_after_a_write()
         // A write lease from the copy: its release makes the copy the current version, reused next time.
         let w = a[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Write).await.expect("write lease");
         let lw = w.local().expect("local");
-        a[0].fabric().arena(g0).expect("arena").fill(u64::from(lw.frames()[0]) * ps, ps, 0x11).expect("memset");
+        lw.pages().fill(0, ps, 0x11).expect("memset");
         a[0].release(w).await.expect("release sends it home");
         let before = copied(&a[0]);
         let l = a[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Read).await.expect("after the write lease");

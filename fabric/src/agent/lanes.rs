@@ -4,15 +4,15 @@
 //!
 //! Why: a call is a chain of wake-ups (a packet arrives, the endpoint's driver hands it to the connection's,
 //! which wakes the stream's reader, which answers, ...). On a multi-threaded runtime each of them may land on
-//! another worker, and on a 16-core host each hop costs a thread wake-up: measured on the H200 host, a remote
-//! 64 KiB acquire took 243-264 us between agents on the default runtime against 153-193 us between one-thread
-//! agents in the same run, and each side's runtime added about half of the difference (docs/benchmarks.md).
+//! another worker, and on a many-core host each hop costs a thread wake-up: on the H200 host a remote 64 KiB
+//! acquire between agents on the default runtime took much longer than between one-thread agents, each side's
+//! runtime adding about half of the difference (docs/benchmarks.md has the figures).
 //! On its lane's thread a call runs as it does on a one-thread agent. This pays only with calls one after
 //! another kept on that lane (the least busy lane, the lowest of those: `LaneUse` in the parent module).
 //!
 //! Why that lane only, and no bulk transfers on it: a lane's thread is one core for everything its lane does,
-//! and a lane's packets are read, decrypted and answered there. With every lane on a thread of its own, 8
-//! writes of 2 MiB in flight over 4 lanes reached 20 Gbit/s on the H200 host against 31 with the lanes on the
+//! and a lane's packets are read, decrypted and answered there. With every lane on a thread of its own, 2 MiB
+//! writes in flight over 4 lanes lost a third of their throughput on the H200 host against the lanes on the
 //! runtime's workers, where a lane's endpoint and connection drivers run on different cores. So bulk transfers
 //! (`BULK` bytes or more) take the other lanes (`lanes_for`), on the workers, and the `network.lanes` are all
 //! theirs: the latency lane is one more.
@@ -33,10 +33,10 @@ use std::thread::ThreadId;
 use tokio::sync::oneshot;
 use vfabric_transport::quic::PinnedRuntime;
 
-use crate::error::FabricError;
+use crate::error::{FabricError, NetworkError};
 
 /// The lane threads of an agent, by lane (the first lanes, as many as were started: the agent starts one).
-pub(super) struct Lanes {
+pub(crate) struct Lanes {
     threads: Vec<LaneThread>,
 }
 
@@ -46,7 +46,7 @@ struct LaneThread {
 }
 
 /// Stops the lane threads when dropped (each ends its runtime, dropping the tasks still on it).
-pub(super) struct LaneStop {
+pub(crate) struct LaneStop {
     _stops: Vec<oneshot::Sender<()>>,
 }
 
@@ -54,7 +54,7 @@ impl Lanes {
     /// Starts the threads of the first `n` lanes of node `node`, each running a current-thread runtime until
     /// the [`LaneStop`] is dropped. Lane `i`'s thread is named `vf-lane{i}-{node}` (`top -H` shows it; the
     /// kernel keeps 15 bytes of it).
-    pub(super) fn start(n: usize, node: &str) -> std::io::Result<(Lanes, LaneStop)> {
+    pub(crate) fn start(n: usize, node: &str) -> std::io::Result<(Lanes, LaneStop)> {
         let mut threads = Vec::with_capacity(n);
         let mut stops = Vec::with_capacity(n);
         for lane in 0..n {
@@ -85,31 +85,31 @@ impl Lanes {
     }
 
     /// The quinn runtime of `lane`'s thread.
-    pub(super) fn runtime(&self, lane: usize) -> Option<&PinnedRuntime> {
+    pub(crate) fn runtime(&self, lane: usize) -> Option<&PinnedRuntime> {
         self.threads.get(lane).map(|t| &t.runtime)
     }
 
     /// Whether this is one of the lane threads.
-    pub(super) fn is_lane_thread(&self) -> bool {
+    pub(crate) fn is_lane_thread(&self) -> bool {
         let me = std::thread::current().id();
         self.threads.iter().any(|t| t.id == me)
     }
 
     /// How many lane threads there are.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.threads.len()
     }
 
     /// Runs `work` on `lane`'s thread (in place when called there) and returns what it returns. Dropping the
     /// returned future cancels the work at its next await, as dropping any call does (a step already running
     /// on the lane's thread finishes first).
-    pub(super) async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         lane: usize,
         work: impl Future<Output = Result<T, FabricError>> + Send + 'static,
     ) -> Result<T, FabricError> {
         let Some(thread) = self.threads.get(lane) else {
-            return Err(FabricError::Network(format!("lane {lane}: there are {} lane threads", self.threads.len())));
+            return Err(NetworkError::NoLaneThread { lane, threads: self.threads.len() }.into());
         };
         if thread.id == std::thread::current().id() {
             return work.await;
@@ -118,7 +118,7 @@ impl Lanes {
         match (&mut task.0).await {
             Ok(r) => r,
             // Cancelled (the agent shut down, its lane threads with it), or the work panicked.
-            Err(e) => Err(FabricError::Network(format!("lane {lane}: the call ended without an answer: {e}"))),
+            Err(source) => Err(NetworkError::Cancelled { what: "a call on a lane's thread", source }.into()),
         }
     }
 }

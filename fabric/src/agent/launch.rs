@@ -15,9 +15,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::{ClusterConfig, NodeSection};
-use crate::error::FabricError;
+use crate::error::{FabricError, LaunchError, NetworkError};
 
-use super::Agent;
+use super::shared::Agent;
 
 /// Where this process sits in its job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,20 +40,11 @@ impl JobRank {
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<JobRank, FabricError> {
         let first = |keys: &[&'static str]| keys.iter().find_map(|&k| get(k).map(|v| (k, v)));
         let num = |(k, v): (&'static str, String)| {
-            v.trim().parse::<u16>().map_err(|_| FabricError::InvalidSize(format!("{k}={v} is not a rank or count")))
+            v.trim().parse::<u16>().map_err(|_| LaunchError::NotANumber { var: k, value: v.clone() })
         };
-        let rank = first(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"]).ok_or_else(|| {
-            FabricError::InvalidSize(
-                "no rank in the environment (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or SLURM_PROCID): not started by a launcher?"
-                    .into(),
-            )
-        })?;
-        let size =
-            first(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "OMPI_UNIVERSE_SIZE"]).ok_or_else(|| {
-                FabricError::InvalidSize(
-                    "no job size in the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS)".into(),
-                )
-            })?;
+        let rank = first(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"]).ok_or(LaunchError::NoRank)?;
+        let size = first(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "OMPI_UNIVERSE_SIZE"])
+            .ok_or(LaunchError::NoSize)?;
         let local = first(&["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]);
         let (rank, size) = (num(rank)?, num(size)?);
         let local_rank = match local {
@@ -61,7 +52,7 @@ impl JobRank {
             None => 0,
         };
         if size == 0 || rank >= size {
-            return Err(FabricError::InvalidSize(format!("rank {rank} of a job of {size}")));
+            return Err(LaunchError::RankOutOfJob { rank, size }.into());
         }
         Ok(JobRank { rank, size, local_rank })
     }
@@ -81,11 +72,11 @@ impl Agent {
         let job = JobRank::from_env()?;
         let var = |k: &str| std::env::var(k).ok();
         let rendezvous: SocketAddr = var("VFABRIC_RENDEZVOUS")
-            .ok_or_else(|| FabricError::Network("VFABRIC_RENDEZVOUS (ip:port where rank 0 listens) is not set".into()))?
+            .ok_or(LaunchError::Unset { var: "VFABRIC_RENDEZVOUS", what: "ip:port where rank 0 listens" })?
             .parse()
-            .map_err(|e| FabricError::Network(format!("VFABRIC_RENDEZVOUS: {e}")))?;
+            .map_err(|source| LaunchError::BadAddress { var: "VFABRIC_RENDEZVOUS", source })?;
         let bind: SocketAddr = match var("VFABRIC_BIND") {
-            Some(b) => b.parse().map_err(|e| FabricError::Network(format!("VFABRIC_BIND: {e}")))?,
+            Some(b) => b.parse().map_err(|source| LaunchError::BadAddress { var: "VFABRIC_BIND", source })?,
             None => SocketAddr::new(rendezvous.ip(), 0),
         };
         let wait = Duration::from_secs(var("VFABRIC_RENDEZVOUS_TIMEOUT").and_then(|s| s.parse().ok()).unwrap_or(60));
@@ -98,28 +89,19 @@ impl Agent {
             (0..job.size).map(|r| NodeSection { name: rank_name(r), gpus: gpus.clone(), address: None }).collect();
         // Rank 0 listens before it does anything slow, so the others find the rendezvous early.
         let listener = if job.rank == 0 {
-            Some(
-                TcpListener::bind(rendezvous)
-                    .await
-                    .map_err(|e| FabricError::Network(format!("rendezvous {rendezvous}: {e}")))?,
-            )
+            Some(TcpListener::bind(rendezvous).await.map_err(LaunchError::rendezvous(rendezvous))?)
         } else {
             None
         };
         let name = rank_name(job.rank);
         let identity = vfabric_transport::quic::NodeIdentity::load(std::path::Path::new(&cfg.network.certs), &name)
-            .map_err(|e| {
-                FabricError::Network(format!("loading {name}'s certificate from {}: {e}", cfg.network.certs))
-            })?;
+            .map_err(|source| NetworkError::Certificate { node: format!("{name} (from {})", cfg.network.certs), source })?;
         let agent = Agent::start(&cfg, &name, &identity, Some(bind)).await?;
         let me = agent.local_addr();
         let serve = async {
             match listener {
                 Some(l) => tokio::time::timeout(wait, collect(l, job.size)).await.map_err(|_| {
-                    FabricError::Network(format!(
-                        "rendezvous: not every one of {} ranks arrived within {wait:?}",
-                        job.size
-                    ))
+                    LaunchError::Timeout(format!("not every one of {} ranks arrived within {wait:?}", job.size))
                 })?,
                 None => Ok(()),
             }
@@ -141,10 +123,10 @@ async fn collect(listener: TcpListener, size: u16) -> Result<(), FabricError> {
     let mut table: Vec<Option<SocketAddr>> = vec![None; usize::from(size)];
     let mut conns = Vec::new();
     while table.iter().any(Option::is_none) {
-        let (sock, from) = listener.accept().await.map_err(|e| FabricError::Network(format!("rendezvous: {e}")))?;
+        let (sock, from) = listener.accept().await.map_err(LaunchError::rendezvous("(accept)"))?;
         let mut lines = BufReader::new(sock);
         let mut line = String::new();
-        lines.read_line(&mut line).await.map_err(|e| FabricError::Network(format!("rendezvous from {from}: {e}")))?;
+        lines.read_line(&mut line).await.map_err(LaunchError::rendezvous(format!("(from {from})")))?;
         let mut parts = line.split_whitespace();
         let parsed = match (parts.next().map(str::parse::<u16>), parts.next().map(str::parse::<SocketAddr>)) {
             (Some(Ok(r)), Some(Ok(a))) if r < size && table[usize::from(r)].is_none() => Some((r, a)),
@@ -159,7 +141,7 @@ async fn collect(listener: TcpListener, size: u16) -> Result<(), FabricError> {
     }
     let text: String = table.iter().flatten().enumerate().map(|(r, a)| format!("{r} {a}\n")).collect();
     for mut c in conns {
-        c.write_all(text.as_bytes()).await.map_err(|e| FabricError::Network(format!("rendezvous: {e}")))?;
+        c.write_all(text.as_bytes()).await.map_err(LaunchError::rendezvous("(table)"))?;
         let _ = c.shutdown().await;
     }
     Ok(())
@@ -180,26 +162,26 @@ async fn exchange(
                 tracing::debug!(error = %e, "rendezvous not up yet");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(e) => return Err(FabricError::Network(format!("rendezvous {rendezvous}: {e}"))),
+            Err(e) => return Err(LaunchError::rendezvous(rendezvous)(e).into()),
         }
     };
     sock.write_all(format!("{} {me}\n", job.rank).as_bytes())
         .await
-        .map_err(|e| FabricError::Network(format!("rendezvous: {e}")))?;
+        .map_err(LaunchError::rendezvous(rendezvous))?;
     let mut lines = BufReader::new(sock).lines();
     let mut table = Vec::new();
     let read = async {
-        while let Some(l) = lines.next_line().await.map_err(|e| FabricError::Network(format!("rendezvous: {e}")))? {
+        while let Some(l) = lines.next_line().await.map_err(LaunchError::rendezvous(rendezvous))? {
             let addr = l.split_whitespace().nth(1).and_then(|a| a.parse::<SocketAddr>().ok());
-            table.push(addr.ok_or_else(|| FabricError::Protocol(format!("rendezvous sent `{l}`")))?);
+            table.push(addr.ok_or_else(|| LaunchError::BadTable(format!("rank 0 sent `{l}`")))?);
         }
         Ok::<(), FabricError>(())
     };
     tokio::time::timeout(wait.saturating_sub(start.elapsed()).max(Duration::from_secs(1)), read)
         .await
-        .map_err(|_| FabricError::Network("rendezvous: no table from rank 0 in time".into()))??;
+        .map_err(|_| LaunchError::Timeout("no table from rank 0 in time".into()))??;
     if table.len() != usize::from(job.size) {
-        return Err(FabricError::Protocol(format!("rendezvous table has {} ranks, the job {}", table.len(), job.size)));
+        return Err(LaunchError::BadTable(format!("the table has {} ranks, the job {}", table.len(), job.size)).into());
     }
     Ok(table)
 }

@@ -1,7 +1,7 @@
 //! The control protocol between agents (and between a node's clients and its agent): versioned frames carrying
 //! bincode messages.
 //!
-//! Two layers, one concept each:
+//! One concept per file:
 //!
 //! - [`message`]: what is said. [`Message`] and the plain wire types it carries ([`WireRegion`],
 //!   [`WireLocation`], [`WireMode`], [`ErrorKind`]). They mirror the fabric's own types but stay separate from
@@ -11,16 +11,24 @@
 //!   [`FrameDecoder`]) with thin async helpers over any tokio stream ([`read_frame`], [`write_frame`]), which
 //!   is what quinn's streams are.
 //!
+//! - [`chunk`]: page payloads, as checksummed chunks after a frame, on any byte stream; [`quic`]: what quinn's
+//!   streams do better (payloads handed over and taken without a copy) and the answer that ends a stream.
+//! - [`convert`]: the fabric's types to and from their wire forms, errors included.
+//!
 //! Everything a peer sends is untrusted: the header is checked before the body is buffered, the body length is
 //! bounded by the caller's `max`, and decoding never allocates more than a small multiple of the body it was
 //! given. Page payloads never pass through this codec; they follow a `Write` request or a `Data` response raw
 //! on the same stream.
 
+pub mod chunk;
 pub mod codec;
+pub mod convert;
 pub mod message;
+pub mod quic;
 
 pub use codec::{
     encode, read_frame, write_frame, CodecError, FrameDecoder, DEFAULT_MAX_FRAME, FRAME_HEADER_LEN, MAGIC,
     PROTOCOL_VERSION,
 };
+pub use chunk::{ChunkError, ChunkHeader, Payload, CHUNK_HEADER_LEN};
 pub use message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};

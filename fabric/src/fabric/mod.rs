@@ -8,21 +8,34 @@
 //! interleave with another's. The one exception is prefetch: after an acquire that continues a walk in order,
 //! the copies of the pages it will want next start and the call returns; they complete while the caller works
 //! with its lease, and the next call that needs them (or that could disturb them) waits for them first.
+//!
+//! The files: `node` (what the fabric holds, shared with its leases), `lease` ([`Lease`], [`LeasePtr`],
+//! [`LeasedPages`]: the bytes under a lease), `traffic` ([`Traffic`]: what moved), `parts` (payloads in pieces).
+
+mod lease;
+mod node;
+mod parts;
+mod traffic;
+
+pub use lease::{Lease, LeasePtr, LeasedPages};
+pub use traffic::Traffic;
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use vfabric_allocator::NodeId;
-use vfabric_transport::{
-    open, Arena, ArenaSpec, DeviceError, DeviceLayer, EngineChoice, Location, Mover, OpenOptions, PageBatch, Transfer,
-};
+use vfabric_allocator::{Location, NodeId, TenantId, Tier};
+use vfabric_transport::{open, Arena, ArenaSpec, DeviceError, DeviceKind, EngineChoice, OpenOptions, PageBatch, Transfer};
+
+use node::{lock, InFlight, Inner, State};
+use parts::slice_parts;
+use traffic::Counters;
 
 use crate::config::ClusterConfig;
 use crate::directory::{
-    AcquireRequest, DevIdx, Directory, DirectoryConfig, DirectoryError, DirectoryStats, LeaseFrames, Mode, Placement,
+    AcquireRequest, Directory, DirectoryConfig, DirectoryError, DirectoryStats, LeaseFrames, Mode, Placement,
     ReadSource, RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH,
 };
 use crate::error::FabricError;
@@ -30,66 +43,6 @@ use crate::error::FabricError;
 /// A region of the fabric's address space: a name, not memory (where its pages live is the directory's
 /// business). Cheap to copy; using it after [`Fabric::free`] is an error, never a crash.
 pub type Region = RegionHandle;
-
-/// Bytes the fabric moved, by why it moved them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Traffic {
-    /// Pages brought to a device for a lease (from host memory, a peer, or zero-filled).
-    pub fetched: u64,
-    /// The part of `fetched` prefetched ahead of a walk in order (copied while the caller worked).
-    pub prefetched: u64,
-    /// Pages sent to host memory to make room.
-    pub evicted: u64,
-    /// Pages moved within a device to make a run of frames (compaction, or pages gathered into a lease's run).
-    pub compacted: u64,
-    /// Pages moved by migrations.
-    pub migrated: u64,
-    /// Bytes written from and read into host buffers.
-    pub host_io: u64,
-    /// Stages of copies carried out.
-    pub stages: u64,
-}
-
-impl Traffic {
-    /// What happened between `earlier` and `self`.
-    pub fn since(&self, earlier: &Traffic) -> Traffic {
-        Traffic {
-            fetched: self.fetched - earlier.fetched,
-            prefetched: self.prefetched - earlier.prefetched,
-            evicted: self.evicted - earlier.evicted,
-            compacted: self.compacted - earlier.compacted,
-            migrated: self.migrated - earlier.migrated,
-            host_io: self.host_io - earlier.host_io,
-            stages: self.stages - earlier.stages,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Counters {
-    fetched: AtomicU64,
-    prefetched: AtomicU64,
-    evicted: AtomicU64,
-    compacted: AtomicU64,
-    migrated: AtomicU64,
-    host_io: AtomicU64,
-    stages: AtomicU64,
-}
-
-impl Counters {
-    fn snapshot(&self) -> Traffic {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Traffic {
-            fetched: l(&self.fetched),
-            prefetched: l(&self.prefetched),
-            evicted: l(&self.evicted),
-            compacted: l(&self.compacted),
-            migrated: l(&self.migrated),
-            host_io: l(&self.host_io),
-            stages: l(&self.stages),
-        }
-    }
-}
 
 /// Figures about the fabric.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -100,133 +53,10 @@ pub struct Stats {
     pub traffic: Traffic,
 }
 
-/// What the fabric's lock guards.
-struct State {
-    dir: Directory,
-    /// The prefetch stages whose copies are in flight, oldest first (the directory knows they are pending;
-    /// their transfers live here). Dropped before the arenas: dropping a transfer waits for it.
-    prefetch: VecDeque<InFlight>,
-}
-
-struct InFlight {
-    stage: Stage,
-    copies: Vec<Transfer>,
-}
-
-struct Inner {
-    state: Mutex<State>,
-    layer: Arc<dyn DeviceLayer>,
-    arenas: Vec<Arc<dyn Arena>>,
-    mover: Arc<dyn Mover>,
-    page_size: u64,
-    counters: Counters,
-    fallback: Option<DeviceError>,
-}
-
 /// The fabric of one node, in this process.
 #[derive(Clone)]
 pub struct Fabric {
     inner: Arc<Inner>,
-}
-
-/// Where a lease's pages are on its device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeasePtr {
-    /// One device pointer over the whole range (the pages sit in one run of frames, in order).
-    Contiguous {
-        /// Device pointer to the first page.
-        ptr: u64,
-        /// Bytes (whole pages).
-        len: u64,
-    },
-    /// One device pointer per page, in page order (the device was too fragmented for one run).
-    Pages(Vec<u64>),
-}
-
-/// The right to use a range of a region on one device. Its pages stay on that device, at these addresses,
-/// until it is released ([`Fabric::release`], or dropping it). A `Write` lease's changes become the region's
-/// bytes when it is released.
-pub struct Lease {
-    inner: Arc<Inner>,
-    id: u64,
-    region: Region,
-    device: Location,
-    mode: Mode,
-    first_page: u32,
-    frames: Vec<u32>,
-    ptr: LeasePtr,
-    released: bool,
-}
-
-impl std::fmt::Debug for Lease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease")
-            .field("id", &self.id)
-            .field("region", &self.region)
-            .field("device", &self.device)
-            .field("mode", &self.mode)
-            .field("ptr", &self.ptr)
-            .finish()
-    }
-}
-
-impl Lease {
-    /// Device pointers to the leased pages.
-    pub fn ptr(&self) -> &LeasePtr {
-        &self.ptr
-    }
-
-    /// The device.
-    pub fn device(&self) -> Location {
-        self.device
-    }
-
-    /// Read or write.
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
-    /// The region.
-    pub fn region(&self) -> Region {
-        self.region
-    }
-
-    /// Offset in the region of the first leased byte (the lease covers whole pages).
-    pub fn offset(&self) -> u64 {
-        u64::from(self.first_page) * self.region.page_size
-    }
-
-    /// Bytes covered (whole pages).
-    pub fn len(&self) -> u64 {
-        self.frames.len() as u64 * self.region.page_size
-    }
-
-    /// Whether it covers nothing (never: leases cover at least one page).
-    pub fn is_empty(&self) -> bool {
-        self.frames.is_empty()
-    }
-
-    /// The frames of the device's arena that hold the pages, in page order (for tools that move them with the
-    /// node's mover, such as the benchmarks).
-    pub fn frames(&self) -> &[u32] {
-        &self.frames
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if !self.released {
-            let r = lock(&self.inner.state).dir.release(self.id);
-            if let Err(e) = r {
-                tracing::warn!(lease = self.id, error = %e, "releasing a dropped lease failed");
-            }
-        }
-    }
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    // A panic while the directory was held (a bug) leaves it as the last commit left it: consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Fabric {
@@ -300,9 +130,47 @@ impl Fabric {
         })
     }
 
-    /// The device layer.
-    pub fn layer(&self) -> &Arc<dyn DeviceLayer> {
-        &self.inner.layer
+    /// One line that says what the device layer is (backend and GPUs), for logs and reports.
+    pub fn describe(&self) -> String {
+        self.inner.layer.describe()
+    }
+
+    /// Which device layer runs: CUDA, or the emulated device.
+    pub fn device_kind(&self) -> DeviceKind {
+        self.inner.layer.kind()
+    }
+
+    /// Whether NCCL's library can be loaded on this node.
+    pub fn nccl_available(&self) -> bool {
+        self.inner.layer.nccl_available()
+    }
+
+    /// Copies `buf.len()` bytes at device address `ptr` on `location` into `buf`: what a kernel reading through a
+    /// lease's pointer sees. The range must lie within the fabric's arena there. For checks and tools.
+    pub fn read_device(&self, location: Location, ptr: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+        let (arena, offset) = self.at_device(location, ptr, buf.len() as u64)?;
+        Ok(arena.read(offset, buf)?)
+    }
+
+    /// Sets `len` bytes at device address `ptr` on `location` to `byte` (a device memset, as a kernel writing
+    /// through a lease's pointer would). The range must lie within the fabric's arena there.
+    pub fn fill_device(&self, location: Location, ptr: u64, len: u64, byte: u8) -> Result<(), FabricError> {
+        let (arena, offset) = self.at_device(location, ptr, len)?;
+        Ok(arena.fill(offset, len, byte)?)
+    }
+
+    /// The arena of `location` and the offset in it of device address `ptr`, checked for `len` bytes.
+    fn at_device(&self, location: Location, ptr: u64, len: u64) -> Result<(Arc<dyn Arena>, u64), FabricError> {
+        let arena = Arc::clone(self.arena_at(&lock(&self.inner.state).dir, location)?);
+        let offset = ptr.checked_sub(arena.device_ptr()).filter(|o| o.checked_add(len).is_some_and(|e| e <= arena.len()));
+        let offset = offset.ok_or(FabricError::OutOfBounds { offset: ptr, len, region_len: arena.len() })?;
+        Ok((arena, offset))
+    }
+
+    /// Memory of `bytes` on `location` outside the fabric's arenas, created once and mapped for every GPU of the
+    /// node as they are: for a caller's own buffers, such as the target of [`LeasedPages::copy_to`].
+    pub fn scratch_arena(&self, location: Location, bytes: u64) -> Result<Arc<dyn Arena>, FabricError> {
+        Ok(self.inner.layer.create_arena(&ArenaSpec::new(location, bytes))?)
     }
 
     /// Why the emulated device runs although CUDA was wanted, if it does.
@@ -318,17 +186,6 @@ impl Fabric {
     /// The devices: the GPUs, then the host.
     pub fn devices(&self) -> Vec<Location> {
         lock(&self.inner.state).dir.locations()
-    }
-
-    /// The arena of a device (for tools that move leased pages with the node's mover).
-    pub fn arena(&self, location: Location) -> Result<Arc<dyn Arena>, FabricError> {
-        let i = lock(&self.inner.state).dir.dev(location)?;
-        Ok(Arc::clone(&self.inner.arenas[usize::from(i)]))
-    }
-
-    /// The node's mover.
-    pub fn mover(&self) -> &Arc<dyn Mover> {
-        &self.inner.mover
     }
 
     /// Allocates a region of `size` bytes (rounded up to whole pages). `placement` picks the device its pages
@@ -477,13 +334,12 @@ impl Fabric {
     }
 
     /// Sets a tenant's quota on a tier (bytes; `None` for no limit).
-    pub fn set_quota(&self, tenant: vfabric_allocator::TenantId, tier: vfabric_allocator::Tier, limit: Option<u64>) {
+    pub fn set_quota(&self, tenant: TenantId, tier: Tier, limit: Option<u64>) {
         lock(&self.inner.state).dir.quotas_mut().set_limit(tenant, tier, limit);
     }
 
     fn arena_at(&self, dir: &Directory, location: Location) -> Result<&Arc<dyn Arena>, FabricError> {
-        let i: DevIdx = dir.dev(location)?;
-        Ok(&self.inner.arenas[usize::from(i)])
+        self.inner.arena(dir, location)
     }
 
     /// Runs a directory call to completion, carrying out each stage it asks for (and finishing the prefetch
@@ -506,15 +362,13 @@ impl Fabric {
                 },
                 Step::Wait => {
                     if st.prefetch.is_empty() {
-                        return Err(FabricError::InvalidSize(
-                            "the directory waits for a prefetch the fabric does not have".into(),
-                        ));
+                        return Err(FabricError::Internal("the directory waits for a prefetch the fabric does not have"));
                     }
                     self.settle(st);
                 }
             }
         }
-        Err(FabricError::InvalidSize("the directory asked for a million stages without finishing".into()))
+        Err(FabricError::Internal("the directory asked for a million stages without finishing"))
     }
 
     /// Starts the prefetches the directory asks for after an acquire of `region` on `device`, if any. Failures
@@ -611,46 +465,5 @@ impl Fabric {
         counter.fetch_add(stage.zero.len() as u64 * ps, Ordering::Relaxed);
         c.stages.fetch_add(1, Ordering::Relaxed);
         Ok(())
-    }
-}
-
-/// The bytes `start..start + len` of `parts` taken one after the other, as slices of the parts, into `out`
-/// (cleared first). The range must lie within the parts.
-fn slice_parts<'a>(parts: &[&'a [u8]], start: u64, len: u64, out: &mut Vec<&'a [u8]>) {
-    out.clear();
-    let (mut skip, mut want) = (start as usize, len as usize);
-    for p in parts {
-        if want == 0 {
-            break;
-        }
-        if skip >= p.len() {
-            skip -= p.len();
-            continue;
-        }
-        let take = (p.len() - skip).min(want);
-        out.push(&p[skip..skip + take]);
-        want -= take;
-        skip = 0;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::slice_parts;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Any range of the parts, taken as slices, is the same range of the parts put together.
-        #[test]
-        fn slices_of_parts_are_the_range(lens in proptest::collection::vec(0usize..40, 1..8), a in 0usize..300, b in 0usize..300) {
-            let parts: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 50 + j) as u8).collect()).collect();
-            let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
-            let whole = parts.concat();
-            let (lo, hi) = (a.min(b).min(whole.len()), a.max(b).min(whole.len()));
-            let mut out = Vec::new();
-            slice_parts(&refs, lo as u64, (hi - lo) as u64, &mut out);
-            prop_assert_eq!(out.concat(), whole[lo..hi].to_vec());
-            prop_assert!(out.iter().all(|s| !s.is_empty()) || hi == lo);
-        }
     }
 }

@@ -1,11 +1,11 @@
-//! Conversions between the fabric's types and their forms on the wire ([`crate::proto`]).
+//! Conversions between the fabric's types and their forms on the wire, errors included: what a refusal says
+//! ([`refusal`]) and what an answer means to the caller ([`reply_or_error`]).
 
-use vfabric_allocator::GlobalAddr;
-use vfabric_transport::Location;
+use vfabric_allocator::{GlobalAddr, Location};
 
+use super::message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};
 use crate::directory::{Mode, RegionHandle};
 use crate::error::FabricError;
-use crate::proto::{ErrorKind, WireLocation, WireMode, WireRegion};
 
 impl From<&RegionHandle> for WireRegion {
     fn from(r: &RegionHandle) -> Self {
@@ -83,11 +83,26 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
     }
 }
 
-/// A page chunk that failed on arrival, as the fabric's error: a bad checksum stays a checksum error (with
-/// `context`, e.g. the sender, in front), anything else is the network's.
-pub(crate) fn chunk_error(e: vfabric_transport::quic::QuicError, context: &str) -> FabricError {
+/// The answer to a request that failed: `Moved` for a region whose pages are elsewhere, else the error.
+pub(crate) fn refusal(e: &FabricError) -> Message {
     match e {
-        vfabric_transport::quic::QuicError::Checksum { .. } => FabricError::Checksum(format!("{context}{e}")),
-        other => FabricError::Network(other.to_string()),
+        FabricError::Moved { to } => Message::Moved { to: WireRegion::from(to) },
+        e => Message::Error { kind: error_kind(e), message: e.to_string() },
     }
+}
+
+/// What `node`'s answer means to the caller: an error it reported, where the region moved, the answer, or a
+/// stream that ended without one.
+pub(crate) fn reply_or_error(node: u16, reply: Option<Message>) -> Result<Message, FabricError> {
+    match reply {
+        Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
+        Some(Message::Moved { to }) => Err(FabricError::Moved { to: RegionHandle::from(&to) }),
+        Some(m) => Ok(m),
+        None => Err(FabricError::Protocol(format!("node {node} closed the stream without answering"))),
+    }
+}
+
+/// `node` answered with a message that does not answer the request.
+pub(crate) fn unexpected(node: u16, m: &Message) -> FabricError {
+    FabricError::Protocol(format!("node {node} answered with an unexpected `{}`", m.name()))
 }

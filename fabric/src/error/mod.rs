@@ -1,9 +1,22 @@
 //! The errors of the fabric's API. Every failing call leaves every other region as it was.
+//!
+//! [`FabricError`] is what the API returns; failures of the network between nodes have their own type,
+//! [`NetworkError`], and those of a job's launch theirs, [`LaunchError`].
+
+mod launch;
+mod network;
+
+pub use launch::LaunchError;
+pub use network::NetworkError;
 
 use vfabric_allocator::{TenantId, Tier};
 use vfabric_transport::{DeviceError, Location, MoveError};
 
 use crate::directory::DirectoryError;
+use crate::directory::RegionHandle;
+use crate::proto::chunk::ChunkError;
+use crate::proto::codec::CodecError;
+use crate::proto::message::ErrorKind;
 
 /// Why a fabric call failed.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +80,9 @@ pub enum FabricError {
     /// A device this node does not have (or that failed).
     #[error("{0} is not available on this node")]
     DeviceUnavailable(Location),
+    /// A write through a lease that only allows reading.
+    #[error("lease {0} is a read lease: its pages cannot be written through it")]
+    ReadOnlyLease(u64),
     /// A lease that is not (or no longer) held.
     #[error("lease {0} is not held")]
     UnknownLease(u64),
@@ -89,9 +105,18 @@ pub enum FabricError {
         /// What was seen.
         why: String,
     },
-    /// The network failed (connecting, a stream reset, TLS).
+    /// The network failed (binding, connecting, a stream reset, TLS, the local socket).
     #[error("network: {0}")]
-    Network(String),
+    Network(#[from] NetworkError),
+    /// A job's launch (its launcher's variables, the rendezvous of its ranks) failed.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The agent was started outside a Tokio runtime.
+    #[error("the agent runs inside a tokio runtime (see `Agent::runtime`)")]
+    NoRuntime,
+    /// A fault of the fabric itself (a bug): what went wrong, for the report.
+    #[error("internal error (a bug): {0}")]
+    Internal(&'static str),
     /// A peer broke the protocol (a malformed or unexpected message); its connection is closed.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -104,7 +129,7 @@ pub enum FabricError {
         /// The home node.
         node: u16,
         /// What kind of failure it reported.
-        kind: crate::proto::ErrorKind,
+        kind: ErrorKind,
         /// Its message.
         message: String,
     },
@@ -113,7 +138,7 @@ pub enum FabricError {
     #[error("the region's pages moved to {to} (node {})", to.addr.node().0)]
     Moved {
         /// Where the pages are now.
-        to: crate::fabric::Region,
+        to: RegionHandle,
     },
 }
 
@@ -152,5 +177,38 @@ impl From<DirectoryError> for FabricError {
             | DirectoryError::CompactionImpossible { .. }
             | DirectoryError::Allocator { .. }) => FabricError::InvalidSize(e.to_string()),
         }
+    }
+}
+
+impl From<ChunkError> for FabricError {
+    /// A bad checksum stays a checksum error, a chunk that does not fit its payload is the peer's protocol
+    /// violation, and a stream that failed underneath is the network's.
+    fn from(e: ChunkError) -> FabricError {
+        match e {
+            ChunkError::Checksum { .. } => FabricError::Checksum(e.to_string()),
+            ChunkError::Outside { .. } | ChunkError::TooLarge { .. } | ChunkError::Short { .. } => {
+                FabricError::Protocol(e.to_string())
+            }
+            ChunkError::Io(_) | ChunkError::Stopped | ChunkError::Truncated { .. } => {
+                FabricError::Network(NetworkError::Stream(e))
+            }
+        }
+    }
+}
+
+impl From<CodecError> for FabricError {
+    /// A frame that could not be read because the stream failed is the network's; any other codec error is a
+    /// peer that broke the protocol.
+    fn from(e: CodecError) -> FabricError {
+        match e {
+            CodecError::Io(io) => FabricError::Network(NetworkError::Io(io)),
+            other => FabricError::Protocol(other.to_string()),
+        }
+    }
+}
+
+impl From<quinn::ConnectionError> for FabricError {
+    fn from(e: quinn::ConnectionError) -> FabricError {
+        FabricError::Network(NetworkError::Connection(e))
     }
 }

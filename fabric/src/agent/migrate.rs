@@ -1,0 +1,124 @@
+//! Regions of this node that move: to another device of this node, or to another node's device while keeping
+//! their address and their home (the home keeps a forwarding entry, `super::forwarding`). Each step holds the
+//! region's guard there, so no write lands in pages being copied away.
+
+use tokio::sync::OwnedRwLockReadGuard;
+use vfabric_allocator::Location;
+
+use super::shared::{in_place, Agent};
+use crate::directory::RegionHandle as Region;
+use crate::error::FabricError;
+use crate::proto::convert::unexpected;
+use crate::proto::message::{Message, WireRegion};
+
+impl Agent {
+    /// See [`Moves::staying`].
+    pub(crate) async fn staying(&self, region: &Region) -> Result<OwnedRwLockReadGuard<Option<Region>>, FabricError> {
+        self.shared.moves.staying(region).await
+    }
+
+    /// Frees a region of this node: its hosted copy too when it moved.
+    pub(crate) async fn free_at_home(&self, region: &Region) -> Result<(), FabricError> {
+        let mut entry = self.shared.moves.entry(region).write_owned().await;
+        match *entry {
+            None => in_place(|| self.shared.fabric.free(region))?,
+            Some(to) => self.free_direct(&to).await?,
+        }
+        // Callers that waited on this entry now go to the fabric, which says the region is gone.
+        *entry = None;
+        self.shared.moves.forget(region);
+        Ok(())
+    }
+
+    /// Moves a region of this node to `device` of `node`; returns the region that has the pages now (the region
+    /// itself when they stayed on this node). Undone when any step fails, so the region is left where it was.
+    pub(crate) async fn migrate_at_home(
+        &self,
+        region: &Region,
+        node: u16,
+        device: Location,
+    ) -> Result<Region, FabricError> {
+        self.peer_or_self(node)?;
+        let mut entry = self.shared.moves.entry(region).write_owned().await;
+        let before = *entry;
+        let now = match before {
+            // The pages are here: they move under this region's guard.
+            None => self.move_pages(region, node, device).await?,
+            // They are on another node (or in another region here): that copy's own home moves them, under its
+            // guard for that copy, so writes that reach it through hints wait there and then follow it.
+            Some(current) => self.migrate_hosted(&current, node, device).await?,
+        };
+        if now != *region {
+            tracing::info!(region = %region, node, device = %device, "a region's pages moved to another node");
+        }
+        *entry = (now != *region).then_some(now);
+        drop(entry);
+        // The copy that had the pages forwarded to the new one while this entry still named it; now that it
+        // names the new one, the old copy's entry may go. Only this node's own entries keep forwarding for
+        // good, so a region that moves often leaves none behind.
+        if let Some(old) = before.filter(|&old| old != now) {
+            self.unforward(&old, &now).await;
+        }
+        Ok(now)
+    }
+
+    /// Has the node of `copy` (a copy that held one of this node's regions' pages and moved them on to `to`)
+    /// drop its forwarding entry (`Moves::unforward`). A failure is logged: the entry only stays.
+    async fn unforward(&self, copy: &Region, to: &Region) {
+        let at = copy.addr.node().0;
+        if self.is_me(at) {
+            return self.shared.moves.unforward(copy, to).await;
+        }
+        let msg = Message::Unforward { region: WireRegion::from(copy), to: WireRegion::from(to) };
+        match self.call(at, &msg, &[]).await {
+            Ok(Message::Done) => {}
+            Ok(other) => tracing::warn!(node = at, copy = %copy, error = %unexpected(at, &other), "unforward"),
+            Err(e) => tracing::warn!(node = at, copy = %copy, error = %e, "the forwarding entry of a copy stays"),
+        }
+    }
+
+    /// Moves the pages of `region`, which are here: a migration on this node, or a copy into a new region on
+    /// `node` and this copy freed.
+    async fn move_pages(&self, region: &Region, node: u16, device: Location) -> Result<Region, FabricError> {
+        if self.is_me(node) {
+            in_place(|| self.shared.fabric.migrate(region, device))?;
+            return Ok(*region);
+        }
+        // The region must be live before anything is allocated for it.
+        self.shared.fabric.version(region, 0..1)?;
+        let fresh = self.alloc_direct(node, region.len, Some(device)).await?;
+        let moved = async {
+            self.copy_direct(region, &fresh, region.len).await?;
+            in_place(|| self.shared.fabric.free(region))
+        };
+        if let Err(e) = moved.await {
+            if let Err(undo) = self.free_direct(&fresh).await {
+                tracing::warn!(region = %fresh, error = %undo, "freeing the copy of a failed migration failed");
+            }
+            return Err(e);
+        }
+        Ok(fresh)
+    }
+
+    /// Asks the home of `current` (a copy that has a region's pages) to move it; returns where they are now.
+    async fn migrate_hosted(&self, current: &Region, node: u16, device: Location) -> Result<Region, FabricError> {
+        let at = current.addr.node().0;
+        if self.is_me(at) {
+            return Box::pin(self.migrate_at_home(current, node, device)).await;
+        }
+        let msg = Message::MigrateTo { region: WireRegion::from(current), node, device: device.into() };
+        match self.call(at, &msg, &[]).await {
+            // `MigrateTo` is answered with where the pages are now.
+            Err(FabricError::Moved { to }) => Ok(to),
+            Ok(other) => Err(unexpected(at, &other)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn peer_or_self(&self, node: u16) -> Result<(), FabricError> {
+        if self.is_me(node) {
+            return Ok(());
+        }
+        self.peer(node).map(|_| ())
+    }
+}

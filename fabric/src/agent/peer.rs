@@ -1,0 +1,39 @@
+//! A peer as this agent sees it: where its lanes listen, its connections, and when it was last heard from.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// A peer of this node.
+pub(crate) struct Peer {
+    /// Its name (its certificate's).
+    pub(crate) name: String,
+    /// Where its lane 0 listens (lane `i` listens on the port `i` above).
+    pub(crate) addr: Option<SocketAddr>,
+    /// One connection per lane, dialled on first use.
+    pub(crate) conns: Vec<Option<quinn::Connection>>,
+    /// When it last answered or called.
+    pub(crate) last_seen: Option<Instant>,
+}
+
+impl Peer {
+    /// Where lane `lane` of this peer listens.
+    pub(crate) fn lane_addr(&self, lane: usize) -> Option<SocketAddr> {
+        let a = self.addr?;
+        let port = a.port().checked_add(u16::try_from(lane).ok()?)?;
+        Some(SocketAddr::new(a.ip(), port))
+    }
+
+    /// Its open connection on `lane`, if any.
+    pub(crate) fn open(&self, lane: usize) -> Option<&quinn::Connection> {
+        self.conns.get(lane)?.as_ref().filter(|c| c.close_reason().is_none())
+    }
+
+    /// Whether it answered within `dead_after` (or, never heard from, whether the agent started that recently:
+    /// a peer gets the grace period after start).
+    pub(crate) fn alive(&self, dead_after: Duration, started: Instant) -> bool {
+        match self.last_seen {
+            Some(t) => t.elapsed() < dead_after,
+            None => started.elapsed() < dead_after,
+        }
+    }
+}

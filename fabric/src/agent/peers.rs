@@ -1,0 +1,163 @@
+//! This node's peers: their connections (one per lane, dialled and greeted on first use), whether they are
+//! alive, and what their links have done.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use vfabric_transport::quic;
+
+use super::link::LinkStats;
+use super::shared::Agent;
+use crate::error::{FabricError, NetworkError};
+use crate::proto::codec::{read_frame, write_frame, PROTOCOL_VERSION};
+use crate::proto::message::Message;
+
+impl Agent {
+    /// Sets where peer `node` listens (when the configuration does not say, as in tests that bind port 0).
+    pub async fn set_peer_addr(&self, node: u16, addr: SocketAddr) -> Result<(), FabricError> {
+        let mut p = self.peer(node)?.lock().await;
+        p.addr = Some(addr);
+        p.conns.iter_mut().for_each(|c| *c = None);
+        // Its grace period before heartbeats may call it dead starts now.
+        p.last_seen = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Whether peer `node` answered within `network.dead_after_ms` (always true for this node).
+    pub async fn is_alive(&self, node: u16) -> Result<bool, FabricError> {
+        if self.is_me(node) {
+            return Ok(true);
+        }
+        let p = self.peer(node)?.lock().await;
+        Ok(p.alive(self.dead_after(), self.shared.started))
+    }
+
+    /// The lanes to peer `node` that have an open connection, by number (each is dialled on first use).
+    pub async fn open_lanes(&self, node: u16) -> Result<Vec<usize>, FabricError> {
+        let p = self.peer(node)?.lock().await;
+        Ok((0..p.conns.len()).filter(|&lane| p.open(lane).is_some()).collect())
+    }
+
+    /// Counters of the QUIC connections to peer `node` (packets, losses, congestion, flow-control stalls), summed
+    /// over its open lanes: take them before and after a transfer and compare with [`LinkStats::since`].
+    pub async fn link_stats(&self, node: u16) -> Result<LinkStats, FabricError> {
+        let p = self.peer(node)?.lock().await;
+        let mut stats = LinkStats::default();
+        for c in (0..p.conns.len()).filter_map(|lane| p.open(lane)) {
+            stats.add(&c.stats());
+        }
+        Ok(stats)
+    }
+
+    pub(crate) fn dead_after(&self) -> Duration {
+        Duration::from_millis(self.shared.net.dead_after_ms)
+    }
+
+    pub(crate) async fn heard_from(&self, node: u16) {
+        if let Ok(p) = self.peer(node) {
+            p.lock().await.last_seen = Some(Instant::now());
+        }
+    }
+
+    /// The node whose certificate names it `name`, marked as heard from.
+    pub(crate) async fn find_peer(&self, name: &str) -> Option<u16> {
+        for (i, p) in self.shared.peers.iter().enumerate() {
+            let mut p = p.lock().await;
+            if p.name == name {
+                p.last_seen = Some(Instant::now());
+                return Some(i as u16);
+            }
+        }
+        None
+    }
+
+    /// The connection to peer `node` on `lane`, dialled from this node's endpoint of the same lane and greeted
+    /// on first use (and again after it closed). `probe` (pings) dials even a peer thought dead: that is how one
+    /// that comes back is seen again.
+    pub(crate) async fn connection(&self, node: u16, lane: usize, probe: bool) -> Result<quinn::Connection, FabricError> {
+        if self.is_me(node) {
+            return Err(FabricError::InvalidAddress(format!("node {node} is this node")));
+        }
+        let p = self.peer(node)?.lock().await;
+        if !probe && !p.alive(self.dead_after(), self.shared.started) {
+            let why = format!("no heartbeat for {} ms", self.shared.net.dead_after_ms);
+            return Err(FabricError::PeerDead { node, name: p.name.clone(), why });
+        }
+        let lanes = p.conns.len();
+        let Some(endpoint) = self.shared.endpoints.get(lane).filter(|_| lane < lanes) else {
+            return Err(NetworkError::NoSuchLane { node, lane, lanes }.into());
+        };
+        if let Some(c) = p.open(lane) {
+            return Ok(c.clone());
+        }
+        let name = p.name.clone();
+        let addr = p.lane_addr(lane).ok_or_else(|| NetworkError::NoPeerAddress { node, name: name.clone() })?;
+        // The dial runs without the peer's lock: two nodes dialling each other at once each need the other to
+        // look them up (and serve their hello) before either dial ends.
+        drop(p);
+        let dead_after = self.dead_after();
+        let conn = tokio::time::timeout(dead_after, self.dial(node, endpoint, addr, &name)).await.map_err(|_| {
+            FabricError::PeerDead {
+                node,
+                name: name.clone(),
+                why: format!("no answer to hello within {} ms", dead_after.as_millis()),
+            }
+        })??;
+        let mut p = self.peer(node)?.lock().await;
+        p.last_seen = Some(Instant::now());
+        // Another call on this lane may have dialled meanwhile: keep the connection already in use (leases may
+        // have been granted over it, and they end with it), close this one.
+        if let Some(c) = p.open(lane) {
+            conn.close(quinn::VarInt::from_u32(0), b"a connection on this lane exists");
+            return Ok(c.clone());
+        }
+        p.conns[lane] = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Dials `node` at `addr` and greets it: this node's `Hello`, its `Welcome`.
+    async fn dial(
+        &self,
+        node: u16,
+        endpoint: &quinn::Endpoint,
+        addr: SocketAddr,
+        name: &str,
+    ) -> Result<quinn::Connection, FabricError> {
+        let conn = quic::connect(endpoint, addr, name)
+            .await
+            .map_err(|source| NetworkError::Connect { name: name.to_string(), addr, source })?;
+        let (mut send, mut recv) = conn.open_bi().await?;
+        let hello = Message::Hello {
+            cluster: self.shared.cluster.clone(),
+            node: self.shared.node,
+            protocol: PROTOCOL_VERSION,
+            lanes: self.shared.net.lanes,
+            latency_lane: self.shared.net.latency_lane,
+        };
+        write_frame(&mut send, &hello, self.max_frame()).await?;
+        send.finish().map_err(NetworkError::Finish)?;
+        match read_frame(&mut recv, self.max_frame()).await? {
+            Some(Message::Welcome { node: n, .. }) if n == node => Ok(conn),
+            Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
+            other => Err(FabricError::Protocol(format!("node {node} answered hello with {other:?}"))),
+        }
+    }
+
+    /// Runs a call, failing with `PeerDead` when the peer stays silent for `network.dead_after_ms` (at least a
+    /// minute: bulk transfers may take longer than a heartbeat period, and what bounds them is the connection,
+    /// whose idle timeout closes it when the peer stops acknowledging).
+    pub(crate) async fn bounded<T>(
+        &self,
+        node: u16,
+        work: impl std::future::Future<Output = Result<T, FabricError>>,
+    ) -> Result<T, FabricError> {
+        let limit = self.dead_after().max(Duration::from_secs(60));
+        match tokio::time::timeout(limit, work).await {
+            Ok(r) => r,
+            Err(_) => {
+                let name = self.peer(node)?.lock().await.name.clone();
+                Err(FabricError::PeerDead { node, name, why: format!("no answer within {} ms", limit.as_millis()) })
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Leases on other nodes' pages: the home leases its host copy for this node and sends the pages, which land in
+//! a private region on this node's device (the copy), leased here; a `Write` lease's pages go back at release.
+//! Copies are kept after release ([`super::replicas`]) and reused while the home's version is unchanged.
+
+use std::ops::Range;
+
+use vfabric_allocator::Location;
+
+use super::calls::ReadInto;
+use super::lane_use::LaneUse;
+use super::replicas::{Replica, ReplicaKey};
+use super::shared::{in_place, Agent};
+use crate::directory::{Mode, Placement, RegionHandle as Region};
+use crate::error::FabricError;
+use crate::fabric::{Fabric, Lease, LeasePtr};
+use crate::proto::convert::unexpected;
+use crate::proto::message::{Message, WireRegion};
+
+/// A lease from `Agent::acquire`: device pointers on this node, whatever the region's home.
+///
+/// For a region of another node, the home leases its host copy for the holder (so its other users see the
+/// usual lease conflicts) and sends the pages; they land in a private region on this node's device, leased
+/// here. `Agent::release` sends a `Write` lease's bytes back before the home lets go. Dropping a lease
+/// instead of releasing it lets go at the home too, but a `Write` lease's changes are then lost.
+pub struct AgentLease {
+    pub(crate) kind: LeaseKind,
+}
+
+pub(crate) enum LeaseKind {
+    Local(Lease),
+    Remote(RemoteLease),
+}
+
+pub(crate) struct RemoteLease {
+    agent: Agent,
+    home: u16,
+    /// The lane the lease was granted over: it is released over the same connection (the home ends a lease
+    /// when the connection it came over closes).
+    lane: usize,
+    id: u64,
+    mode: Mode,
+    /// Where the copy goes back in the replica cache, and the home's version of the range.
+    key: ReplicaKey,
+    version: u64,
+    pages: u64,
+    /// The private region on this node that holds the pages, and its lease.
+    copy: Region,
+    local: Option<Lease>,
+    released: bool,
+}
+
+impl AgentLease {
+    fn lease(&self) -> Option<&Lease> {
+        match &self.kind {
+            LeaseKind::Local(l) => Some(l),
+            LeaseKind::Remote(r) => r.local.as_ref(),
+        }
+    }
+
+    /// Device pointers to the leased pages on this node.
+    pub fn ptr(&self) -> Option<&LeasePtr> {
+        self.lease().map(Lease::ptr)
+    }
+
+    /// The local lease (its device, frames and pointers).
+    pub fn local(&self) -> Option<&Lease> {
+        self.lease()
+    }
+
+    /// The node the region lives at.
+    pub fn home(&self, agent: &Agent) -> u16 {
+        match &self.kind {
+            LeaseKind::Local(_) => agent.node(),
+            LeaseKind::Remote(r) => r.home,
+        }
+    }
+}
+
+impl Drop for RemoteLease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Not released: let go at the home (in the background: drop cannot wait) and free the copy here.
+        drop(self.local.take());
+        let (agent, home, lane, id, copy) = (self.agent.clone(), self.home, self.lane, self.id, self.copy);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let release =
+                    async { agent.call_on(home, &agent.hold_lane(home, lane)?, &Message::Release { lease: id }, &[]).await };
+                if let Err(e) = release.await {
+                    tracing::warn!(home, lease = id, error = %e, "releasing a dropped remote lease failed");
+                }
+                let _ = in_place(|| agent.shared.fabric.free(&copy));
+            });
+        }
+    }
+}
+
+/// This node's copy of a peer's pages while an acquire fills it: freed when dropped before [`CopyInFill::keep`].
+struct CopyInFill<'a> {
+    fabric: &'a Fabric,
+    copy: Region,
+    kept: bool,
+}
+
+impl CopyInFill<'_> {
+    /// The copy, now the lease's to free.
+    fn keep(mut self) -> Region {
+        self.kept = true;
+        self.copy
+    }
+}
+
+impl Drop for CopyInFill<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = self.fabric.free(&self.copy);
+        }
+    }
+}
+
+impl Agent {
+    /// Acquires `range` of a peer's region (its home region: the pages are there) on `device` of this node,
+    /// over `lane`.
+    pub(crate) async fn acquire_remote(
+        &self,
+        region: Region,
+        range: Range<u64>,
+        device: Location,
+        mode: Mode,
+        lane: LaneUse,
+    ) -> Result<AgentLease, FabricError> {
+        let (region, home) = (&region, region.addr.node().0);
+        let len = range.end.checked_sub(range.start).filter(|&l| l > 0 && range.end <= region.len).ok_or(
+            FabricError::OutOfBounds {
+                offset: range.start,
+                len: range.end.saturating_sub(range.start),
+                region_len: region.len,
+            },
+        )?;
+        let ps = region.page_size.max(1);
+        let first = range.start / ps;
+        let pages = (range.start + len).div_ceil(ps) - first;
+        let key: ReplicaKey = (region.addr.raw(), region.generation, first, pages, device);
+        let full = pages * ps;
+        let f = &self.shared.fabric;
+        // The copy the pages go into, straight from the wire: one from an earlier lease (taken out of the cache
+        // while this lease uses it; its version tells the home whether to send the pages at all), or a new one.
+        let cached = self.replicas().take(&key);
+        let (copy, cached) = match cached {
+            Some(r) => (r.copy, Some(r.version)),
+            None => (in_place(|| f.alloc(full, Placement::on(device)))?, None),
+        };
+        // Freed on every way out but the lease, a caller dropping this call at an await included.
+        let filling = CopyInFill { fabric: f, copy, kept: false };
+        let msg = Message::Acquire {
+            region: WireRegion::from(region),
+            offset: range.start,
+            len,
+            device: device.into(),
+            mode: mode.into(),
+            cached,
+        };
+        let expect = |m: &Message| if matches!(m, Message::Granted { unchanged: true, .. }) { 0 } else { full };
+        let into = ReadInto::Region { copy: &copy, offset: first * ps };
+        let (id, version) = match self.call_read(home, &lane, &msg, into, expect).await {
+            Ok(Message::Granted { lease, first_page, pages: n, version, unchanged })
+                if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
+            {
+                (lease, version)
+            }
+            // Whatever arrived of the pages is not to be trusted: the copy goes (`filling`).
+            Ok(m) => return Err(unexpected(home, &m)),
+            Err(e) => return Err(e),
+        };
+        match in_place(|| f.acquire(&copy, 0..full, device, mode)) {
+            Ok(l) => Ok(AgentLease {
+                kind: LeaseKind::Remote(RemoteLease {
+                    agent: self.clone(),
+                    home,
+                    lane: lane.lane,
+                    id,
+                    mode,
+                    key,
+                    version,
+                    pages,
+                    copy: filling.keep(),
+                    local: Some(l),
+                    released: false,
+                }),
+            }),
+            Err(e) => {
+                drop(filling);
+                let _ = self.call_on(home, &lane, &Message::Release { lease: id }, &[]).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases a lease on a peer's pages: a `Write` lease's pages go back to the home first; the copy is kept
+    /// for the next lease of the range.
+    pub(crate) async fn release_remote(&self, mut r: RemoteLease) -> Result<(), FabricError> {
+        r.released = true;
+        let (f, copy, local, mode) = (&self.shared.fabric, r.copy, r.local.take(), r.mode);
+        let bytes = in_place(|| {
+            if let Some(l) = local {
+                f.release(l)?;
+            }
+            let mut v = Vec::new();
+            if mode == Mode::Write {
+                v = vec![0u8; copy.len as usize];
+                f.read(&copy, 0, &mut v)?;
+            }
+            Ok(v)
+        });
+        let (home, id) = (r.home, r.id);
+        let released = match bytes {
+            Ok(bytes) => match self.hold_lane(home, r.lane) {
+                Ok(lane) => {
+                    let release = Message::Release { lease: id };
+                    let agent = self.clone();
+                    let call = async move { agent.call_on(home, &lane, &release, &bytes).await };
+                    self.on_lane(r.lane, copy.len * u64::from(mode == Mode::Write), call).await
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => {
+                if let Ok(lane) = self.hold_lane(home, r.lane) {
+                    let _ = self.call_on(home, &lane, &Message::Release { lease: id }, &[]).await;
+                }
+                Err(e)
+            }
+        };
+        match released {
+            Ok(Message::Done) => {
+                // A write lease's release bumps each of its pages' versions once at the home.
+                let version = if mode == Mode::Write { r.version.wrapping_add(r.pages) } else { r.version };
+                self.keep_replica(r.key, Replica { copy, version });
+                Ok(())
+            }
+            other => {
+                let _ = in_place(|| f.free(&copy));
+                match other {
+                    Ok(m) => Err(unexpected(home, &m)),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Keeps a copy for the next lease of the same range, freeing the copies that no longer fit.
+    fn keep_replica(&self, key: ReplicaKey, replica: Replica) {
+        let dropped = self.replicas().keep(key, replica);
+        for r in dropped {
+            if let Err(e) = in_place(|| self.shared.fabric.free(&r)) {
+                tracing::warn!(region = %r, error = %e, "freeing a dropped replica failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The requests that move pages, as the home serves them: writes and releases bring chunks in (each verified
+//! before a byte of it is written), reads and grants send them out (from pooled buffers quinn sends without
+//! another copy).
+
+use vfabric_allocator::Location;
+
+use super::shared::{in_place, Agent, RemoteGrant};
+use crate::directory::{Mode, RegionHandle as Region};
+use crate::error::FabricError;
+use crate::proto::chunk::{copy_pieces, receive, Payload};
+use crate::proto::codec::write_frame;
+use crate::proto::convert::refusal;
+use crate::proto::message::{ErrorKind, Message, WireMode, WireRegion};
+use crate::proto::quic::{answer, send_chunk, QuicChunks};
+
+/// A region named by a peer, which must live here.
+pub(crate) fn home_region(agent: &Agent, w: &WireRegion) -> Result<Region, FabricError> {
+    let r = Region::from(w);
+    if !agent.is_me(r.addr.node().0) {
+        return Err(FabricError::InvalidAddress(format!("{r} does not live on node {}", agent.node())));
+    }
+    Ok(r)
+}
+
+/// A region named by a peer, which must live here and have its pages here; with the guard that keeps them here
+/// while the request runs (a region whose pages moved gives `Moved`), and the range's end, checked.
+async fn staying_here(
+    agent: &Agent,
+    w: &WireRegion,
+    offset: u64,
+    len: u64,
+) -> Result<(Region, tokio::sync::OwnedRwLockReadGuard<Option<Region>>, u64), FabricError> {
+    let r = home_region(agent, w)?;
+    let guard = agent.staying(&r).await?;
+    let end = offset.checked_add(len).filter(|&e| e <= r.len);
+    let end = end.ok_or(FabricError::OutOfBounds { offset, len, region_len: r.len })?;
+    Ok((r, guard, end))
+}
+
+/// Leases a range for a peer: the home's host copy is leased in the same mode (so coherence with everyone
+/// else here follows the usual lease rules), then `Granted` and the pages go back. The requester's copy, when
+/// it has one at the version it names, is current while the version is unchanged: then no pages are sent (the
+/// lease still is: it keeps writers out while the requester uses its copy).
+pub(crate) async fn grant(
+    agent: &Agent,
+    (peer, connection): (u16, usize),
+    (region, offset, len, mode, cached): (&WireRegion, u64, u64, WireMode, Option<u64>),
+    send: &mut quinn::SendStream,
+) -> Result<(), String> {
+    let (f, max) = (&agent.shared.fabric, agent.max_frame());
+    // Once leased, the region cannot move (a migration frees the old copy, which a lease prevents).
+    let leased = match staying_here(agent, region, offset, len).await {
+        Ok((r, _staying, end)) => in_place(|| f.acquire(&r, offset..end, Location::Host, Mode::from(mode))),
+        Err(e) => Err(e),
+    };
+    let versioned = leased.and_then(|lease| {
+        let range = lease.offset()..lease.offset() + lease.len();
+        Ok((f.version(&lease.region(), range)?, lease))
+    });
+    let (version, lease) = match versioned {
+        Ok(v) => v,
+        Err(e) => {
+            answer(send, &refusal(&e), max).await;
+            return Ok(());
+        }
+    };
+    let ps = f.page_size();
+    let pages = lease.len() / ps;
+    let first_page = lease.offset() / ps;
+    let unchanged = cached == Some(version);
+    let id = agent.shared.next_grant.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let granted = Message::Granted { lease: id, first_page, pages, version, unchanged };
+    // The pages, straight from the leased host frames, each piece read into a pooled buffer that quinn then
+    // sends without another copy; chunk offsets count from the region's start.
+    let piece_len = ps.min(agent.shared.net.chunk.bytes().max(1));
+    let (start, total, pages_of_lease) = (lease.offset(), lease.len(), lease.pages());
+    // Recorded before the answer goes: the peer may release the lease as soon as its pages are in.
+    agent.grants().insert(id, RemoteGrant { peer, connection, lease });
+    let sent = async {
+        write_frame(send, &granted, max).await.map_err(|_| ())?;
+        let mut at = 0;
+        while at < total && !unchanged {
+            let mut piece = agent.shared.buffers.take(piece_len.min(total - at) as usize);
+            if pages_of_lease.read(at, piece.as_mut()).is_err() {
+                let _ = send.reset(quinn::VarInt::from_u32(ErrorKind::Internal as u32));
+                return Err(());
+            }
+            let n = piece.as_ref().len() as u64;
+            send_chunk(send, start + at, piece.into_bytes()).await.map_err(|_| ())?;
+            at += n;
+        }
+        Ok(())
+    };
+    if sent.await.is_ok() {
+        let _ = send.finish();
+    }
+    Ok(())
+}
+
+/// Ends a peer's lease; a write lease's pages come first (chunk offsets count from the lease's first byte)
+/// and go into the leased host frames before the lease is let go.
+pub(crate) async fn take_back(
+    agent: &Agent,
+    peer: u16,
+    id: u64,
+    recv: &mut quinn::RecvStream,
+) -> Result<Message, FabricError> {
+    let held = {
+        let mut grants = agent.grants();
+        match grants.get(&id) {
+            Some(g) if g.peer == peer => grants.remove(&id).map(|g| g.lease),
+            _ => None,
+        }
+    };
+    let lease = held.ok_or(FabricError::UnknownLease(id))?;
+    // All of a write-back arrives (each chunk verified) before any of it is written: a release that fails
+    // midway leaves the pages as they were before the lease.
+    let mut data = vec![0u8; if lease.mode() == Mode::Write { lease.len() as usize } else { 0 }];
+    let payload = Payload::new(data.len() as u64, agent.shared.net.chunk.bytes());
+    let arrived = receive(&mut QuicChunks::new(recv), payload, |at, pieces| {
+        copy_pieces(&mut data[at as usize..], pieces);
+        Ok::<(), FabricError>(())
+    })
+    .await;
+    let written = arrived.and_then(|()| match lease.mode() {
+        Mode::Write => lease.write(0, &data),
+        Mode::Read => Ok(()),
+    });
+    // The lease ends either way.
+    in_place(|| agent.shared.fabric.release(lease))?;
+    written.map(|()| Message::Done)
+}
+
+/// Takes a write's chunks off the stream, checks each one's checksum and place, and writes them. A bad chunk
+/// fails the call before anything of it is written (the chunks before it are).
+pub(crate) async fn receive_write(
+    agent: &Agent,
+    region: &WireRegion,
+    offset: u64,
+    len: u64,
+    recv: &mut quinn::RecvStream,
+) -> Result<Message, FabricError> {
+    let (r, _staying, _) = staying_here(agent, region, offset, len).await?;
+    // The payload stays in quinn's receive buffers until its checksum is known good; then each piece is copied
+    // once, to its place, in place on this worker (no thread hop). Chunk offsets count from the write's start.
+    let payload = Payload::new(len, agent.shared.net.chunk.bytes());
+    receive(&mut QuicChunks::new(recv), payload, |at, pieces| {
+        in_place(|| agent.shared.fabric.write_parts(&r, offset + at, pieces))
+    })
+    .await?;
+    Ok(Message::Done)
+}
+
+/// Answers a read: `Data` then the bytes in checksummed chunks (chunk offsets count from the region's start).
+pub(crate) async fn send_read(
+    agent: &Agent,
+    region: &WireRegion,
+    offset: u64,
+    len: u64,
+    send: &mut quinn::SendStream,
+) -> Result<(), String> {
+    let max = agent.max_frame();
+    let checked = match len {
+        0 => Err(FabricError::OutOfBounds { offset, len, region_len: Region::from(region).len }),
+        _ => staying_here(agent, region, offset, len).await,
+    };
+    let (r, _staying, end) = match checked {
+        Ok(found) => found,
+        Err(e) => {
+            answer(send, &refusal(&e), max).await;
+            return Ok(());
+        }
+    };
+    // The first piece is read before answering, so that a refused read gets an error, not a truncated stream.
+    // Each piece is read into a pooled buffer that quinn then sends without another copy.
+    let chunk = agent.shared.net.chunk.bytes();
+    let mut at = offset;
+    while at < end {
+        let mut piece = agent.shared.buffers.take(chunk.min(end - at) as usize);
+        match in_place(|| agent.shared.fabric.read(&r, at, piece.as_mut())) {
+            Ok(()) => {}
+            Err(e) if at == offset => {
+                answer(send, &refusal(&e), max).await;
+                return Ok(());
+            }
+            Err(e) => {
+                // Mid-stream: the requester sees a reset stream and a short read.
+                tracing::warn!(error = %e, "a read failed midway");
+                let _ = send.reset(quinn::VarInt::from_u32(ErrorKind::Internal as u32));
+                return Ok(());
+            }
+        }
+        if at == offset && write_frame(send, &Message::Data { len }, max).await.is_err() {
+            return Ok(());
+        }
+        let n = piece.as_ref().len() as u64;
+        if send_chunk(send, at, piece.into_bytes()).await.is_err() {
+            return Ok(());
+        }
+        at += n;
+    }
+    let _ = send.finish();
+    Ok(())
+}

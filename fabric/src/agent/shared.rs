@@ -1,0 +1,132 @@
+//! What every part of an agent shares: [`Agent`] itself (a handle, cheap to clone) and the state behind it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Mutex;
+use vfabric_transport::quic::BufferPool;
+
+use super::forwarding::{Hints, Moves};
+use super::lane_use::LaneLoads;
+use super::lanes::Lanes;
+use super::peer::Peer;
+use super::replicas::ReplicaCache;
+use crate::config::NetworkSection;
+use crate::error::FabricError;
+use crate::fabric::{Fabric, Lease};
+
+/// One node's agent (cheap to clone; every clone drives the same agent).
+#[derive(Clone)]
+pub struct Agent {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// The state of one agent.
+pub(crate) struct Shared {
+    pub(crate) cluster: String,
+    pub(crate) node: u16,
+    pub(crate) fabric: Fabric,
+    /// One endpoint (UDP socket) per lane, on consecutive ports; lane 0's is the node's address.
+    pub(crate) endpoints: Vec<quinn::Endpoint>,
+    /// The latency lane's thread, when the agent runs on a multi-threaded runtime (`super::lanes`).
+    pub(crate) lanes: Option<Lanes>,
+    /// The runtime that started the agent: long work served on a lane's thread runs there instead.
+    pub(crate) main: tokio::runtime::Handle,
+    /// The task that holds the lane threads' stop (on the runtime that started the agent, so that they stop
+    /// with it, or at `Agent::shutdown`).
+    pub(crate) lane_stop: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub(crate) net: NetworkSection,
+    pub(crate) started: Instant,
+    pub(crate) peers: Vec<Mutex<Peer>>,
+    /// Calls in flight on each lane to each node, and long transfers to each.
+    pub(crate) loads: LaneLoads,
+    pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Leases peers hold on regions whose home is this node, by the id they were given.
+    pub(crate) grants: std::sync::Mutex<std::collections::HashMap<u64, RemoteGrant>>,
+    pub(crate) next_grant: std::sync::atomic::AtomicU64,
+    /// Copies of other nodes' pages kept after their leases ended.
+    pub(crate) replicas: std::sync::Mutex<ReplicaCache>,
+    /// Forwarding entries of this node's regions whose pages moved to another node.
+    pub(crate) moves: Moves,
+    /// Payload buffers for the chunks this agent sends (back from quinn once acknowledged).
+    pub(crate) buffers: BufferPool,
+    /// Where the pages of other nodes' regions were last found.
+    pub(crate) hints: Hints,
+}
+
+/// A lease a peer holds here: the peer, the connection it came over (the lease ends when that connection
+/// closes), and the local lease on the host copy that keeps the pages' coherence while the peer holds it.
+pub(crate) struct RemoteGrant {
+    pub(crate) peer: u16,
+    pub(crate) connection: usize,
+    pub(crate) lease: Lease,
+}
+
+impl Agent {
+    /// This node's id (the home id in the addresses of the regions it allocates).
+    pub fn node(&self) -> u16 {
+        self.shared.node
+    }
+
+    /// The fabric of this node.
+    pub fn fabric(&self) -> &Fabric {
+        &self.shared.fabric
+    }
+
+    /// The address the agent listens on (its lane 0; lane `i` listens on the port `i` above).
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        let unknown = || std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+        self.shared.endpoints.first().and_then(|e| e.local_addr().ok()).unwrap_or_else(unknown)
+    }
+
+    /// How many threads of their own the lanes run on: one, the latency lane's, when the agent was started on a
+    /// multi-threaded runtime and the cluster has a latency lane (`network.latency_lane`), else none.
+    pub fn lane_threads(&self) -> usize {
+        self.shared.lanes.as_ref().map_or(0, |l| l.len())
+    }
+
+    /// How many regions of this node have their pages on another node (or in another region here) and so
+    /// keep a forwarding entry: the regions that moved away. A copy that moved on keeps one only until its
+    /// region's home names the new copy (or for good, when that message was lost: it is best effort).
+    pub fn forwarding_entries(&self) -> usize {
+        self.shared.moves.forwarding()
+    }
+
+    pub(crate) fn tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
+        self.shared.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn replicas(&self) -> std::sync::MutexGuard<'_, ReplicaCache> {
+        self.shared.replicas.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn grants(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, RemoteGrant>> {
+        self.shared.grants.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn max_frame(&self) -> usize {
+        self.shared.net.max_frame.bytes() as usize
+    }
+
+    /// Whether `node` is this node.
+    pub(crate) fn is_me(&self, node: u16) -> bool {
+        node == self.shared.node
+    }
+
+    pub(crate) fn peer(&self, node: u16) -> Result<&Mutex<Peer>, FabricError> {
+        self.shared.peers.get(usize::from(node)).ok_or_else(|| {
+            FabricError::InvalidAddress(format!("node {node} is not in cluster {}", self.shared.cluster))
+        })
+    }
+}
+
+/// Runs a fabric call in place on this worker thread (the runtime moves its other tasks elsewhere): no thread
+/// hop and no copies of the caller's buffers. On a single-threaded runtime (a lane's thread among them) it
+/// simply runs.
+pub(crate) fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<T, FabricError> {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        // Called from a single-threaded runtime (a caller's own): `block_in_place` would panic there.
+        Ok(tokio::runtime::RuntimeFlavor::CurrentThread) | Err(_) => f(),
+        Ok(_) => tokio::task::block_in_place(f),
+    }
+}

@@ -1,0 +1,46 @@
+//! What a node's fabric holds: the directory behind its lock, the arenas, the mover, the counters. Shared by
+//! the fabric and its leases (a lease lets go of its pages when dropped).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vfabric_transport::{Arena, DeviceError, DeviceLayer, Mover, Transfer};
+
+use super::traffic::Counters;
+use crate::directory::{Directory, Stage};
+
+/// What the fabric's lock guards.
+pub(crate) struct State {
+    pub(crate) dir: Directory,
+    /// The prefetch stages whose copies are in flight, oldest first (the directory knows they are pending;
+    /// their transfers live here). Dropped before the arenas: dropping a transfer waits for it.
+    pub(crate) prefetch: VecDeque<InFlight>,
+}
+
+pub(crate) struct InFlight {
+    pub(crate) stage: Stage,
+    pub(crate) copies: Vec<Transfer>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) state: Mutex<State>,
+    pub(crate) layer: Arc<dyn DeviceLayer>,
+    pub(crate) arenas: Vec<Arc<dyn Arena>>,
+    pub(crate) mover: Arc<dyn Mover>,
+    pub(crate) page_size: u64,
+    pub(crate) counters: Counters,
+    pub(crate) fallback: Option<DeviceError>,
+}
+
+pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic while the directory was held (a bug) leaves it as the last commit left it: consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Inner {
+    /// The arena of `location`.
+    pub(crate) fn arena(&self, dir: &Directory, location: vfabric_allocator::Location) -> Result<&Arc<dyn Arena>, crate::error::FabricError> {
+        let i = dir.dev(location)?;
+        Ok(&self.arenas[usize::from(i)])
+    }
+}

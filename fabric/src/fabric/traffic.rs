@@ -1,0 +1,63 @@
+//! What the fabric counts: the bytes it moved, by why it moved them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes the fabric moved, by why it moved them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Traffic {
+    /// Pages brought to a device for a lease (from host memory, a peer, or zero-filled).
+    pub fetched: u64,
+    /// The part of `fetched` prefetched ahead of a walk in order (copied while the caller worked).
+    pub prefetched: u64,
+    /// Pages sent to host memory to make room.
+    pub evicted: u64,
+    /// Pages moved within a device to make a run of frames (compaction, or pages gathered into a lease's run).
+    pub compacted: u64,
+    /// Pages moved by migrations.
+    pub migrated: u64,
+    /// Bytes written from and read into host buffers.
+    pub host_io: u64,
+    /// Stages of copies carried out.
+    pub stages: u64,
+}
+
+impl Traffic {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &Traffic) -> Traffic {
+        Traffic {
+            fetched: self.fetched - earlier.fetched,
+            prefetched: self.prefetched - earlier.prefetched,
+            evicted: self.evicted - earlier.evicted,
+            compacted: self.compacted - earlier.compacted,
+            migrated: self.migrated - earlier.migrated,
+            host_io: self.host_io - earlier.host_io,
+            stages: self.stages - earlier.stages,
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) fetched: AtomicU64,
+    pub(crate) prefetched: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+    pub(crate) compacted: AtomicU64,
+    pub(crate) migrated: AtomicU64,
+    pub(crate) host_io: AtomicU64,
+    pub(crate) stages: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> Traffic {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Traffic {
+            fetched: l(&self.fetched),
+            prefetched: l(&self.prefetched),
+            evicted: l(&self.evicted),
+            compacted: l(&self.compacted),
+            migrated: l(&self.migrated),
+            host_io: l(&self.host_io),
+            stages: l(&self.stages),
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Page payloads: each chunk is a fixed header, then the raw bytes, on any byte stream (a QUIC stream between
+//! agents, a node's Unix socket to its local clients).
+//!
+//! Page data never goes through the control codec ([`super::codec`]): a request or response frame announces how
+//! many bytes follow ([`Payload`]), and they follow as chunks. Every chunk carries the xxh3-64 of its payload,
+//! checked on arrival, so a page that changed on the way is never written into an arena:
+//!
+//! ```text
+//! | offset: u64 BE | len: u32 BE | xxh3-64 of payload: u64 BE | payload: len bytes |
+//! ```
+//!
+//! Receivers take chunks through [`ChunkRead`]: [`StreamChunks`] over any tokio `AsyncRead` (a staging buffer
+//! per chunk), and `proto::quic::QuicChunks` over a quinn stream (the payload stays in quinn's receive buffers
+//! until it is known good). [`receive`] is the one loop that checks each chunk's place against the payload it
+//! belongs to and hands it on.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// offset (u64 BE), length (u32 BE), xxh3-64 of the payload (u64 BE)
+pub const CHUNK_HEADER_LEN: usize = 20;
+
+/// The header in front of every chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// Where the payload belongs, counted as the stream's protocol says (from the first byte of a call's payload).
+    pub offset: u64,
+    /// The payload's length in bytes.
+    pub len: u32,
+    /// The xxh3-64 of the payload.
+    pub checksum: u64,
+}
+
+impl ChunkHeader {
+    /// The header for `payload` at `offset`.
+    ///
+    /// A header describes at most `u32::MAX` bytes; for a longer payload `len` saturates at `u32::MAX` and the
+    /// header matches no payload ([`write_chunk`] refuses such payloads).
+    pub fn for_payload(offset: u64, payload: &[u8]) -> ChunkHeader {
+        ChunkHeader { offset, len: u32::try_from(payload.len()).unwrap_or(u32::MAX), checksum: xxh3_64(payload) }
+    }
+
+    /// The header's wire form.
+    pub fn encode(&self) -> [u8; CHUNK_HEADER_LEN] {
+        let mut b = [0u8; CHUNK_HEADER_LEN];
+        b[0..8].copy_from_slice(&self.offset.to_be_bytes());
+        b[8..12].copy_from_slice(&self.len.to_be_bytes());
+        b[12..20].copy_from_slice(&self.checksum.to_be_bytes());
+        b
+    }
+
+    /// A header from its wire form. Every 20 bytes decode; the checksum is what catches a wrong one.
+    pub fn decode(b: &[u8; CHUNK_HEADER_LEN]) -> ChunkHeader {
+        let word = |r: std::ops::Range<usize>| b[r].iter().fold(0u64, |v, &x| v << 8 | u64::from(x));
+        ChunkHeader { offset: word(0..8), len: word(8..12) as u32, checksum: word(12..20) }
+    }
+
+    /// Checks the checksum `found` of the payload that arrived for this header.
+    pub fn verify(&self, found: u64) -> Result<(), ChunkError> {
+        match found == self.checksum {
+            true => Ok(()),
+            false => Err(ChunkError::Checksum { offset: self.offset, expected: self.checksum, found }),
+        }
+    }
+}
+
+/// Why a chunk could not be sent or taken.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    /// The stream failed underneath (reset, closed, I/O error).
+    #[error("stream failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer stopped the stream before taking the payload: it answered early (a refusal), and its answer says
+    /// why.
+    #[error("the peer stopped the stream before taking the payload")]
+    Stopped,
+    /// The stream ended inside a chunk.
+    #[error("stream ended {got} bytes into a chunk of {len} bytes (its header included) at offset {offset:#x}")]
+    Truncated {
+        /// The chunk's offset (0 while its header is incomplete).
+        offset: u64,
+        /// Bytes of the chunk expected, its header included.
+        len: u64,
+        /// Bytes that arrived.
+        got: u64,
+    },
+    /// A chunk's payload does not match the checksum in its header: nothing of it was used.
+    #[error("chunk at offset {offset:#x}: checksum {found:#018x} does not match the header's {expected:#018x}")]
+    Checksum {
+        /// The chunk's offset, from its header.
+        offset: u64,
+        /// The checksum in the header.
+        expected: u64,
+        /// The checksum of the payload that arrived.
+        found: u64,
+    },
+    /// A chunk longer than the receiver takes (or, when writing, longer than a header can describe).
+    #[error("chunk of {len} bytes is longer than the {max} bytes allowed")]
+    TooLarge {
+        /// The chunk's length.
+        len: u64,
+        /// The largest length allowed.
+        max: u64,
+    },
+    /// A chunk that lies outside the payload it belongs to.
+    #[error("a chunk of {len} bytes at {offset:#x} runs past the {payload} bytes of its payload")]
+    Outside {
+        /// The chunk's offset.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The payload's length.
+        payload: u64,
+    },
+    /// The payload ended before all its bytes arrived.
+    #[error("{got} of the payload's {want} bytes arrived")]
+    Short {
+        /// Bytes that arrived.
+        got: u64,
+        /// Bytes announced.
+        want: u64,
+    },
+}
+
+/// Writes one checksummed chunk: the header, then `payload`. Payloads longer than `u32::MAX` bytes give
+/// [`ChunkError::TooLarge`] before anything is written.
+pub async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, offset: u64, payload: &[u8]) -> Result<(), ChunkError> {
+    check_len(payload.len())?;
+    w.write_all(&ChunkHeader::for_payload(offset, payload).encode()).await?;
+    w.write_all(payload).await?;
+    Ok(())
+}
+
+/// Refuses a payload a header cannot describe.
+pub(crate) fn check_len(len: usize) -> Result<(), ChunkError> {
+    match u32::try_from(len) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(ChunkError::TooLarge { len: len as u64, max: u64::from(u32::MAX) }),
+    }
+}
+
+/// Reads the next chunk's header; `Ok(None)` at a clean end of stream before one. The payload follows.
+pub async fn read_chunk_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<ChunkHeader>, ChunkError> {
+    let mut raw = [0u8; CHUNK_HEADER_LEN];
+    let mut got = 0;
+    while got < raw.len() {
+        match r.read(&mut raw[got..]).await? {
+            0 if got == 0 => return Ok(None),
+            0 => return Err(ChunkError::Truncated { offset: 0, len: CHUNK_HEADER_LEN as u64, got: got as u64 }),
+            n => got += n,
+        }
+    }
+    Ok(Some(ChunkHeader::decode(&raw)))
+}
+
+/// Reads the payload `header` announced into `dst` (exactly `header.len` bytes long) and verifies it. On
+/// [`ChunkError::Checksum`] `dst` holds the bytes as they arrived: a caller that must never expose a bad chunk
+/// reads into a staging buffer first (as [`StreamChunks`] does).
+pub async fn read_chunk_payload<R: AsyncRead + Unpin>(
+    r: &mut R,
+    header: &ChunkHeader,
+    dst: &mut [u8],
+) -> Result<(), ChunkError> {
+    if dst.len() as u64 != u64::from(header.len) {
+        return Err(ChunkError::Outside { offset: header.offset, len: u64::from(header.len), payload: dst.len() as u64 });
+    }
+    let mut got = 0;
+    while got < dst.len() {
+        match r.read(&mut dst[got..]).await? {
+            0 => {
+                let len = CHUNK_HEADER_LEN as u64 + u64::from(header.len);
+                return Err(ChunkError::Truncated { offset: header.offset, len, got: (CHUNK_HEADER_LEN + got) as u64 });
+            }
+            n => got += n,
+        }
+    }
+    header.verify(xxh3_64(dst))
+}
+
+/// The chunks a receiver takes off a stream, each verified before anyone sees its bytes.
+pub trait ChunkRead {
+    /// The next chunk's header; `None` at a clean end of stream before one.
+    fn next_header(&mut self) -> impl std::future::Future<Output = Result<Option<ChunkHeader>, ChunkError>>;
+    /// The payload `header` announced, verified, as pieces in order.
+    fn next_payload(
+        &mut self,
+        header: &ChunkHeader,
+    ) -> impl std::future::Future<Output = Result<Vec<&[u8]>, ChunkError>>;
+}
+
+/// Chunks from any tokio `AsyncRead`, each payload read into a staging buffer of this reader and verified there.
+pub struct StreamChunks<'a, R> {
+    stream: &'a mut R,
+    max: u64,
+    buf: Vec<u8>,
+}
+
+impl<'a, R: AsyncRead + Unpin> StreamChunks<'a, R> {
+    /// Chunks of at most `max` bytes from `stream`.
+    pub fn new(stream: &'a mut R, max: u64) -> Self {
+        StreamChunks { stream, max, buf: Vec::new() }
+    }
+}
+
+impl<R: AsyncRead + Unpin> ChunkRead for StreamChunks<'_, R> {
+    async fn next_header(&mut self) -> Result<Option<ChunkHeader>, ChunkError> {
+        read_chunk_header(self.stream).await
+    }
+
+    async fn next_payload(&mut self, header: &ChunkHeader) -> Result<Vec<&[u8]>, ChunkError> {
+        let len = u64::from(header.len);
+        if len > self.max {
+            return Err(ChunkError::TooLarge { len, max: self.max });
+        }
+        self.buf.resize(header.len as usize, 0);
+        read_chunk_payload(self.stream, header, &mut self.buf).await?;
+        Ok(vec![&self.buf[..]])
+    }
+}
+
+/// The payload of one call: `len` bytes as chunks of at most `max_chunk` bytes, whose offsets count from `base`
+/// (0 for a write's or a release's payload, which count from their first byte; the region's offset of the
+/// first byte for a read's or an acquire's, which count from the region's start). Checks where each chunk goes
+/// and that all of it arrives.
+#[derive(Debug, Clone, Copy)]
+pub struct Payload {
+    base: u64,
+    len: u64,
+    max_chunk: u64,
+    got: u64,
+}
+
+impl Payload {
+    /// A payload of `len` bytes in chunks of at most `max_chunk`, offsets counted from its first byte.
+    pub fn new(len: u64, max_chunk: u64) -> Payload {
+        Payload::at(0, len, max_chunk)
+    }
+
+    /// A payload whose first byte has offset `base`.
+    pub fn at(base: u64, len: u64, max_chunk: u64) -> Payload {
+        Payload { base, len, max_chunk, got: 0 }
+    }
+
+    /// Where the chunk `header` announces goes (its place from the payload's first byte), counting its bytes as
+    /// arrived; [`ChunkError::Outside`] or [`ChunkError::TooLarge`] for one that does not belong.
+    pub fn place(&mut self, header: &ChunkHeader) -> Result<u64, ChunkError> {
+        let (offset, len) = (header.offset, u64::from(header.len));
+        if len > self.max_chunk {
+            return Err(ChunkError::TooLarge { len, max: self.max_chunk });
+        }
+        let start = offset.checked_sub(self.base);
+        let Some(start) = start.filter(|s| s.checked_add(len).is_some_and(|end| end <= self.len)) else {
+            return Err(ChunkError::Outside { offset, len, payload: self.len });
+        };
+        self.got += len;
+        Ok(start)
+    }
+
+    /// Whether every byte arrived.
+    pub fn is_complete(&self) -> bool {
+        self.got >= self.len
+    }
+
+    /// [`ChunkError::Short`] unless every byte arrived.
+    pub fn finish(&self) -> Result<(), ChunkError> {
+        match self.got == self.len {
+            true => Ok(()),
+            false => Err(ChunkError::Short { got: self.got, want: self.len }),
+        }
+    }
+}
+
+/// Copies `pieces` (a chunk's payload), one after the other, to the start of `dst`.
+pub fn copy_pieces(dst: &mut [u8], pieces: &[&[u8]]) {
+    let mut to = 0;
+    for p in pieces {
+        dst[to..to + p.len()].copy_from_slice(p);
+        to += p.len();
+    }
+}
+
+/// Takes the chunks of `payload` from `src` until all of it arrived, handing each verified chunk to `put` with
+/// its offset in the payload. A bad chunk, one outside the payload, or a stream that ends first fails the call;
+/// `put` then saw only the good chunks before it. Nothing past the payload is read, so a stream may carry the
+/// next frame after it.
+pub async fn receive<S: ChunkRead, E: From<ChunkError>>(
+    src: &mut S,
+    mut payload: Payload,
+    mut put: impl FnMut(u64, &[&[u8]]) -> Result<(), E>,
+) -> Result<(), E> {
+    while !payload.is_complete() {
+        let Some(header) = src.next_header().await? else { break };
+        let at = payload.place(&header)?;
+        let pieces = src.next_payload(&header).await?;
+        put(at, &pieces)?;
+    }
+    Ok(payload.finish()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn layout_is_big_endian() {
+        let h = ChunkHeader { offset: 0x0102_0304_0506_0708, len: 0x090a_0b0c, checksum: 0x0d0e_0f10_1112_1314 };
+        let b = h.encode();
+        assert_eq!(b, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]);
+        assert_eq!(ChunkHeader::decode(&b), h);
+    }
+
+    #[test]
+    fn for_payload_checksums_the_payload() {
+        let h = ChunkHeader::for_payload(4096, b"page");
+        assert_eq!(h, ChunkHeader { offset: 4096, len: 4, checksum: xxh3_64(b"page") });
+        assert_ne!(ChunkHeader::for_payload(0, b"pagf").checksum, h.checksum);
+        assert_eq!(ChunkHeader::for_payload(0, &[]).len, 0);
+    }
+
+    #[test]
+    fn a_payload_takes_only_its_own_chunks() {
+        let mut p = Payload::new(100, 64);
+        let h = |offset, len| ChunkHeader { offset, len, checksum: 0 };
+        assert!(matches!(p.place(&h(0, 65)), Err(ChunkError::TooLarge { len: 65, max: 64 })));
+        assert!(matches!(p.place(&h(90, 11)), Err(ChunkError::Outside { .. })));
+        assert!(matches!(p.place(&h(u64::MAX, 2)), Err(ChunkError::Outside { .. })));
+        assert_eq!(p.place(&h(0, 64)).unwrap(), 0);
+        assert!(!p.is_complete());
+        assert!(matches!(p.finish(), Err(ChunkError::Short { got: 64, want: 100 })));
+        assert_eq!(p.place(&h(64, 36)).unwrap(), 64);
+        assert!(p.is_complete() && p.finish().is_ok());
+        let mut p = Payload::at(4096, 100, 64);
+        assert!(matches!(p.place(&h(4000, 10)), Err(ChunkError::Outside { .. })));
+        assert_eq!(p.place(&h(4096 + 40, 60)).unwrap(), 40);
+    }
+
+    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
+    }
+
+    #[test]
+    fn chunks_cross_a_byte_stream_verified() {
+        run(async {
+            let (mut a, mut b) = tokio::io::duplex(1 << 16);
+            let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+            let send = async {
+                for (i, piece) in data.chunks(1024).enumerate() {
+                    write_chunk(&mut a, (i * 1024) as u64, piece).await.expect("write");
+                }
+                // A corrupted chunk after the payload: the receiver that stops at the payload's end never reads it.
+                let mut bad = ChunkHeader::for_payload(0, b"xyz");
+                bad.checksum ^= 1;
+                a.write_all(&bad.encode()).await.expect("header");
+                a.write_all(b"xyz").await.expect("payload");
+            };
+            let mut back = vec![0u8; data.len()];
+            let take = async {
+                let mut src = StreamChunks::new(&mut b, 1024);
+                receive::<_, ChunkError>(&mut src, Payload::new(3000, 1024), |at, pieces| {
+                    let bytes = pieces.concat();
+                    back[at as usize..at as usize + bytes.len()].copy_from_slice(&bytes);
+                    Ok(())
+                })
+                .await
+                .expect("payload");
+                let h = src.next_header().await.expect("header").expect("a chunk");
+                src.next_payload(&h).await.map(|_| ())
+            };
+            let ((), bad) = tokio::join!(send, take);
+            assert_eq!(back, data);
+            assert!(matches!(bad, Err(ChunkError::Checksum { offset: 0, .. })), "{bad:?}");
+        });
+    }
+
+    #[test]
+    fn a_stream_that_ends_inside_a_chunk_is_truncated() {
+        run(async {
+            let (mut a, mut b) = tokio::io::duplex(1 << 16);
+            a.write_all(&ChunkHeader::for_payload(8, b"abcdef").encode()).await.expect("header");
+            a.write_all(b"abc").await.expect("part");
+            drop(a);
+            let mut src = StreamChunks::new(&mut b, 64);
+            let r = receive::<_, ChunkError>(&mut src, Payload::new(16, 64), |_, _| Ok(())).await;
+            assert!(matches!(r, Err(ChunkError::Truncated { offset: 8, len: 26, got: 23 })), "{r:?}");
+        });
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_round_trip(offset in any::<u64>(), len in any::<u32>(), checksum in any::<u64>()) {
+            let h = ChunkHeader { offset, len, checksum };
+            prop_assert_eq!(ChunkHeader::decode(&h.encode()), h);
+        }
+    }
+}
