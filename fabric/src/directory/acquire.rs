@@ -150,7 +150,7 @@ impl Directory {
 
     /// Copies `pages` into `targets` (already taken) on `dev`: from their copy on `dev` when they have one
     /// (`cur`), else from a GPU copy (NVLink) before a host copy, else zeros.
-    pub(super) fn plan_fetch(&mut self, dev: DevIdx, pages: &[PageRef], targets: &[u32], cur: &[Option<u32>]) -> Stage {
+    fn plan_fetch(&mut self, dev: DevIdx, pages: &[PageRef], targets: &[u32], cur: &[Option<u32>]) -> Stage {
         let mut stage = Stage::new(StageKind::Fetch);
         let to = self.loc(dev);
         for (i, &page) in pages.iter().enumerate() {
@@ -170,14 +170,8 @@ impl Directory {
         stage
     }
 
-    pub(super) fn grant(
-        &mut self,
-        req: &AcquireRequest,
-        dev: DevIdx,
-        first: u32,
-        frames: Vec<u32>,
-        in_run: bool,
-    ) -> LeaseGrant {
+    /// Grants the lease on pages already in `frames` of `dev`: pins them, and for a write drops every other copy.
+    fn grant(&mut self, req: &AcquireRequest, dev: DevIdx, first: u32, frames: Vec<u32>, in_run: bool) -> LeaseGrant {
         let slot = req.region.slot;
         for (i, &f) in frames.iter().enumerate() {
             let page = PageRef { slot, page: first + i as u32 };

@@ -50,7 +50,7 @@ impl Directory {
     }
 
     /// The GPU with the most frames available to ordinary allocations (the host when there is none).
-    pub(super) fn pick_gpu(&self) -> DevIdx {
+    fn pick_gpu(&self) -> DevIdx {
         self.devs
             .iter()
             .enumerate()
@@ -69,19 +69,23 @@ impl Directory {
         }
     }
 
+    /// The entry of a page of a live region.
     pub(super) fn page(&self, p: PageRef) -> &PageEntry {
         // Callers hold a PageRef only for live regions (taken from `users` or a checked handle).
         &self.regions[p.slot as usize].as_ref().expect("live region").pages[p.page as usize]
     }
 
+    /// The entry of a page of a live region, to change.
     pub(super) fn page_mut(&mut self, p: PageRef) -> &mut PageEntry {
         &mut self.regions[p.slot as usize].as_mut().expect("live region").pages[p.page as usize]
     }
 
+    /// The eviction priority of a page's region.
     pub(super) fn priority_of(&self, p: PageRef) -> Priority {
         self.regions[p.slot as usize].as_ref().map_or(Priority::Normal, |r| r.placement.priority)
     }
 
+    /// The tenant a region's frames are charged to.
     pub(super) fn tenant_of(&self, slot: u32) -> TenantId {
         self.regions[slot as usize].as_ref().map_or(TenantId::default(), |r| r.placement.tenant)
     }

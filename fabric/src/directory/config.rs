@@ -18,8 +18,9 @@ pub struct DirectoryConfig {
     /// ...and goes on until they are at or under this share.
     pub low_watermark_percent: u8,
     /// How far ahead of a walk in order pages are prefetched (0: no prefetch): once two acquires in a row
-    /// continue a walk, [`Directory::step_prefetch`] keeps up to this many pages (or the last acquire's size,
-    /// when larger) after it on its device, fetching the next half-window when fewer remain.
+    /// continue a walk, [`Directory::step_prefetch`](crate::directory::Directory::step_prefetch) keeps up to this
+    /// many pages (or the last acquire's size, when larger) after it on its device, fetching the next half-window
+    /// when fewer remain.
     pub readahead_pages: u32,
 }
 

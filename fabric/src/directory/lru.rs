@@ -1,6 +1,8 @@
 //! Eviction order of one device: a doubly linked list of frames per priority, threaded through arrays indexed
-//! by frame, so touching, removing and appending a frame are O(1) and cost 9 bytes a frame (a B-tree of
-//! (priority, stamp, frame) keys cost about 48).
+//! by frame, so touching, removing and appending a frame are O(1) and take [`Lru::BYTES_PER_FRAME`] bytes a frame,
+//! a fraction of what a B-tree of (priority, stamp, frame) keys takes. The directory's memory per page is one of
+//! the pager benchmark's targets (docs/benchmarks.md, "The fabric under oversubscription"), and every frame of
+//! every arena pays for its eviction links whether it is used or not.
 
 use super::region::Priority;
 
@@ -144,7 +146,7 @@ mod tests {
 
     #[test]
     fn page_entries_stay_small() {
-        assert!(std::mem::size_of::<super::super::PageEntry>() <= 32);
+        assert!(std::mem::size_of::<super::super::page::PageEntry>() <= 32);
     }
 
     #[test]

@@ -8,12 +8,12 @@
 //! buffer) drops every other copy; the release of a write lease bumps the version. A page that was never
 //! written has no copy and reads as zeros.
 //!
-//! Memory is managed per device by the allocator's [`FrameArena`](vfabric_allocator::FrameArena): when a device passes its high watermark,
-//! unleased copies go to host memory in LRU order (lowest priority first) until it is under the low watermark;
-//! a copy that exists elsewhere too is simply dropped. A lease wants its pages in one run of frames so a kernel
-//! gets one pointer; when the device is too fragmented for that, compaction moves unleased pages within the
-//! device first, and only when that cannot work does the lease get one pointer per page. Leased frames are
-//! never moved, freed or evicted.
+//! Memory is managed per device by the allocator's [`FrameArena`](vfabric_allocator::FrameArena): when a device
+//! passes its high watermark, unleased copies go to host memory in LRU order (lowest priority first) until it is
+//! under the low watermark; a copy that exists elsewhere too is simply dropped. A lease wants its pages in one run
+//! of frames so a kernel gets one pointer; when the device is too fragmented for that, compaction moves unleased
+//! pages within the device first, and only when that cannot work does the lease get one pointer per page. Leased
+//! frames are never moved, freed or evicted.
 //!
 //! The files, in the order a call meets them:
 //! - `config`: [`DirectoryConfig`], how memory is managed;

@@ -22,8 +22,8 @@ pub struct PageRef {
     pub page: u32,
 }
 
-/// The directory entry of one page (32 bytes; checked by a test). All copies hold the same version: a write drops every other
-/// copy.
+/// The directory entry of one page (32 bytes; checked by a test). All copies hold the same version: a write drops
+/// every other copy.
 #[derive(Debug, Clone)]
 pub struct PageEntry {
     /// The copy the page lives in (`NO_COPY` until the page is first written or acquired: it reads as zeros).

@@ -9,6 +9,7 @@ use super::region::Priority;
 use super::state::Directory;
 
 impl Directory {
+    /// Takes `n` frames of `dev` for `tenant` (scattered where the arena must), charging its quota.
     pub(super) fn take(
         &mut self,
         dev: DevIdx,
@@ -24,6 +25,7 @@ impl Directory {
             .map_err(|e| DirectoryError::from_alloc(e, loc))
     }
 
+    /// Takes the run of `n` frames at `start` on `dev` for `tenant`.
     pub(super) fn take_run(&mut self, dev: DevIdx, start: u32, n: u32, tenant: TenantId) -> Result<(), DirectoryError> {
         let d = &mut self.devs[usize::from(dev)];
         let loc = d.location;
@@ -33,6 +35,7 @@ impl Directory {
             .map_err(|e| DirectoryError::from_alloc(e, loc))
     }
 
+    /// Gives a frame taken for a copy back to its arena (and its tenant's quota).
     pub(super) fn untake(&mut self, c: Copy) {
         let d = &mut self.devs[usize::from(c.dev)];
         if let Err(e) = d.frames.free([c.frame], &mut self.quotas) {
@@ -40,11 +43,11 @@ impl Directory {
         }
     }
 
-    pub(super) fn lru_insert(&mut self, c: Copy, prio: Priority) {
+    fn lru_insert(&mut self, c: Copy, prio: Priority) {
         self.devs[usize::from(c.dev)].lru.touch(c.frame, prio);
     }
 
-    pub(super) fn lru_remove(&mut self, c: Copy) {
+    fn lru_remove(&mut self, c: Copy) {
         self.devs[usize::from(c.dev)].lru.remove(c.frame);
     }
 
@@ -56,18 +59,21 @@ impl Directory {
         }
     }
 
+    /// Records that `c`'s frame holds a copy of `page`, and puts it in the eviction order.
     pub(super) fn set_user(&mut self, c: Copy, page: PageRef) {
         let prio = self.priority_of(page);
         self.devs[usize::from(c.dev)].users[c.frame as usize] = Some(page);
         self.lru_insert(c, prio);
     }
 
+    /// Frees the frame of a copy that no page points to any more.
     pub(super) fn release_frame(&mut self, c: Copy) {
         self.lru_remove(c);
         self.devs[usize::from(c.dev)].users[c.frame as usize] = None;
         self.untake(c);
     }
 
+    /// Pins a copy's frame (a lease, or a prefetch in flight): it leaves the eviction order and cannot move.
     pub(super) fn pin(&mut self, c: Copy) {
         self.lru_remove(c);
         let d = &mut self.devs[usize::from(c.dev)];
@@ -76,6 +82,7 @@ impl Directory {
         }
     }
 
+    /// Drops one pin of a copy's frame; the last one puts it back in the eviction order.
     pub(super) fn unpin(&mut self, c: Copy) {
         let d = &mut self.devs[usize::from(c.dev)];
         match d.frames.unlease(c.frame) {

@@ -30,13 +30,14 @@ pub enum StageKind {
     /// Pages move to another device for good.
     Migrate,
     /// Pages a walk in order will want next, copied to its device while the caller works: the stage stays in
-    /// flight across later calls (see [`crate::directory::Directory::step_prefetch`]).
+    /// flight across later calls (see [`Directory::step_prefetch`](super::state::Directory::step_prefetch)).
     Prefetch,
 }
 
 /// Copies the directory needs before it can go on: the caller performs every batch and zero-fill, then calls
-/// [`crate::directory::Directory::commit`] (or [`crate::directory::Directory::abort`] if a copy failed, which frees the frames the
-/// stage took and changes nothing else: a stage only ever copies into frames it took).
+/// [`Directory::commit`](super::state::Directory::commit) (or [`Directory::abort`](super::state::Directory::abort)
+/// if a copy failed, which frees the frames the stage took and changes nothing else: a stage only ever copies into
+/// frames it took).
 #[derive(Debug, Clone)]
 pub struct Stage {
     /// Why.

@@ -23,6 +23,7 @@ pub(super) struct DeviceState {
 }
 
 impl DeviceState {
+    /// Whether it is a GPU (not the host).
     pub(super) fn is_gpu(&self) -> bool {
         self.location != Location::Host
     }
@@ -52,7 +53,7 @@ pub struct Directory {
     pub(super) quotas: QuotaBook,
     pub(super) leases: HashMap<u64, LeaseRecord>,
     pub(super) next_lease: u64,
-    /// Prefetch stages in flight, oldest first (at most [`crate::directory::PREFETCH_DEPTH`]).
+    /// Prefetch stages in flight, oldest first (at most `PREFETCH_DEPTH`: see `prefetch.rs`).
     pub(super) in_flight: VecDeque<InFlight>,
 }
 
@@ -116,6 +117,7 @@ impl Directory {
             .ok_or(DirectoryError::DeviceUnavailable(location))
     }
 
+    /// The location of a device.
     pub(super) fn loc(&self, dev: DevIdx) -> Location {
         self.devs[usize::from(dev)].location
     }

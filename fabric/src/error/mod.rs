@@ -212,3 +212,38 @@ impl From<quinn::ConnectionError> for FabricError {
         FabricError::Network(NetworkError::Connection(e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::directory::{Directory, DirectoryConfig, LeaseHeld, Placement};
+
+    #[test]
+    fn directory_errors_keep_the_fabric_variants_and_messages() {
+        let mut dir =
+            Directory::new(DirectoryConfig::default(), &[(Location::Gpu(0), 8 << 21), (Location::Host, 8 << 21)])
+                .expect("directory");
+        let e = FabricError::from(dir.alloc(0, Placement::default()).unwrap_err());
+        assert!(matches!(&e, FabricError::InvalidSize(s) if s == "a region of 0 bytes"), "{e:?}");
+        let h = dir.alloc(1 << 21, Placement::default()).expect("alloc");
+        let e = FabricError::from(DirectoryError::LeasedElsewhere { region: h, page: 3, held: LeaseHeld::Reading(2) });
+        assert_eq!(e.to_string(), format!("page 3 of region {h} is leased for reading (2 lease(s))"));
+        let e = FabricError::from(DirectoryError::LeasedElsewhere {
+            region: h,
+            page: 0,
+            held: LeaseHeld::Writing(Some(Location::Gpu(1))),
+        });
+        assert!(matches!(&e, FabricError::LeasedElsewhere { how, .. } if how == "for writing on gpu1"), "{e:?}");
+        let e = FabricError::from(dir.version(&h, 1 << 21, 1).unwrap_err());
+        assert!(matches!(e, FabricError::OutOfBounds { offset: 0x200000, len: 1, region_len: 0x200000 }), "{e:?}");
+        assert!(matches!(dir.free(&h), Ok(crate::directory::Step::Done(()))));
+        assert!(matches!(FabricError::from(dir.free(&h).unwrap_err()), FabricError::DoubleFree(_)));
+        assert!(matches!(FabricError::from(dir.version(&h, 0, 1).unwrap_err()), FabricError::UseAfterFree(_)));
+        assert!(matches!(FabricError::from(dir.release(7).unwrap_err()), FabricError::UnknownLease(7)));
+        let e = FabricError::from(dir.dev(Location::Gpu(5)).unwrap_err());
+        assert!(matches!(e, FabricError::DeviceUnavailable(Location::Gpu(5))), "{e:?}");
+        let bad = DirectoryConfig { low_watermark_percent: 95, ..DirectoryConfig::default() };
+        let e = FabricError::from(Directory::new(bad, &[(Location::Host, 8 << 21)]).err().expect("refused"));
+        assert!(matches!(&e, FabricError::InvalidSize(s) if s.contains("watermarks")), "{e:?}");
+    }
+}
