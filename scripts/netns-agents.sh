@@ -7,8 +7,24 @@
 # Usage: scripts/netns-agents.sh PATH/TO/vfabric     (as root; needs iproute2 and nftables)
 # Ends only the processes it started (by PID) and removes its namespaces, also when it fails.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 BIN=${1:?usage: scripts/netns-agents.sh PATH/TO/vfabric}
+# What this needs, checked before anything starts, each missing piece named with how to get it.
+missing=0
+need() { # TOOL PACKAGE
+    command -v "$1" >/dev/null 2>&1 && return 0
+    echo "netns-agents: error: '$1' not found on PATH; install the Debian/Ubuntu package $2 (apt-get install -y $2)," \
+        "or run 'bash .ci/run', which installs it" >&2
+    missing=1
+}
+need ip iproute2
+need nft nftables
+if [ "$(id -u)" != 0 ]; then
+    echo "netns-agents: error: must run as root (network namespaces need CAP_SYS_ADMIN): sudo $0 $BIN" >&2
+    missing=1
+fi
+[ -x "$BIN" ] || { echo "netns-agents: error: $BIN is not an executable vfabric binary" >&2; missing=1; }
+if [ "$missing" != 0 ]; then echo "FAIL netns agents: prerequisites missing"; exit 1; fi
 export VF_NETNS_PREFIX="vfa$$"
 VF_NETNS_PREFIX=${VF_NETNS_PREFIX:0:12}
 work=$(mktemp -d)

@@ -11,7 +11,7 @@
 # and VFABRIC_MEMORY other [network] and [memory] settings, VFABRIC_MTU the packet size; VFABRIC_AGENT_THREADS=N
 # their runtime's worker threads (0: every core; 1: one thread), VFABRIC_PEER_THREADS the peer's alone.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 mode=${1:?usage: scripts/remote-bench-procs.sh loopback|netns [args...]}
 shift
 BIN=${VFABRIC_BIN:-target/release}

@@ -2,6 +2,8 @@
 //! launcher's environment, rank 0 allocates a region, every rank writes its slice and reads every other rank's
 //! back. No MPI library is linked; `.ci/run` installs Debian's openmpi-bin for `mpirun`.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -13,6 +15,7 @@ fn example(name: &str) -> PathBuf {
 
 #[test]
 fn four_ranks_under_mpirun_share_one_region() {
+    let mpirun = common::require_tool("mpirun", "openmpi-bin", "Open MPI's launcher to start 4 ranks");
     let dir = std::env::temp_dir().join(format!("vfabric-mpirun-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("share")).expect("tmp");
@@ -26,7 +29,7 @@ fn four_ranks_under_mpirun_share_one_region() {
     let bin = example("mpi_ranks");
     assert!(bin.exists(), "{} is built with the tests", bin.display());
     let port = 20_000 + std::process::id() % 20_000;
-    let out = Command::new("mpirun")
+    let out = Command::new(&mpirun)
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
         .args(["-x", &format!("VFABRIC_RENDEZVOUS=127.0.0.1:{port}")])
         .args(["-x", &format!("VFABRIC_CERTS={}", dir.join("certs").display())])
@@ -34,7 +37,7 @@ fn four_ranks_under_mpirun_share_one_region() {
         .args(["-x", "VFABRIC_LOG=warn"])
         .arg(&bin)
         .output()
-        .expect("mpirun (Debian package openmpi-bin)");
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", mpirun.display()));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     for r in 0..4 {

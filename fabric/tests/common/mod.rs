@@ -1,0 +1,43 @@
+//! What the integration tests that shell out need from the machine. A test that cannot run fails (it never
+//! passes without running) and says what is missing and how to get it.
+
+use std::path::PathBuf;
+
+/// How to get everything these tests need on Debian/Ubuntu in one go.
+const CI_RUN: &str = "or run `bash .ci/run` from the repository root, which installs what the tests need and runs them";
+
+/// The path of `tool` on PATH; panics naming the tool, the Debian/Ubuntu package that has it, and `.ci/run`.
+pub fn require_tool(tool: &str, package: &str, what: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join(tool);
+        if is_executable(&candidate) {
+            return candidate;
+        }
+    }
+    panic!(
+        "`{tool}` not found on PATH: this test needs {what}. Install it (`sudo apt-get install -y {package}` on \
+         Debian/Ubuntu), {CI_RUN}"
+    );
+}
+
+/// Panics unless the test runs as root, saying why root is needed and how to run it.
+#[allow(dead_code)] // each test file is its own crate; not every one needs root
+pub fn require_root(why: &str, test: &str) {
+    // The effective uid (the third field of /proc/self/status's Uid line), without a libc dependency.
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(str::to_owned))
+        .and_then(|l| l.split_whitespace().nth(2).and_then(|u| u.parse::<u32>().ok()));
+    if uid != Some(0) {
+        panic!(
+            "this test must run as root: {why}. Run it as root (`sudo -E env \"PATH=$PATH\" cargo test -p vfabric \
+             --test {test}`), {CI_RUN} (run as a user, it runs this test under sudo)"
+        );
+    }
+}
+
+fn is_executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
