@@ -7,7 +7,7 @@
 
 use vfabric_allocator::PageMove;
 
-use crate::error::{MoveError, Side};
+use crate::device::error::{MoveError, Side};
 
 /// A set of pages of one size to move between two arenas.
 #[derive(Debug, Clone, PartialEq, Eq)]
