@@ -318,7 +318,7 @@ impl ClusterConfig {
         if m.host_arena.bytes() < m.page_size.bytes() {
             return Err(format!("memory.host_arena {} is smaller than one page", m.host_arena));
         }
-        self.mover.validate()?;
+        self.mover.validate().map_err(|e| e.to_string())?;
         if self.device.emulated_gpus == 0 {
             return Err("device.emulated_gpus must be at least 1".into());
         }

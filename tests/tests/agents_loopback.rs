@@ -274,9 +274,10 @@ fn strangers_and_protocol_breakers_are_cut_off() {
         let write = Message::Write { region: vfabric::proto::WireRegion::from(&r), offset: 0, len: 1000 };
         write_frame(&mut s, &write, 1 << 20).await.expect("write request");
         let payload = [2u8; 100];
-        let header = quic::ChunkHeader::for_payload(u64::MAX - 10, &payload).encode();
+        let header = vfabric::proto::ChunkHeader::for_payload(u64::MAX - 10, &payload).encode();
         s.write_all(&header).await.expect("chunk header");
-        s.write_all(&payload).await.expect("chunk payload");
+        // The agent may close the connection as soon as the header arrives: the payload need not get there.
+        let _ = s.write_all(&payload).await;
         let _ = s.finish();
         match tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("closed in time") {
             quinn::ConnectionError::ApplicationClosed(c) => {

@@ -1,26 +1,25 @@
-//! vfabric-transport: everything that moves bytes.
+//! vfabric-transport: everything that moves bytes, in two parts.
 //!
-//! - The **device layer** ([`hal`]): a node's GPUs and pinned host memory as [`Arena`]s that are created once
+//! - The **device layer** ([`device`]): a node's GPUs and pinned host memory as [`Arena`]s that are created once
 //!   and mapped once, behind the [`DeviceLayer`] trait, with two backends: [`cuda`] (CUDA driver API through
-//!   cudarc, VMM arenas) and [`emulated`] (host memory, for machines without a GPU).
-//! - **Movers** ([`mover`]): batches of pages ([`PageBatch`]) copied between frames of two arenas by the copy
-//!   engine or the SM gather/scatter kernel (`kernels/page_copy.cu`), asynchronously, with a [`Transfer`] to
-//!   wait on.
+//!   cudarc, VMM arenas) and [`emulated`] (host memory, for machines without a GPU). Its movers copy batches of
+//!   pages ([`PageBatch`]) between frames of two arenas by the copy engine or the SM gather/scatter kernel
+//!   (`kernels/page_copy.cu`), asynchronously, with a [`Transfer`] to wait on.
+//! - The **network** ([`quic`]): QUIC between nodes with mutual TLS, certificates from a cluster CA.
 //!
 //! Nothing here panics on a machine without a driver: opening CUDA returns [`DeviceError::DriverMissing`].
 
 #![deny(missing_docs)]
 
-pub mod batch;
-pub mod cuda;
-pub mod emulated;
-pub mod error;
-pub mod hal;
-pub mod mover;
+pub mod device;
 pub mod quic;
 
-pub use batch::{CopyRun, PageBatch, Plan};
-pub use error::{DeviceError, MoveError, Side};
-pub use hal::{open, Arena, ArenaSpec, Backend, DeviceKind, DeviceLayer, GpuInfo, OpenOptions, Opened};
+pub use device::arena::{Arena, ArenaSpec};
+pub use device::batch::{CopyRun, PageBatch, Plan};
+pub use device::engine::{Engine, EngineChoice, KernelSide, ParseEngineChoiceError};
+pub use device::error::{DeviceError, MoveError, Side};
+pub use device::layer::{DeviceKind, DeviceLayer, GpuInfo};
+pub use device::mover::{Mover, MoverConfig, MoverConfigError, Transfer, TransferReport};
+pub use device::open::{open, Backend, OpenOptions, Opened, ParseBackendError};
+pub use device::{cuda, emulated};
 pub use vfabric_allocator::{Location, PageMove};
-pub use mover::{Engine, EngineChoice, KernelSide, Mover, MoverConfig, Transfer, TransferReport};

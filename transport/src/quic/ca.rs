@@ -28,8 +28,8 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::der;
-use super::QuicError;
+use super::error::QuicError;
+use super::x509;
 
 /// The CA certificate's file name inside a directory.
 pub const CA_CERT_FILE: &str = "ca.pem";
@@ -78,16 +78,16 @@ impl ClusterCa {
         let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
             .map_err(|e| QuicError::Certificate(format!("reading the CA certificate: {e}")))?;
         let key = KeyPair::from_pem(key_pem).map_err(certificate_error("reading the CA key"))?;
-        let cluster = der::common_name(&der)
+        let cluster = x509::common_name(&der)
             .ok_or_else(|| QuicError::Certificate("the CA certificate has no readable common name".into()))?;
         validate_cluster_name(&cluster)?;
         let cert = ca_params(&cluster).self_signed(&key).map_err(certificate_error("rebuilding the CA certificate"))?;
-        if der::subject(&der) != der::subject(cert.der()) {
+        if x509::subject(&der) != x509::subject(cert.der()) {
             return Err(QuicError::Certificate(format!(
                 "the certificate for cluster {cluster:?} is not a vfabric cluster CA (its subject differs)"
             )));
         }
-        if der::public_key_info(&der) != der::public_key_info(cert.der()) {
+        if x509::public_key_info(&der) != x509::public_key_info(cert.der()) {
             return Err(QuicError::Certificate(format!(
                 "the key does not belong to the CA certificate of cluster {cluster:?}"
             )));
@@ -198,7 +198,7 @@ impl NodeIdentity {
         let cert = identity.cert_der()?;
         identity.key_der()?;
         identity.ca_der()?;
-        let names = der::dns_names(&cert)
+        let names = x509::dns_names(&cert)
             .ok_or_else(|| QuicError::Certificate(format!("{}: unreadable certificate", cert_file(name))))?;
         if names.first().map(String::as_str) != Some(name) {
             return Err(QuicError::Certificate(format!(
@@ -353,8 +353,8 @@ mod tests {
         assert_eq!(id.name, "h200x2-0");
         assert_eq!(id.ca_pem, ca.cert_pem());
         let der = id.cert_der().unwrap();
-        assert_eq!(der::dns_names(&der).unwrap(), vec!["h200x2-0".to_string()]);
-        assert_eq!(der::common_name(&der).unwrap(), "h200x2-0");
+        assert_eq!(x509::dns_names(&der).unwrap(), vec!["h200x2-0".to_string()]);
+        assert_eq!(x509::common_name(&der).unwrap(), "h200x2-0");
         id.key_der().unwrap();
         assert!(ca.issue("Bad_Name").is_err());
     }
@@ -366,7 +366,7 @@ mod tests {
         assert_eq!(loaded.cluster(), "c1");
         assert_eq!(loaded.cert_pem(), ca.cert_pem());
         let ca_der = CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap();
-        assert_eq!(der::subject(loaded.cert.der()), der::subject(&ca_der));
+        assert_eq!(x509::subject(loaded.cert.der()), x509::subject(&ca_der));
     }
 
     #[test]

@@ -25,7 +25,9 @@ use rustls::RootCertStore;
 
 use super::runtime::PinnedRuntime;
 use super::socket::{gso_segments, CappedGsoSocket};
-use super::{der, NodeIdentity, QuicError};
+use super::ca::NodeIdentity;
+use super::error::QuicError;
+use super::x509;
 
 /// The ALPN protocol every vfabric connection negotiates.
 pub const ALPN: &[u8] = b"vfabric/1";
@@ -68,10 +70,9 @@ pub struct QuicSettings {
     /// Keep it within what the socket's receive buffer holds ([`QuicSettings::socket_buffer`]; Linux doubles
     /// the number asked for): then a receiver that falls behind holds its sender back by flow control. With a
     /// larger window the sender fills the buffer, the kernel drops packets, and each loss cuts the congestion
-    /// window: measured on 2 cores with a 4 MiB buffer (2 MiB asked for), 64 MiB windows lost 0.3% of packets
-    /// and wrote at 5-7 Gbit/s where 2 MiB lost none and wrote at 9-11. On a 16-core host, where receivers keep
-    /// up, larger windows gain: 8 MiB reached 0.77-0.91 of iperf3, 2 MiB 0.73-0.86. 8 MiB moves 13 Gbit/s (one
-    /// connection's most) over round trips up to 5 ms.
+    /// window: on 2 cores, windows far beyond the buffer lost packets and wrote slower than windows within it.
+    /// On a 16-core host, where receivers keep up, larger windows gain, and 8 MiB carries one connection's
+    /// most over the round trips of a cluster (docs/benchmarks.md has the figures).
     pub connection_window: u64,
     /// A connection with no packet from its peer for this long is closed (default 10 s). Must be more than
     /// zero.
@@ -318,11 +319,11 @@ async fn confirmed(connection: &Connection) -> Result<(), QuicError> {
 /// The node name (first DNS SAN) of the peer's verified certificate.
 ///
 /// `None` before the handshake has completed or if the certificate has no DNS name (certificates issued by
-/// [`ClusterCa::issue`](super::ClusterCa::issue) always have one).
+/// [`ClusterCa::issue`](super::ca::ClusterCa::issue) always have one).
 pub fn peer_name(conn: &Connection) -> Option<String> {
     let identity = conn.peer_identity()?;
     let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    der::dns_names(chain.first()?)?.into_iter().next()
+    x509::dns_names(chain.first()?)?.into_iter().next()
 }
 
 #[cfg(test)]
@@ -380,7 +381,7 @@ mod tests {
 
     #[test]
     fn endpoint_outside_a_runtime_is_an_error() {
-        let ca = super::super::ClusterCa::generate("t").unwrap();
+        let ca = super::super::ca::ClusterCa::generate("t").unwrap();
         let id = ca.issue("n0").unwrap();
         let r = endpoint("127.0.0.1:0".parse().unwrap(), &id, &QuicSettings::default());
         assert!(matches!(r, Err(QuicError::Io(_))), "{r:?}");
@@ -390,18 +391,18 @@ mod tests {
     fn endpoint_refuses_invalid_settings_and_broken_identities() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let _guard = rt.enter();
-        let ca = super::super::ClusterCa::generate("t").unwrap();
+        let ca = super::super::ca::ClusterCa::generate("t").unwrap();
         let id = ca.issue("n0").unwrap();
         let bind = "127.0.0.1:0".parse().unwrap();
         let r = endpoint(bind, &id, &QuicSettings { mtu: 1000, ..QuicSettings::default() });
         assert!(matches!(r, Err(QuicError::Config(_))), "{r:?}");
         let r =
-            endpoint(bind, &super::super::NodeIdentity { key_pem: "junk".into(), ..id.clone() }, &Default::default());
+            endpoint(bind, &NodeIdentity { key_pem: "junk".into(), ..id.clone() }, &Default::default());
         assert!(matches!(r, Err(QuicError::Certificate(_))), "{r:?}");
         // A key that is not the certificate's.
         let other = ca.issue("n1").unwrap();
         let r =
-            endpoint(bind, &super::super::NodeIdentity { key_pem: other.key_pem, ..id.clone() }, &Default::default());
+            endpoint(bind, &NodeIdentity { key_pem: other.key_pem, ..id.clone() }, &Default::default());
         assert!(matches!(r, Err(QuicError::Tls(_))), "{r:?}");
         endpoint(bind, &id, &QuicSettings::default()).unwrap();
     }

@@ -37,12 +37,12 @@
 
 pub mod ca;
 pub mod chunk;
-mod der;
 pub mod endpoint;
 mod error;
 pub mod pool;
 pub mod runtime;
 pub mod socket;
+mod x509;
 
 pub use ca::{ClusterCa, NodeIdentity};
 pub use chunk::{

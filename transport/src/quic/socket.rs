@@ -4,7 +4,7 @@
 //! quinn 0.11 builds up to `min(10, max_transmit_segments())` packets into one GSO send (`sendmsg` with
 //! `UDP_SEGMENT`), and the kernel refuses a send whose payload is above 65,507 bytes (the largest UDP datagram).
 //! quinn-udp drops the refused batch without a word, so at packets above 6,550 bytes stock quinn loses every
-//! batch it sends (measured: 0.07 Gbit/s). [`CappedGsoSocket`] reports at most `65,507 / mtu` segments per send,
+//! batch it sends (next to nothing arrives: docs/benchmarks.md). [`CappedGsoSocket`] reports at most `65,507 / mtu` segments per send,
 //! so that larger packets (jumbo frames, or 16 KiB on loopback) keep segmentation offload: fewer, larger
 //! packets cost less per byte (the packet size is the main throughput lever of quinn on these machines).
 

@@ -7,10 +7,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::arena::EmulatedArena;
-use crate::batch::{KernelLayout, PageBatch, Plan};
-use crate::error::{DeviceError, MoveError};
-use crate::hal::Arena;
-use crate::mover::{prepare, Engine, EngineChoice, Mover, MoverConfig, Pending, Transfer, Way};
+use crate::device::batch::{KernelLayout, PageBatch, Plan};
+use crate::device::error::{DeviceError, MoveError};
+use crate::device::arena::Arena;
+use crate::device::engine::{Engine, EngineChoice};
+use crate::device::mover::{prepare, Mover, MoverConfig, Pending, Transfer, Way};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -53,7 +54,7 @@ pub struct EmulatedMover {
 
 impl EmulatedMover {
     pub(crate) fn new(gpus: usize, config: MoverConfig) -> Result<Self, DeviceError> {
-        config.validate().map_err(DeviceError::InvalidArgument)?;
+        config.validate().map_err(|e| DeviceError::InvalidArgument(e.to_string()))?;
         let mut workers = HashMap::new();
         for g in 0..gpus.max(1) as u16 {
             for inbound in [false, true] {

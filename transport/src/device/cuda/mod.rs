@@ -3,12 +3,13 @@
 //! and [`CudaMover`] implement the device layer's traits.
 //!
 //! The driver is loaded at run time (cudarc's `dynamic-loading`), so this compiles and links on machines
-//! without CUDA; [`CudaNode::open`] returns [`crate::DeviceError::DriverMissing`] there instead of panicking.
+//! without CUDA; [`CudaNode::open`] returns [`DeviceError::DriverMissing`](crate::device::error::DeviceError::DriverMissing) there instead of panicking.
 
 pub mod arena;
 pub mod baseline;
 pub mod context;
 pub mod driver;
+pub(crate) mod gpus;
 pub mod host;
 pub mod module;
 pub mod mover;

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use cudarc::driver::sys;
 
 use super::driver::cu;
-use crate::error::DeviceError;
+use crate::device::error::DeviceError;
 
 type Handle = sys::CUmemGenericAllocationHandle;
 

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::context::GpuContext;
 use super::driver::cu;
 use super::node::CudaNode;
 use super::stream::{Event, Stream};
-use crate::error::DeviceError;
-use crate::hal::{check_bounds, Arena};
+use crate::device::error::DeviceError;
+use crate::device::arena::{check_bounds, Arena};
 use vfabric_allocator::Location;
 
 /// One contiguous copy between two arenas.
@@ -25,7 +26,7 @@ pub struct PlainCopy {
 /// Issues plain copies on streams of its own, one per GPU.
 pub struct BaselineCopier {
     streams: Vec<Stream>,
-    node_contexts: Vec<Arc<super::GpuContext>>,
+    node_contexts: Vec<Arc<GpuContext>>,
 }
 
 impl BaselineCopier {

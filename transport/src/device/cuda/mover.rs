@@ -11,16 +11,17 @@ use super::arena::{GpuArena, HostArena};
 use super::context::GpuContext;
 use super::driver::{cu, has_symbol};
 use super::module::{Kernel, Module};
-use super::node::NodeInner;
+use super::gpus::NodeInner;
 use super::stream::{Event, Stream};
-use crate::batch::{PageBatch, Plan};
-use crate::error::{DeviceError, MoveError};
-use crate::hal::Arena;
+use crate::device::batch::{PageBatch, Plan};
+use crate::device::error::{DeviceError, MoveError};
+use crate::device::arena::Arena;
 use vfabric_allocator::Location;
-use crate::mover::{prepare, Engine, EngineChoice, Execution, Mover, MoverConfig, Pending, Transfer, Way};
+use crate::device::engine::{Engine, EngineChoice};
+use crate::device::mover::{prepare, Execution, Mover, MoverConfig, Pending, Transfer, Way};
 
 /// The page copy kernels, built from `kernels/page_copy.cu` with `nvcc -ptx -arch=compute_90` on the GPU machine.
-pub const PAGE_COPY_PTX: &str = include_str!("../../kernels/page_copy.ptx");
+pub const PAGE_COPY_PTX: &str = include_str!("../../../kernels/page_copy.ptx");
 /// The kernel the mover launches (16-byte words, four loads in flight per thread).
 pub const PAGE_COPY_KERNEL: &str = "vf_page_copy";
 
@@ -84,7 +85,7 @@ pub struct CudaMover {
 
 impl CudaMover {
     pub(crate) fn new(node: Arc<NodeInner>, config: MoverConfig) -> Result<Self, DeviceError> {
-        config.validate().map_err(DeviceError::InvalidArgument)?;
+        config.validate().map_err(|e| DeviceError::InvalidArgument(e.to_string()))?;
         let mut gpus = Vec::new();
         for ctx in &node.contexts {
             let module = Module::load_ptx(Arc::clone(ctx), PAGE_COPY_PTX)?;

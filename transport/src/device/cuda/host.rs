@@ -6,7 +6,7 @@ use cudarc::driver::sys;
 
 use super::context::GpuContext;
 use super::driver::cu;
-use crate::error::DeviceError;
+use crate::device::error::DeviceError;
 
 /// Page-locked host memory from `cuMemHostAlloc`, portable (every context may use it) and mapped into the
 /// unified address space, so copy engines reach it at PCIe speed and kernels can load and store it directly.

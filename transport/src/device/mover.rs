@@ -1,97 +1,32 @@
 //! Moving batches of pages between arenas: the engines, the policy that picks one, and completions.
 //!
 //! Two engines move pages. The copy engine (DMA, `cuMemcpyAsync` / `cuMemcpyBatchAsync`) leaves the SMs to the
-//! job's own kernels and reaches the link's rate on long contiguous runs, but pays a cost per call: page-sized
-//! copies over NVLink reach 232 GB/s at 2 MiB and 20-62 GB/s at 64 KiB on the H200s. The SM gather/scatter
-//! kernel reaches the link at any page size but occupies the SMs it is given while it runs. [`choose_engine`]
-//! picks per batch; [`MoverConfig`] bounds the SMs the kernel may take.
+//! job's own kernels and reaches the link's rate on long contiguous runs, but pays a cost per call, so
+//! page-sized copies fall short of the link, the more so the smaller the page (docs/benchmarks.md has the
+//! H200 figures). The SM gather/scatter kernel reaches the link at any page size but occupies the SMs it is
+//! given while it runs. [`choose_engine`] picks per batch; [`MoverConfig`] bounds the SMs the kernel may take.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{PageBatch, Plan};
-use crate::error::MoveError;
-use crate::hal::Arena;
 use vfabric_allocator::Location;
 
-/// The engine that moves a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Engine {
-    /// DMA copy engines: one call per contiguous run (batched when there are many).
-    CopyEngine,
-    /// The SM gather/scatter copy kernel.
-    SmKernel,
-}
-
-impl std::fmt::Display for Engine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Engine::CopyEngine => "copy-engine",
-            Engine::SmKernel => "sm-kernel",
-        })
-    }
-}
-
-/// Which engine a caller asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EngineChoice {
-    /// The mover picks ([`choose_engine`]).
-    #[default]
-    Auto,
-    /// Always the copy engine.
-    CopyEngine,
-    /// Always the SM kernel.
-    SmKernel,
-}
-
-impl std::str::FromStr for EngineChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(EngineChoice::Auto),
-            "copy" | "copy-engine" | "ce" => Ok(EngineChoice::CopyEngine),
-            "kernel" | "sm" | "sm-kernel" => Ok(EngineChoice::SmKernel),
-            _ => Err(format!("`{s}` is not an engine: use auto, copy or kernel")),
-        }
-    }
-}
-
-impl std::fmt::Display for EngineChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            EngineChoice::Auto => "auto",
-            EngineChoice::CopyEngine => "copy",
-            EngineChoice::SmKernel => "kernel",
-        })
-    }
-}
-
-/// Which GPU runs the kernel for a GPU-to-GPU move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KernelSide {
-    /// Pull with 16 blocks or more, push with fewer (what the H200 sweep showed to be faster).
-    #[default]
-    Auto,
-    /// The destination GPU reads from the source (peer loads).
-    Pull,
-    /// The source GPU writes to the destination (peer stores).
-    Push,
-}
+use super::arena::Arena;
+use super::batch::{PageBatch, Plan};
+use super::engine::{Engine, EngineChoice, KernelSide};
+use super::error::MoveError;
 
 /// How a mover runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct MoverConfig {
-    /// Blocks (one per SM) the kernel may take. On the H200s 16 blocks of 1024 threads pull 369 GB/s over
-    /// NVLink, as much as 132 do.
+    /// Blocks (one per SM) the kernel may take. On the H200s 16 blocks of 1024 threads pull as fast over
+    /// NVLink as every SM does (docs/benchmarks.md), so the default leaves the rest to the job.
     pub sm_blocks: u32,
     /// Blocks the kernel takes for moves to or from host memory: PCIe is saturated by far fewer SMs than NVLink
-    /// (2 blocks moved 50-52 GB/s over PCIe on the H200s, as many as 132 did).
+    /// (on the H200s two blocks moved as much over PCIe as every SM did: docs/benchmarks.md).
     pub host_sm_blocks: u32,
     /// Threads per block (at most 1024).
     pub threads_per_block: u32,
@@ -103,8 +38,8 @@ pub struct MoverConfig {
     /// [`EngineChoice::Auto`].
     pub copy_engine_min_run_bytes: u64,
     /// The same for batches to or from host memory. Over PCIe the copy engine keeps up with the kernel at far
-    /// shorter runs: scattered 2 MiB pages moved at 52-54 GB/s by the copy engine against 50-52 by the kernel on
-    /// the H200s, while 64 KiB pages moved at 32-35 against 50-52.
+    /// shorter runs: on the H200s it matched the kernel on scattered 2 MiB pages but fell well behind it on
+    /// 64 KiB pages (docs/benchmarks.md).
     pub host_copy_engine_min_run_bytes: u64,
 }
 
@@ -124,26 +59,38 @@ impl Default for MoverConfig {
 
 impl MoverConfig {
     /// Checks the values a mover cannot run with.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), MoverConfigError> {
         if self.sm_blocks == 0 || self.host_sm_blocks == 0 {
-            return Err(format!(
-                "mover.sm_blocks ({}) and mover.host_sm_blocks ({}) must be at least 1",
-                self.sm_blocks, self.host_sm_blocks
-            ));
+            return Err(MoverConfigError::NoBlocks { sm_blocks: self.sm_blocks, host_sm_blocks: self.host_sm_blocks });
         }
         if self.threads_per_block == 0 || self.threads_per_block > 1024 {
-            return Err(format!("mover.threads_per_block ({}) must be 1..=1024", self.threads_per_block));
+            return Err(MoverConfigError::ThreadsPerBlock(self.threads_per_block));
         }
         Ok(())
     }
 }
 
+/// A [`MoverConfig`] that no mover can run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MoverConfigError {
+    /// The kernel would have no block to run on.
+    #[error("mover.sm_blocks ({sm_blocks}) and mover.host_sm_blocks ({host_sm_blocks}) must be at least 1")]
+    NoBlocks {
+        /// The configured `sm_blocks`.
+        sm_blocks: u32,
+        /// The configured `host_sm_blocks`.
+        host_sm_blocks: u32,
+    },
+    /// More threads per block than CUDA allows, or none.
+    #[error("mover.threads_per_block ({0}) must be 1..=1024")]
+    ThreadsPerBlock(u32),
+}
+
 /// The engine [`EngineChoice::Auto`] takes for a plan.
 ///
-/// A few long runs go to the copy engine: it reaches the link (393 GB/s for one copy over NVLink against 364 for
-/// the kernel) and leaves the SMs free. Many short runs go to the kernel, whose rate does not depend on the run
-/// length: scattered 2 MiB pages over NVLink moved at 332 GB/s by the copy engine (one batched call) and 365 by
-/// the kernel. To or from host memory the copy engine wins from runs of about 1 MiB
+/// A few long runs go to the copy engine: one long copy reaches the link (a little faster than the kernel) and
+/// leaves the SMs free. Many short runs go to the kernel, whose rate does not depend on the run length: on
+/// scattered 2 MiB pages over NVLink it beat even one batched copy-engine call (docs/benchmarks.md). To or from host memory the copy engine wins from runs of about 1 MiB
 /// ([`MoverConfig::host_copy_engine_min_run_bytes`]). Host-to-host moves always take the copy engine (no GPU is
 /// involved to run a kernel).
 pub fn choose_engine(plan: &Plan, from: Location, to: Location, config: &MoverConfig) -> Engine {
@@ -415,12 +362,5 @@ mod tests {
             plan_execution(&p, Location::Host, Location::Host, k, &cfg),
             Err(MoveError::EngineUnavailable { .. })
         ));
-    }
-
-    #[test]
-    fn engine_choice_parses() {
-        assert_eq!("copy".parse::<EngineChoice>(), Ok(EngineChoice::CopyEngine));
-        assert_eq!("kernel".parse::<EngineChoice>(), Ok(EngineChoice::SmKernel));
-        assert!("dma".parse::<EngineChoice>().is_err());
     }
 }

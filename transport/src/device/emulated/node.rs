@@ -1,25 +1,17 @@
-//! The emulated device: host memory standing in for GPUs, behind the same traits as CUDA.
-//!
-//! It exists so the fabric runs and is tested on machines without a GPU (CI among them). It is not a simulator
-//! of GPU speed: its movers copy with `memcpy` on worker threads, one per queue, so completions are really
-//! asynchronous and ordered per queue as on the GPU. Both engines run the same plans as on CUDA: the copy
-//! engine copies the coalesced runs; the "kernel" walks the kernel's page index lists chunk by chunk, exactly as
-//! `vf_page_copy` does, so index and chunking mistakes show up here too.
-
-mod arena;
-mod mover;
-
-pub use arena::EmulatedArena;
-pub use mover::EmulatedMover;
+//! The emulated node: GPUs of host memory, each with a fixed capacity that arenas are charged against.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::error::DeviceError;
-use crate::hal::{Arena, ArenaSpec, DeviceKind, DeviceLayer, GpuInfo};
 use vfabric_allocator::Location;
-use crate::mover::{Mover, MoverConfig};
+
+use super::arena::EmulatedArena;
+use super::mover::EmulatedMover;
+use crate::device::arena::{Arena, ArenaSpec};
+use crate::device::error::DeviceError;
+use crate::device::layer::{DeviceKind, DeviceLayer, GpuInfo};
+use crate::device::mover::{Mover, MoverConfig};
 
 /// A node of emulated GPUs, each with a fixed amount of (host) memory.
 pub struct EmulatedNode {
@@ -105,5 +97,68 @@ impl DeviceLayer for EmulatedNode {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The `Arena` trait's default `write_parts`, checked on the arenas of this node (the trait's own file may not
+    // depend on a backend).
+    /// An arena that keeps the trait's own `write_parts` (gather, then one write), counting its writes.
+    #[derive(Debug)]
+    struct Gathering {
+        inner: Arc<dyn Arena>,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Arena for Gathering {
+        fn location(&self) -> Location {
+            self.inner.location()
+        }
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn device_ptr(&self) -> u64 {
+            self.inner.device_ptr()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+            self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.write(offset, data)
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+            self.inner.read(offset, out)
+        }
+        fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {
+            self.inner.fill(offset, len, byte)
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn parts_land_one_after_the_other() {
+        let node = EmulatedNode::new(1, 8 << 20);
+        let spec = |location| ArenaSpec { location, bytes: 2 << 20, chunk_bytes: 2 << 20 };
+        let host = node.create_arena(&spec(Location::Host)).unwrap();
+        let gathering = Gathering { inner: node.create_arena(&spec(Location::Gpu(0))).unwrap(), writes: 0.into() };
+        let parts: [&[u8]; 4] = [b"abc", b"", b"defgh", b"ij"];
+        for arena in [&*host, &gathering as &dyn Arena] {
+            arena.write_parts(100, &parts).unwrap();
+            let mut back = [0u8; 12];
+            arena.read(99, &mut back).unwrap();
+            assert_eq!(&back, b"\0abcdefghij\0");
+            // Past the end: refused, and nothing of it written.
+            let end = arena.len() - 4;
+            let r = arena.write_parts(end, &parts);
+            assert!(matches!(r, Err(DeviceError::OutOfBounds { .. })), "{r:?}");
+            let mut tail = [1u8; 4];
+            arena.read(end, &mut tail).unwrap();
+            assert_eq!(tail, [0; 4]);
+        }
+        // The gathered pieces went to the device in one copy.
+        assert_eq!(gathering.writes.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 }

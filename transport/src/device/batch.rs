@@ -7,7 +7,7 @@
 
 use vfabric_allocator::PageMove;
 
-use crate::error::{MoveError, Side};
+use crate::device::error::{MoveError, Side};
 
 /// A set of pages of one size to move between two arenas.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,8 +186,8 @@ pub struct KernelLayout {
 
 /// Chunk size for the kernel: a power-of-two divisor of the page of at least 64 KiB (or the whole page when it
 /// is smaller), and small enough that every block gets about four chunks, so a batch of a few large pages still
-/// spreads over the whole grid. Larger chunks keep each block streaming longer: on the H200s, 8 blocks moved
-/// 2 MiB pages at 353 GB/s with 2 MiB chunks against 307 GB/s with 64 KiB chunks.
+/// spreads over the whole grid. Larger chunks keep each block streaming longer, which on the H200s moved 2 MiB
+/// pages markedly faster than 64 KiB chunks did (docs/benchmarks.md).
 fn chunk_bytes(page: u64, total: u64, blocks: u32) -> u64 {
     const MIN_CHUNK: u64 = 64 << 10;
     if page <= MIN_CHUNK || !page.is_power_of_two() {

@@ -3,7 +3,7 @@
 use cudarc::driver::{result, sys};
 
 use super::driver::{cu, from_result};
-use crate::error::DeviceError;
+use crate::device::error::DeviceError;
 
 /// The primary context of one GPU, retained on creation and released on drop.
 ///

@@ -131,7 +131,7 @@ pub enum MoveError {
     #[error("the {engine} engine cannot move {from} -> {to}: {reason}")]
     EngineUnavailable {
         /// The engine asked for.
-        engine: crate::Engine,
+        engine: crate::device::engine::Engine,
         /// Source location.
         from: Location,
         /// Destination location.

@@ -7,7 +7,7 @@ use cudarc::driver::sys;
 
 use super::context::GpuContext;
 use super::driver::{cu, error};
-use crate::error::DeviceError;
+use crate::device::error::DeviceError;
 
 /// A non-blocking stream of one GPU (it does not synchronise with the legacy default stream).
 #[derive(Debug)]

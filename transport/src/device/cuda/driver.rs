@@ -7,7 +7,7 @@
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
-use crate::error::DeviceError;
+use crate::device::error::DeviceError;
 
 /// Turns a `CUresult` from `call` into an error, with the driver's name and description for it.
 pub(crate) fn error(call: &'static str, code: sys::CUresult) -> DeviceError {
@@ -35,7 +35,7 @@ pub(crate) fn from_result(call: &'static str) -> impl FnOnce(DriverError) -> Dev
 /// an `unsafe` block: the call's own safety conditions are the caller's to uphold.
 macro_rules! cu {
     ($f:ident ( $($a:expr),* $(,)? )) => {
-        $crate::cuda::driver::check(stringify!($f), cudarc::driver::sys::$f($($a),*))
+        $crate::device::cuda::driver::check(stringify!($f), cudarc::driver::sys::$f($($a),*))
     };
 }
 pub(crate) use cu;

@@ -8,7 +8,7 @@ use cudarc::driver::{result, sys};
 use super::context::GpuContext;
 use super::driver::{cu, from_result};
 use super::stream::Stream;
-use crate::error::DeviceError;
+use crate::device::error::DeviceError;
 
 /// A loaded module, unloaded on drop.
 #[derive(Debug)]

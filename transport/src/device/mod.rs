@@ -1,0 +1,20 @@
+//! The device layer: a node's GPUs and pinned host memory, and the movers that copy pages between them.
+//!
+//! - The interface every backend offers the fabric: [`arena`] (memory created once and mapped once),
+//!   [`layer`] (a node's devices), [`mover`] (moving batches of pages, and the policy that picks an
+//!   [`engine`]), [`batch`] (batches and the plans engines execute), [`error`].
+//! - The backends: [`cuda`] (CUDA driver API through cudarc, VMM arenas) and [`emulated`] (host memory, for
+//!   machines without a GPU).
+//! - [`open`]: the choice between the backends, which sits above both.
+//!
+//! The interface files never name a backend, so each backend depends on the interface and not the other way.
+
+pub mod arena;
+pub mod batch;
+pub mod cuda;
+pub mod emulated;
+pub mod engine;
+pub mod error;
+pub mod layer;
+pub mod mover;
+pub mod open;
