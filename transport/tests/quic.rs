@@ -1,17 +1,13 @@
-//! QUIC between nodes over loopback: mutual TLS from the cluster CA (and refusals), node names, checksummed
-//! chunks, the pinned MTU, and certificates saved to and loaded from disk.
+//! QUIC between nodes over loopback: mutual TLS from the cluster CA (and refusals), node names, the pinned
+//! MTU, and certificates saved to and loaded from disk. (Page chunks on these streams: fabric/tests/proto_chunk.rs.)
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bytes::Bytes;
 use quinn::{Connection, Endpoint};
-use vfabric_transport::quic::{
-    connect, endpoint, peer_name, read_chunk, read_chunk_header, read_chunk_parts, read_chunk_payload, write_chunk,
-    ChunkHeader, ClusterCa, NodeIdentity, QuicError, QuicSettings, CHUNK_HEADER_LEN,
-};
+use vfabric_transport::quic::{connect, endpoint, peer_name, ClusterCa, NodeIdentity, QuicError, QuicSettings};
 
 /// Short idle timeout so a test that goes wrong fails soon rather than hanging.
 fn settings() -> QuicSettings {
@@ -196,203 +192,6 @@ async fn a_peer_name_that_is_no_dns_name_is_a_connect_error() {
     assert!(matches!(r, Err(QuicError::Connect(_))), "{r:?}");
 }
 
-/// Writes `chunks` (offset, payload) on a new uni stream of `conn`, then finishes it.
-async fn send_chunks(conn: &Connection, chunks: &[(u64, Vec<u8>)]) {
-    let mut stream = conn.open_uni().await.unwrap();
-    for (offset, payload) in chunks {
-        write_chunk(&mut stream, *offset, Bytes::copy_from_slice(payload)).await.unwrap();
-    }
-    stream.finish().unwrap();
-    let _ = stream.stopped().await;
-}
-
-#[tokio::test]
-async fn chunks_arrive_whole_and_verified() {
-    let ca = ClusterCa::generate("test").unwrap();
-    let (n0, n1) = (ca.issue("n0").unwrap(), ca.issue("n1").unwrap());
-    let chunks: Vec<(u64, Vec<u8>)> = vec![
-        (0, random_bytes(64 << 10, 1)),
-        (64 << 10, random_bytes(2 << 20, 2)),
-        (5 << 30, random_bytes(64 << 10, 3)),
-        (u64::MAX - 7, Vec::new()),
-        (1 << 21, random_bytes(2 << 20, 4)),
-        (7, random_bytes(1, 5)),
-    ];
-    guard(async {
-        let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
-        let receive = async {
-            let mut stream = accepted.accept_uni().await.unwrap();
-            let mut got = Vec::new();
-            let mut buf = Vec::new();
-            while let Some(offset) = read_chunk(&mut stream, 2 << 20, &mut buf).await.unwrap() {
-                got.push((offset, buf.clone()));
-            }
-            got
-        };
-        let ((), got) = tokio::join!(send_chunks(&dialed, &chunks), receive);
-        assert_eq!(got.len(), chunks.len());
-        for ((offset, data), (want_offset, want)) in got.iter().zip(&chunks) {
-            assert_eq!(offset, want_offset);
-            assert!(data == want, "chunk at {offset} differs");
-        }
-    })
-    .await;
-}
-
-/// One stream: a good chunk, then `header` (whose checksum need not match) and `bad` written raw.
-async fn send_good_then_bad(conn: &Connection, (offset, good): (u64, &[u8]), header: &ChunkHeader, bad: &[u8]) {
-    let mut stream = conn.open_uni().await.unwrap();
-    write_chunk(&mut stream, offset, Bytes::copy_from_slice(good)).await.unwrap();
-    stream.write_all(&header.encode()).await.unwrap();
-    stream.write_all(bad).await.unwrap();
-    stream.finish().unwrap();
-    let _ = stream.stopped().await;
-}
-
-#[tokio::test]
-async fn a_corrupted_chunk_is_a_checksum_error() {
-    let ca = ClusterCa::generate("test").unwrap();
-    let (n0, n1) = (ca.issue("n0").unwrap(), ca.issue("n1").unwrap());
-    let good = random_bytes(64 << 10, 6);
-    let bad = random_bytes(4096, 7);
-    let mut header = ChunkHeader::for_payload(0x10_0000, &bad);
-    let real = header.checksum;
-    header.checksum ^= 1;
-    guard(async {
-        let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
-        let send = send_good_then_bad(&dialed, (0, &good), &header, &bad);
-        let receive = async {
-            let mut stream = accepted.accept_uni().await.unwrap();
-            let mut buf = Vec::new();
-            assert_eq!(read_chunk(&mut stream, 1 << 20, &mut buf).await.unwrap(), Some(0));
-            assert!(buf == good);
-            read_chunk(&mut stream, 1 << 20, &mut buf).await
-        };
-        let ((), r) = tokio::join!(send, receive);
-        match r {
-            Err(QuicError::Checksum { offset, expected, found }) => {
-                assert_eq!(offset, 0x10_0000);
-                assert_eq!(expected, real ^ 1);
-                assert_eq!(found, real);
-            }
-            other => panic!("expected a checksum error, got {other:?}"),
-        }
-    })
-    .await;
-}
-
-/// A payload taken as quinn's buffers: the pieces together are the payload, and a corrupted one is caught
-/// before the caller sees it as good.
-#[tokio::test]
-async fn chunk_parts_are_verified() {
-    let ca = ClusterCa::generate("test").unwrap();
-    let (n0, n1) = (ca.issue("n0").unwrap(), ca.issue("n1").unwrap());
-    let good = random_bytes(256 << 10, 8);
-    let bad = random_bytes(4096, 9);
-    let mut header = ChunkHeader::for_payload(0x2000, &bad);
-    header.checksum ^= 1 << 40;
-    guard(async {
-        let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
-        let send = send_good_then_bad(&dialed, (7, &good), &header, &bad);
-        let receive = async {
-            let mut stream = accepted.accept_uni().await.unwrap();
-            let mut parts = Vec::new();
-            let first = read_chunk_header(&mut stream).await.unwrap().unwrap();
-            assert_eq!((first.offset, first.len as usize), (7, good.len()));
-            read_chunk_parts(&mut stream, &first, &mut parts).await.unwrap();
-            // Several QUIC frames, none copied together.
-            assert!(parts.len() > 1, "{} parts", parts.len());
-            assert!(parts.concat() == good);
-            let second = read_chunk_header(&mut stream).await.unwrap().unwrap();
-            read_chunk_parts(&mut stream, &second, &mut parts).await
-        };
-        let ((), r) = tokio::join!(send, receive);
-        assert!(matches!(r, Err(QuicError::Checksum { offset: 0x2000, .. })), "{r:?}");
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn a_chunk_longer_than_max_is_refused() {
-    let ca = ClusterCa::generate("test").unwrap();
-    let (n0, n1) = (ca.issue("n0").unwrap(), ca.issue("n1").unwrap());
-    guard(async {
-        let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
-        let send = async {
-            let mut stream = dialed.open_uni().await.unwrap();
-            write_chunk(&mut stream, 0, random_bytes(4097, 8).into()).await.unwrap();
-            stream.finish().unwrap();
-        };
-        let receive = async {
-            let mut stream = accepted.accept_uni().await.unwrap();
-            let mut buf = vec![1, 2, 3];
-            let r = read_chunk(&mut stream, 4096, &mut buf).await;
-            let _ = stream.stop(0u32.into());
-            r
-        };
-        let ((), r) = tokio::join!(send, receive);
-        assert!(matches!(r, Err(QuicError::ChunkTooLarge { len: 4097, max: 4096 })), "{r:?}");
-    })
-    .await;
-}
-
-/// Payloads read straight into their destination: the header first, then exactly its length, verified.
-#[tokio::test]
-async fn payloads_read_into_place_are_verified_and_sized() {
-    let ca = ClusterCa::generate("test").unwrap();
-    let (n0, n1) = (ca.issue("n0").unwrap(), ca.issue("n1").unwrap());
-    let (a, b) = (random_bytes(5000, 1), random_bytes(3000, 2));
-    guard(async {
-        let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
-        let chunks = [(7, a.clone()), (9, b.clone())];
-        let receive = async {
-            let mut stream = accepted.accept_uni().await.unwrap();
-            let h = read_chunk_header(&mut stream).await.unwrap().unwrap();
-            assert_eq!((h.offset, h.len), (7, 5000));
-            let mut dst = vec![0u8; 5000];
-            read_chunk_payload(&mut stream, &h, &mut dst).await.unwrap();
-            assert!(dst == a);
-            let h = read_chunk_header(&mut stream).await.unwrap().unwrap();
-            // Room of another size is refused before anything is read.
-            let r = read_chunk_payload(&mut stream, &h, &mut [0u8; 2999]).await;
-            assert!(matches!(r, Err(QuicError::Read(_))), "{r:?}");
-            let mut dst = vec![0u8; 3000];
-            read_chunk_payload(&mut stream, &h, &mut dst).await.unwrap();
-            assert!(dst == b);
-            assert!(read_chunk_header(&mut stream).await.unwrap().is_none());
-        };
-        tokio::join!(send_chunks(&dialed, &chunks), receive);
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn a_stream_that_ends_inside_a_chunk_is_a_read_error() {
-    let ca = ClusterCa::generate("test").unwrap();
-    let (n0, n1) = (ca.issue("n0").unwrap(), ca.issue("n1").unwrap());
-    let payload = random_bytes(100, 9);
-    let header = ChunkHeader::for_payload(0, &payload);
-    for cut in [CHUNK_HEADER_LEN / 2, CHUNK_HEADER_LEN + 10] {
-        let wire: Vec<u8> = header.encode().iter().chain(&payload).copied().take(cut).collect();
-        guard(async {
-            let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
-            let send = async {
-                let mut stream = dialed.open_uni().await.unwrap();
-                stream.write_all(&wire).await.unwrap();
-                stream.finish().unwrap();
-                let _ = stream.stopped().await;
-            };
-            let receive = async {
-                let mut stream = accepted.accept_uni().await.unwrap();
-                read_chunk(&mut stream, 1 << 20, &mut Vec::new()).await
-            };
-            let ((), r) = tokio::join!(send, receive);
-            assert!(matches!(r, Err(QuicError::Read(_))), "cut at {cut}: {r:?}");
-        })
-        .await;
-    }
-}
-
 /// The MTU is pinned on both sides of a connection, and packets go out in segmentation-offload batches that
 /// the kernel accepts (no send above one UDP datagram's 65,507 bytes), also above 6,550 bytes where stock
 /// quinn's batches of 10 are refused and lost: 9000 and the largest allowed, where quinn's packet length field
@@ -408,14 +207,15 @@ async fn the_configured_mtu_is_the_packet_size() {
             let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings).await;
             let receive = async {
                 let mut stream = accepted.accept_uni().await.unwrap();
-                let mut buf = Vec::new();
-                let first = read_chunk(&mut stream, 2 << 20, &mut buf).await.unwrap();
-                let end = read_chunk(&mut stream, 2 << 20, &mut Vec::new()).await.unwrap();
-                (first, end, buf)
+                stream.read_to_end(4 << 20).await.unwrap()
             };
-            let chunks = [(42, payload.clone())];
-            let ((), (first, end, buf)) = tokio::join!(send_chunks(&dialed, &chunks), receive);
-            assert_eq!((first, end), (Some(42), None));
+            let send = async {
+                let mut stream = dialed.open_uni().await.unwrap();
+                stream.write_all(&payload).await.unwrap();
+                stream.finish().unwrap();
+                let _ = stream.stopped().await;
+            };
+            let ((), buf) = tokio::join!(send, receive);
             assert!(buf == payload);
             assert_eq!(dialed.stats().path.current_mtu, mtu, "client side");
             assert_eq!(accepted.stats().path.current_mtu, mtu, "server side");

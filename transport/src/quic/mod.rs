@@ -6,8 +6,6 @@
 //!   ([`endpoint()`]), TLS 1.3 on ring, every peer's certificate checked against the cluster CA in both
 //!   directions; [`connect`] dials a node by name and [`peer_name`] says who is on the other end. The transport
 //!   settings ([`QuicSettings`]) pin the MTU per cluster.
-//! - [`chunk`]: page payloads on streams ([`write_chunk`], [`read_chunk`]), each with an xxh3-64 checksum,
-//!   never through the control codec.
 //! - [`socket`]: the endpoint's UDP socket ([`socket::CappedGsoSocket`]), quinn's with segmentation-offload
 //!   batches kept within one UDP datagram, so packets above 6,550 bytes keep GSO.
 //! - [`runtime`]: [`PinnedRuntime`], a quinn runtime that keeps an endpoint's drivers, timers and socket on
@@ -26,7 +24,7 @@
 //!     // Resolves once the client's certificate has been verified; refused clients give an error here.
 //!     let conn = incoming.await?;
 //!     let node = peer_name(&conn);
-//!     // ... conn.accept_uni().await, read_chunk(...) ...
+//!     // ... conn.accept_bi().await ...
 //! #   let _ = node;
 //! }
 //! # Ok(())
@@ -36,7 +34,6 @@
 //! and dialing is [`connect`]`(&ep, addr, "n1")`, which returns once both certificates have been checked.
 
 pub mod ca;
-pub mod chunk;
 pub mod endpoint;
 mod error;
 pub mod pool;
@@ -45,9 +42,6 @@ pub mod socket;
 mod x509;
 
 pub use ca::{ClusterCa, NodeIdentity};
-pub use chunk::{
-    read_chunk, read_chunk_header, read_chunk_parts, read_chunk_payload, write_chunk, ChunkHeader, CHUNK_HEADER_LEN,
-};
 pub use endpoint::{connect, endpoint, endpoint_pinned, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU};
 pub use error::QuicError;
 pub use pool::{BufferPool, PoolBuf};

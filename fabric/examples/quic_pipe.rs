@@ -3,16 +3,18 @@
 //! buffer handed to quinn each time, as quinn's perf tool does), no fabric behind either end. The floor under
 //! `vfabric-bench remote`: what the transport alone reaches on this machine.
 //!
-//! `cargo run --release -p vfabric-transport --example quic_pipe -- [MTU] [MiB] [STREAMS] [CONNS]`
+//! `cargo run --release -p vfabric --example quic_pipe -- [MTU] [MiB] [STREAMS] [CONNS]`
 //! (`PIPE_WINDOW_MIB` sets the stream window, default 16; the connection window is four times it;
 //! `PIPE_ENDPOINTS=1` gives each connection an endpoint (socket) of its own; `PIPE_PARTS=1` has the receiver take
-//! each chunk as quinn's buffers, `read_chunk_parts`, instead of copying it out with `read_chunk`).
+//! each chunk as quinn's buffers, `QuicChunks`, instead of copying it out with `StreamChunks`).
 //!
 //! Each end runs on a runtime of its own, as two processes would: one thread when `CONNS` is 1, else `CONNS`
 //! worker threads, so that each connection's packets can be built, encrypted and read on a core of its own.
 
 use std::time::Instant;
 
+use vfabric::proto::chunk::{ChunkError, ChunkRead, StreamChunks};
+use vfabric::proto::quic::{send_chunk, QuicChunks};
 use vfabric_transport::quic::{self, ClusterCa, QuicSettings};
 
 fn runtime(conns: usize) -> std::io::Result<tokio::runtime::Runtime> {
@@ -72,18 +74,18 @@ async fn run(conns: usize) -> Result<(), Box<dyn std::error::Error>> {
                         let mut got = 0u64;
                         if in_parts {
                             // The payloads as quinn's buffers, checksummed where they lie, never copied.
-                            let mut parts = Vec::new();
-                            while let Some(header) = quic::read_chunk_header(&mut rs).await? {
-                                quic::read_chunk_parts(&mut rs, &header, &mut parts).await?;
+                            let mut chunks = QuicChunks::new(&mut rs);
+                            while let Some(header) = chunks.next_header().await? {
+                                chunks.next_payload(&header).await?;
                                 got += u64::from(header.len);
                             }
                         } else {
-                            let mut buf = Vec::new();
-                            while quic::read_chunk(&mut rs, 1 << 20, &mut buf).await?.is_some() {
-                                got += buf.len() as u64;
+                            let mut chunks = StreamChunks::new(&mut rs, 1 << 20);
+                            while let Some(header) = chunks.next_header().await? {
+                                got += chunks.next_payload(&header).await?.iter().map(|p| p.len() as u64).sum::<u64>();
                             }
                         }
-                        Ok::<u64, quic::QuicError>(got)
+                        Ok::<u64, ChunkError>(got)
                     }));
                 }
             }
@@ -118,7 +120,7 @@ async fn run(conns: usize) -> Result<(), Box<dyn std::error::Error>> {
             tasks.push(tokio::spawn(async move {
                 let mut s = c.open_uni().await.map_err(|e| e.to_string())?;
                 for i in 0..per_stream {
-                    quic::write_chunk(&mut s, i << 20, p.clone()).await.map_err(|e| e.to_string())?;
+                    send_chunk(&mut s, i << 20, p.clone()).await.map_err(|e| e.to_string())?;
                 }
                 s.finish().map_err(|e| e.to_string())?;
                 s.stopped().await.map_err(|e| e.to_string())?;
