@@ -6,7 +6,7 @@
 //! documents its numbers as "units of the allocator that raised it" instead of pretending to
 //! be bytes everywhere.
 
-use crate::quota::{TenantId, Tier};
+use crate::tenant::{TenantId, Tier};
 
 /// Why an allocation, free, lease or compaction request was refused.
 ///

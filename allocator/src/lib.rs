@@ -10,7 +10,8 @@
 //! - [`range`]: [`RangeAllocator`], aligned virtual ranges of a node's address space.
 //! - [`frames`]: [`FrameArena`], a device's physical memory as page-sized frames, with
 //!   headroom for the fabric's own use, leases that pin frames, and compaction plans.
-//! - [`quota`]: [`TenantId`], [`Tier`] and the per-tenant [`QuotaBook`].
+//! - [`tenant`]: [`TenantId`] and [`Tier`], the names quotas and errors share.
+//! - [`quota`]: the per-tenant [`QuotaBook`].
 //! - [`error`]: [`AllocError`], the single error type.
 //!
 //! # Why it is pure
@@ -64,16 +65,18 @@ pub mod location;
 pub mod page_move;
 pub mod quota;
 pub mod range;
+pub mod tenant;
 
 pub use addr::{GlobalAddr, NodeId, PageSize, MAX_OFFSET, OFFSET_BITS};
 pub use error::AllocError;
 pub use extent::{Fragmentation, FreeExtents};
 pub use fit::Fit;
-pub use location::{Location, ParseLocationError};
-pub use page_move::PageMove;
 pub use frames::{
     AllocClass, CompactionPlan, FrameAlloc, FrameArena, FrameArenaConfig, FrameMove, FrameRun, FrameState,
     DEFAULT_HEADROOM_PERCENT,
 };
-pub use quota::{QuotaBook, TenantId, Tier};
+pub use location::{Location, ParseLocationError};
+pub use page_move::PageMove;
+pub use quota::QuotaBook;
 pub use range::{Range, RangeAllocator};
+pub use tenant::{TenantId, Tier};

@@ -3,7 +3,7 @@
 //! A node's memory is a set of [`Arena`]s, one or more per location, each created once at start and mapped once
 //! (on CUDA: physical chunks mapped into one reserved virtual range, access granted to every GPU of the node).
 //! Pages live in page-sized frames of arenas and move by copying between frames, through a
-//! [`Mover`](super::mover::Mover); mappings never change on that path, because mapping, granting access and
+//! `Mover`; mappings never change on that path, because mapping, granting access and
 //! unmapping cost far more per page than copying it (docs/benchmarks.md and docs/architecture.md have the
 //! figures).
 

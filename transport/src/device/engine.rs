@@ -27,7 +27,7 @@ impl std::fmt::Display for Engine {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EngineChoice {
-    /// The mover picks ([`choose_engine`](super::mover::choose_engine)).
+    /// The mover picks (`choose_engine` in the mover).
     #[default]
     Auto,
     /// Always the copy engine.

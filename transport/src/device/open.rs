@@ -67,9 +67,8 @@ pub struct Opened {
 
 /// Opens the device layer that `options` ask for.
 pub fn open(options: &OpenOptions) -> Result<Opened, DeviceError> {
-    let emulated = || -> Arc<dyn DeviceLayer> {
-        Arc::new(EmulatedNode::new(options.emulated_gpus, options.emulated_gpu_memory))
-    };
+    let emulated =
+        || -> Arc<dyn DeviceLayer> { Arc::new(EmulatedNode::new(options.emulated_gpus, options.emulated_gpu_memory)) };
     match options.backend {
         Backend::Emulated => Ok(Opened { layer: emulated(), fallback_reason: None }),
         Backend::Cuda => Ok(Opened { layer: Arc::new(CudaNode::open()?), fallback_reason: None }),

@@ -23,10 +23,10 @@ use rustls::pki_types::CertificateDer;
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 
-use super::runtime::PinnedRuntime;
-use super::socket::{gso_segments, CappedGsoSocket};
 use super::ca::NodeIdentity;
 use super::error::QuicError;
+use super::runtime::PinnedRuntime;
+use super::socket::{gso_segments, CappedGsoSocket};
 use super::x509;
 
 /// The ALPN protocol every vfabric connection negotiates.
@@ -396,13 +396,11 @@ mod tests {
         let bind = "127.0.0.1:0".parse().unwrap();
         let r = endpoint(bind, &id, &QuicSettings { mtu: 1000, ..QuicSettings::default() });
         assert!(matches!(r, Err(QuicError::Config(_))), "{r:?}");
-        let r =
-            endpoint(bind, &NodeIdentity { key_pem: "junk".into(), ..id.clone() }, &Default::default());
+        let r = endpoint(bind, &NodeIdentity { key_pem: "junk".into(), ..id.clone() }, &Default::default());
         assert!(matches!(r, Err(QuicError::Certificate(_))), "{r:?}");
         // A key that is not the certificate's.
         let other = ca.issue("n1").unwrap();
-        let r =
-            endpoint(bind, &NodeIdentity { key_pem: other.key_pem, ..id.clone() }, &Default::default());
+        let r = endpoint(bind, &NodeIdentity { key_pem: other.key_pem, ..id.clone() }, &Default::default());
         assert!(matches!(r, Err(QuicError::Tls(_))), "{r:?}");
         endpoint(bind, &id, &QuicSettings::default()).unwrap();
     }

@@ -8,8 +8,8 @@ use super::context::GpuContext;
 use super::driver::cu;
 use super::host::PinnedHostMemory;
 use super::vmm::{set_access, Mapping, PhysicalChunk, VirtualRange};
-use crate::device::error::DeviceError;
 use crate::device::arena::{check_bounds, copy_parts, write_gathered, Arena};
+use crate::device::error::DeviceError;
 use vfabric_allocator::Location;
 
 /// GPU memory: `chunks` mapped back to back into `range`, readable and writable by every GPU of the node that

@@ -8,8 +8,8 @@ use super::context::GpuContext;
 use super::driver::cu;
 use super::node::CudaNode;
 use super::stream::{Event, Stream};
-use crate::device::error::DeviceError;
 use crate::device::arena::{check_bounds, Arena};
+use crate::device::error::DeviceError;
 use vfabric_allocator::Location;
 
 /// One contiguous copy between two arenas.

@@ -3,7 +3,8 @@
 //! and [`CudaMover`] implement the device layer's traits.
 //!
 //! The driver is loaded at run time (cudarc's `dynamic-loading`), so this compiles and links on machines
-//! without CUDA; [`CudaNode::open`] returns [`DeviceError::DriverMissing`](crate::device::error::DeviceError::DriverMissing) there instead of panicking.
+//! without CUDA; [`CudaNode::open`] returns
+//! [`DriverMissing`](crate::device::error::DeviceError::DriverMissing) there instead of panicking.
 
 pub mod arena;
 pub mod baseline;

@@ -10,15 +10,15 @@ use cudarc::driver::sys;
 use super::arena::{GpuArena, HostArena};
 use super::context::GpuContext;
 use super::driver::{cu, has_symbol};
-use super::module::{Kernel, Module};
 use super::gpus::NodeInner;
+use super::module::{Kernel, Module};
 use super::stream::{Event, Stream};
-use crate::device::batch::{PageBatch, Plan};
-use crate::device::error::{DeviceError, MoveError};
 use crate::device::arena::Arena;
-use vfabric_allocator::Location;
+use crate::device::batch::{PageBatch, Plan};
 use crate::device::engine::{Engine, EngineChoice};
+use crate::device::error::{DeviceError, MoveError};
 use crate::device::mover::{prepare, Execution, Mover, MoverConfig, Pending, Transfer, Way};
+use vfabric_allocator::Location;
 
 /// The page copy kernels, built from `kernels/page_copy.cu` with `nvcc -ptx -arch=compute_90` on the GPU machine.
 pub const PAGE_COPY_PTX: &str = include_str!("../../../kernels/page_copy.ptx");

@@ -5,8 +5,8 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::device::error::DeviceError;
 use crate::device::arena::{check_bounds, copy_parts, Arena};
+use crate::device::error::DeviceError;
 use vfabric_allocator::Location;
 
 /// Memory charged to an emulated GPU: its counters, which GPU, how many bytes.

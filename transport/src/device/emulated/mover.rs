@@ -7,10 +7,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::arena::EmulatedArena;
-use crate::device::batch::{KernelLayout, PageBatch, Plan};
-use crate::device::error::{DeviceError, MoveError};
 use crate::device::arena::Arena;
+use crate::device::batch::{KernelLayout, PageBatch, Plan};
 use crate::device::engine::{Engine, EngineChoice};
+use crate::device::error::{DeviceError, MoveError};
 use crate::device::mover::{prepare, Mover, MoverConfig, Pending, Transfer, Way};
 
 type Job = Box<dyn FnOnce() + Send>;
