@@ -3,8 +3,7 @@
 //!
 //!     cargo run --release -p vfabric --example embedded
 
-use vfabric::{ByteSize, ClusterConfig, Fabric, FabricError, LeasePtr, Mode, Placement};
-use vfabric_transport::Location;
+use vfabric::{ByteSize, ClusterConfig, Fabric, FabricError, LeasePtr, Location, Mode, Placement};
 
 fn main() -> Result<(), FabricError> {
     let fabric = Fabric::embedded(&ClusterConfig::embedded_local())?;

@@ -2,11 +2,11 @@
 //!
 //! This crate holds the fabric as its users see it: the cluster configuration ([`config`]), the directory and
 //! its coherence rules (pure: [`directory`]), the embedded fabric that carries out its copies ([`Fabric`]: the
-//! Rust API), and the demo ([`demo`]). The agent and the network come next (see `docs/architecture.md`).
+//! Rust API), the wire between nodes ([`proto`]), a node's daemon and its calls on other nodes' regions
+//! ([`agent`]), and the demo ([`demo`]). `docs/architecture.md` draws the layers.
 //!
 //! ```no_run
-//! use vfabric::{ClusterConfig, Fabric, Mode, Placement};
-//! use vfabric_transport::Location;
+//! use vfabric::{ClusterConfig, Fabric, Location, Mode, Placement};
 //!
 //! let fabric = Fabric::embedded(&ClusterConfig::embedded_local())?;
 //! let region = fabric.alloc(64 << 20, Placement::on(Location::Gpu(0)))?;
@@ -19,7 +19,8 @@
 //! ```
 //!
 //! The layers below: `vfabric-allocator` (addresses, ranges, frames, quotas: pure) and `vfabric-transport` (the
-//! device layer over CUDA or the emulated device, and the page movers).
+//! device layer over CUDA or the emulated device with the page movers, and QUIC between nodes). What this
+//! crate's API takes and returns from them is re-exported here, so a user depends on `vfabric` alone.
 
 #![deny(missing_docs)]
 
@@ -34,8 +35,11 @@ pub mod pattern;
 pub mod proto;
 pub mod units;
 
+pub use agent::{Agent, AgentLease, LocalClient};
 pub use config::{ClusterConfig, ConfigError};
-pub use directory::{Mode, Placement, Priority};
-pub use error::FabricError;
-pub use fabric::{Fabric, Lease, LeasePtr, Region, Stats, Traffic};
+pub use directory::{DirectoryError, Mode, Placement, Priority};
+pub use error::{FabricError, LaunchError, NetworkError};
+pub use fabric::{Fabric, Lease, LeasePtr, LeasedPages, Region, Stats, Traffic};
 pub use units::ByteSize;
+pub use vfabric_allocator::{GlobalAddr, Location, NodeId, PageSize, TenantId, Tier};
+pub use vfabric_transport::{Arena, Backend, DeviceError, DeviceKind, EngineChoice, MoveError, TransferReport};

@@ -1,6 +1,6 @@
 //! The one error type of the QUIC layer.
 
-/// An error from the QUIC layer: certificates, TLS and endpoint configuration, connections and chunk streams.
+/// An error from the QUIC layer: certificates, TLS and endpoint configuration, connections.
 #[derive(Debug, thiserror::Error)]
 pub enum QuicError {
     /// Generating, parsing, loading or saving a certificate or key failed.
@@ -22,28 +22,4 @@ pub enum QuicError {
     /// certificate.
     #[error("connection failed: {0}")]
     Connection(#[from] quinn::ConnectionError),
-    /// Writing to a stream failed.
-    #[error("stream write failed: {0}")]
-    Write(#[from] quinn::WriteError),
-    /// Reading from a stream failed, or the stream ended inside a chunk.
-    #[error("stream read failed: {0}")]
-    Read(String),
-    /// A chunk's payload does not match the checksum in its header.
-    #[error("chunk at offset {offset:#x}: checksum {found:#018x} does not match the header's {expected:#018x}")]
-    Checksum {
-        /// The chunk's offset, from its header.
-        offset: u64,
-        /// The checksum in the header.
-        expected: u64,
-        /// The checksum of the payload that arrived.
-        found: u64,
-    },
-    /// A chunk longer than the reader accepts (or, when writing, longer than a header can describe).
-    #[error("chunk of {len} bytes is longer than the {max} bytes allowed")]
-    ChunkTooLarge {
-        /// The chunk's length.
-        len: u64,
-        /// The largest length allowed.
-        max: u64,
-    },
 }

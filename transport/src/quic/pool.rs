@@ -1,6 +1,6 @@
 //! Reusable payload buffers for page chunks.
 //!
-//! A sender fills a buffer and hands it to quinn as [`Bytes`] ([`super::write_chunk`]); quinn keeps it until the
+//! A sender fills a buffer and hands it to quinn as [`Bytes`] (the fabric's `proto::quic::send_chunk`); quinn keeps it until the
 //! peer has acknowledged it and then drops it. A buffer from a [`BufferPool`] goes back to the pool at that
 //! point instead of to the allocator, so a steady stream of chunks neither allocates nor faults in fresh pages
 //! (freshly mapped 1 MiB buffers cost a page fault and a zeroing per 4 KiB page).
