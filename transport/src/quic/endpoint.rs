@@ -4,7 +4,7 @@
 //! certificate signed by the cluster CA) and a default client config (servers must too, and must be the node
 //! [`connect`] expects). TLS 1.3 only, ring as the crypto provider, ALPN [`ALPN`].
 //!
-//! The transport follows what was measured on these machines (`shared/NETWORK.md`): the packet size is the main
+//! The transport follows what was measured on these machines (docs/benchmarks.md): the packet size is the main
 //! throughput lever, so the MTU is a per-cluster setting ([`QuicSettings::mtu`]) and both the initial and the
 //! minimum MTU are pinned to it, with path MTU discovery off: loss is never read as an MTU problem and the
 //! connection never falls back to 1200-byte packets. Socket buffers are asked for at
