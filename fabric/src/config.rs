@@ -245,14 +245,14 @@ impl ClusterConfig {
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let cfg: ClusterConfig = toml::from_str(text)
             .map_err(|e| ConfigError::Parse { origin: origin.to_string(), message: e.to_string() })?;
-        cfg.validate().map_err(|message| ConfigError::Invalid { origin: origin.to_string(), message })?;
+        cfg.validate(origin)?;
         Ok(cfg)
     }
 
     /// Checks a configuration made or changed in code as [`ClusterConfig::from_toml`] checks a file; `origin`
     /// names it in errors.
     pub fn check(&self, origin: &str) -> Result<(), ConfigError> {
-        self.validate().map_err(|message| ConfigError::Invalid { origin: origin.to_string(), message })
+        self.validate(origin)
     }
 
     /// Reads a configuration file.
@@ -294,41 +294,43 @@ impl ClusterConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// Checks the values: the first problem found, as a [`ConfigError::Invalid`] naming `origin`.
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let bad = |message: String| ConfigError::Invalid { origin: origin.to_string(), message };
         let m = &self.memory;
-        PageSize::new(m.page_size.bytes()).map_err(|e| format!("memory.page_size: {e}"))?;
+        PageSize::new(m.page_size.bytes()).map_err(|e| bad(format!("memory.page_size: {e}")))?;
         if m.headroom_percent >= 100 {
-            return Err(format!("memory.headroom_percent is {}: it must be below 100", m.headroom_percent));
+            return Err(bad(format!("memory.headroom_percent is {}: it must be below 100", m.headroom_percent)));
         }
         if m.low_watermark_percent > m.high_watermark_percent || m.high_watermark_percent > 100 {
-            return Err(format!(
+            return Err(bad(format!(
                 "memory.low_watermark_percent ({}) must be at most memory.high_watermark_percent ({}), which is at most 100",
                 m.low_watermark_percent, m.high_watermark_percent
-            ));
+            )));
         }
         let chunk = m.chunk_size.bytes();
         if !chunk.is_power_of_two() || chunk < (2 << 20) {
-            return Err(format!("memory.chunk_size {} must be a power of two of at least 2MiB", m.chunk_size));
+            return Err(bad(format!("memory.chunk_size {} must be a power of two of at least 2MiB", m.chunk_size)));
         }
         if let Some(b) = m.gpu_budget {
             if b.bytes() < m.page_size.bytes() {
-                return Err(format!("memory.gpu_budget {b} is smaller than one page ({})", m.page_size));
+                return Err(bad(format!("memory.gpu_budget {b} is smaller than one page ({})", m.page_size)));
             }
         }
         if m.host_arena.bytes() < m.page_size.bytes() {
-            return Err(format!("memory.host_arena {} is smaller than one page", m.host_arena));
+            return Err(bad(format!("memory.host_arena {} is smaller than one page", m.host_arena)));
         }
-        self.mover.validate().map_err(|e| e.to_string())?;
+        self.mover.validate().map_err(|e| bad(e.to_string()))?;
         if self.device.emulated_gpus == 0 {
-            return Err("device.emulated_gpus must be at least 1".into());
+            return Err(bad("device.emulated_gpus must be at least 1".into()));
         }
         let mut names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(format!("node `{}` is listed twice", w[0]));
+            return Err(bad(format!("node `{}` is listed twice", w[0])));
         }
         if self.nodes.len() > usize::from(u16::MAX) {
-            return Err(format!("{} nodes: at most {} fit in a global address", self.nodes.len(), u16::MAX));
+            return Err(bad(format!("{} nodes: at most {} fit in a global address", self.nodes.len(), u16::MAX)));
         }
         for n in &self.nodes {
             let dns_label = !n.name.is_empty()
@@ -336,38 +338,38 @@ impl ClusterConfig {
                 && n.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
                 && !n.name.starts_with('-');
             if !dns_label {
-                return Err(format!(
+                return Err(bad(format!(
                     "node name `{}`: use letters, digits and '-' (it names the node's certificate)",
                     n.name
-                ));
+                )));
             }
             if let Some(a) = &n.address {
                 a.parse::<std::net::SocketAddr>()
-                    .map_err(|e| format!("node `{}`: address `{a}` is not ip:port ({e})", n.name))?;
+                    .map_err(|e| bad(format!("node `{}`: address `{a}` is not ip:port ({e})", n.name)))?;
             }
         }
         let net = &self.network;
         let mtus = vfabric_transport::quic::MIN_MTU..=vfabric_transport::quic::MAX_MTU;
         if !mtus.contains(&net.mtu) {
-            return Err(format!("network.mtu {} must be within {}..={}", net.mtu, mtus.start(), mtus.end()));
+            return Err(bad(format!("network.mtu {} must be within {}..={}", net.mtu, mtus.start(), mtus.end())));
         }
         if net.heartbeat_ms == 0 || net.dead_after_ms <= net.heartbeat_ms {
-            return Err(format!(
+            return Err(bad(format!(
                 "network.dead_after_ms ({}) must exceed network.heartbeat_ms ({}), which must be above 0",
                 net.dead_after_ms, net.heartbeat_ms
-            ));
+            )));
         }
         if net.chunk.bytes() == 0 || net.chunk.bytes() > (64 << 20) {
-            return Err(format!("network.chunk {} must be within 1B..=64MiB", net.chunk));
+            return Err(bad(format!("network.chunk {} must be within 1B..=64MiB", net.chunk)));
         }
         if net.stream_window.bytes() < (64 << 10) || net.connection_window.bytes() < net.stream_window.bytes() {
-            return Err(format!(
+            return Err(bad(format!(
                 "network.stream_window ({}) must be at least 64KiB and network.connection_window ({}) at least that",
                 net.stream_window, net.connection_window
-            ));
+            )));
         }
         if !(1..=MAX_LANES).contains(&net.lanes) {
-            return Err(format!("network.lanes {} must be within 1..={MAX_LANES}", net.lanes));
+            return Err(bad(format!("network.lanes {} must be within 1..={MAX_LANES}", net.lanes)));
         }
         // Each node listens on its port and the `connections - 1` after it: those ranges must exist and not
         // overlap.
@@ -377,27 +379,27 @@ impl ClusterConfig {
             let Some(a) = n.address.as_ref().and_then(|a| a.parse::<std::net::SocketAddr>().ok()) else { continue };
             let (first, last) = (u32::from(a.port()), u32::from(a.port()) + ports - 1);
             if a.port() != 0 && last > u32::from(u16::MAX) {
-                return Err(format!(
+                return Err(bad(format!(
                     "node `{}`: {ports} ports (lanes and the latency lane) from port {first} run past 65535",
                     n.name
-                ));
+                )));
             }
             if let Some((_, other, name)) =
                 ranges.iter().find(|(ip, p, _)| *ip == a.ip() && a.port() != 0 && p.abs_diff(first) < ports)
             {
-                return Err(format!(
+                return Err(bad(format!(
                     "nodes `{name}` and `{}` listen on {} at ports {other} and {first}: with network.lanes = {} and \
                      the latency lane {} each takes {ports} ports from its own, so they overlap",
                     n.name,
                     a.ip(),
                     net.lanes,
                     if net.latency_lane { "on" } else { "off" },
-                ));
+                )));
             }
             ranges.push((a.ip(), first, &n.name));
         }
         if net.max_frame.bytes() < 4096 {
-            return Err(format!("network.max_frame {} must be at least 4KiB", net.max_frame));
+            return Err(bad(format!("network.max_frame {} must be at least 4KiB", net.max_frame)));
         }
         Ok(())
     }

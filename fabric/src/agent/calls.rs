@@ -7,7 +7,7 @@ use std::future::Future;
 use super::lane_use::{LaneUse, BULK};
 use super::shared::{in_place, Agent};
 use crate::directory::RegionHandle as Region;
-use crate::error::{FabricError, NetworkError};
+use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::chunk::{copy_pieces, receive, ChunkError, Payload};
 use crate::proto::codec::{read_frame, write_frame};
 use crate::proto::convert::reply_or_error;
@@ -111,7 +111,7 @@ impl Agent {
             let (offset, room) = into.span();
             let want = expect(&reply);
             if want > room {
-                return Err(FabricError::Protocol(format!("node {node} announced {want} bytes for {room} of room")));
+                return Err(ProtocolError::Oversized { node, want, room }.into());
             }
             // A bad chunk fails the whole call, so the caller never takes bytes from it. The payload stays in
             // quinn's receive buffers until its checksum is known good; then each piece is copied once.

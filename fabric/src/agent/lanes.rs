@@ -156,8 +156,8 @@ mod tests {
             assert_eq!(b.1.as_deref(), Some("vf-lane1-n0"));
             assert!(matches!(lanes.run(2, async { Ok(()) }).await, Err(FabricError::Network(_))));
             // Errors come back as they are.
-            let failed = lanes.run(0, async { Err::<(), _>(FabricError::Protocol("no".into())) }).await;
-            assert!(matches!(failed, Err(FabricError::Protocol(_))));
+            let failed = lanes.run(0, async { Err::<(), _>(FabricError::UnknownLease(7)) }).await;
+            assert!(matches!(failed, Err(FabricError::UnknownLease(7))));
             // Once stopped, work on a lane fails instead of hanging.
             drop(stop);
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;

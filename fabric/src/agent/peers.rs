@@ -8,7 +8,7 @@ use vfabric_transport::quic;
 
 use super::link::LinkStats;
 use super::shared::Agent;
-use crate::error::{FabricError, NetworkError};
+use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::codec::{read_frame, write_frame, PROTOCOL_VERSION};
 use crate::proto::message::Message;
 
@@ -139,7 +139,7 @@ impl Agent {
         match read_frame(&mut recv, self.max_frame()).await? {
             Some(Message::Welcome { node: n, .. }) if n == node => Ok(conn),
             Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
-            other => Err(FabricError::Protocol(format!("node {node} answered hello with {other:?}"))),
+            other => Err(ProtocolError::Unexpected { node, answer: other.as_ref().map_or("nothing", Message::name) }.into()),
         }
     }
 

@@ -9,16 +9,13 @@ use super::lane_use::{pages_of, BULK};
 use super::serve_pages::{grant, home_region, receive_write, send_read, take_back};
 use super::shared::{in_place, Agent, Shared};
 use crate::directory::{Mode, Placement, RegionHandle as Region};
-use crate::error::FabricError;
+use crate::error::{FabricError, ProtocolError};
 use crate::fabric::Lease;
 use crate::proto::codec::{read_frame, PROTOCOL_VERSION};
 use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
-use crate::proto::quic::answer as finish_with;
+use crate::proto::quic::{answer as finish_with, close as quic_close, CloseCode};
 
-/// Why a connection is closed (the code the peer sees; the reason goes with it and into our log).
-const CLOSE_PROTOCOL: u32 = 1;
-const CLOSE_UNKNOWN_PEER: u32 = 2;
 
 /// Accepts connections on lane `lane`'s endpoint until it closes.
 pub(crate) async fn accept_loop(shared: Arc<Shared>, lane: usize) {
@@ -43,30 +40,29 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, lane: usize) {
     }
 }
 
-fn close(conn: &quinn::Connection, code: u32, reason: &str) {
-    tracing::warn!(peer = %conn.remote_address(), reason, "closing a connection");
-    conn.close(quinn::VarInt::from_u32(code), reason.as_bytes());
+fn close(conn: &quinn::Connection, code: CloseCode, why: &ProtocolError) {
+    quic_close(conn, code, &why.to_string());
 }
 
 /// Serves one peer: its `Hello` first, then one request per bidirectional stream.
 async fn serve_connection(agent: Agent, conn: quinn::Connection) {
     let Some(name) = quic::peer_name(&conn) else {
-        return close(&conn, CLOSE_UNKNOWN_PEER, "no node name in the peer's certificate");
+        return close(&conn, CloseCode::UnknownPeer, &ProtocolError::NoNodeName);
     };
     let Some(node) = agent.find_peer(&name).await else {
-        let why = format!("`{name}` is not a node of cluster {}", agent.shared.cluster);
-        return close(&conn, CLOSE_UNKNOWN_PEER, &why);
+        let cluster = agent.shared.cluster.clone();
+        return close(&conn, CloseCode::UnknownPeer, &ProtocolError::UnknownNode { name, cluster });
     };
     let Ok((mut send, mut recv)) = conn.accept_bi().await else { return };
     if let Err(why) = greet(&agent, &name, node, &mut send, &mut recv).await {
-        return close(&conn, CLOSE_PROTOCOL, &why);
+        return close(&conn, CloseCode::Protocol, &why);
     }
     tracing::debug!(peer = %name, node, "peer connected");
     while let Ok((send, recv)) = conn.accept_bi().await {
         let (a, c) = (agent.clone(), conn.clone());
         tokio::spawn(async move {
             if let Err(why) = serve_stream(&a, (node, c.stable_id()), send, recv).await {
-                close(&c, CLOSE_PROTOCOL, &why);
+                close(&c, CloseCode::Protocol, &why);
             }
         });
     }
@@ -91,7 +87,7 @@ async fn greet(
     node: u16,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<(), String> {
+) -> Result<(), ProtocolError> {
     let (s, max) = (&agent.shared, agent.max_frame());
     match read_frame(recv, max).await {
         Ok(Some(Message::Hello { cluster, node: n, protocol, lanes, latency_lane }))
@@ -103,15 +99,24 @@ async fn greet(
             finish_with(send, &Message::Welcome { node: s.node, protocol: PROTOCOL_VERSION }, max).await;
             Ok(())
         }
-        Ok(Some(Message::Hello { cluster, node: n, protocol, lanes, latency_lane })) => Err(format!(
-            "hello from `{name}` claims cluster `{cluster}` node {n} protocol {protocol}, {lanes} lanes, latency \
-             lane {latency_lane}; expected `{}` node {node} protocol {PROTOCOL_VERSION}, {} lanes, latency lane {} \
-             (network.lanes and network.latency_lane must be the same on every node)",
-            s.cluster, s.net.lanes, s.net.latency_lane
-        )),
-        Ok(Some(other)) => Err(format!("first message `{}`, not hello", other.name())),
-        Ok(None) => Err("stream ended before hello".into()),
-        Err(e) => Err(format!("bad hello: {e}")),
+        Ok(Some(Message::Hello { cluster, node: n, protocol, lanes, latency_lane })) => {
+            Err(ProtocolError::HelloMismatch {
+                name: name.to_string(),
+                cluster,
+                node: n,
+                protocol,
+                lanes,
+                latency_lane,
+                want_cluster: s.cluster.clone(),
+                want_node: node,
+                want_protocol: PROTOCOL_VERSION,
+                want_lanes: s.net.lanes,
+                want_latency_lane: s.net.latency_lane,
+            })
+        }
+        Ok(Some(other)) => Err(ProtocolError::NotHello(other.name())),
+        Ok(None) => Err(ProtocolError::NoHello),
+        Err(e) => Err(ProtocolError::Codec(e)),
     }
 }
 
@@ -121,14 +126,14 @@ async fn serve_stream(
     (peer, connection): (u16, usize),
     send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-) -> Result<(), String> {
+) -> Result<(), ProtocolError> {
     let msg = match read_frame(&mut recv, agent.max_frame()).await {
         Ok(Some(m)) => m,
         Ok(None) => return Ok(()),
-        Err(e) => return Err(format!("bad request frame: {e}")),
+        Err(e) => return Err(ProtocolError::Codec(e)),
     };
     if !msg.is_request() || matches!(msg, Message::Hello { .. }) {
-        return Err(format!("unexpected `{}` as a request", msg.name()));
+        return Err(ProtocolError::NotServed(msg.name()));
     }
     agent.heard_from(peer).await;
     if pages_moved(agent, peer, &msg) < BULK {
@@ -168,7 +173,7 @@ async fn answer(
     msg: Message,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-) -> Result<(), String> {
+) -> Result<(), ProtocolError> {
     let reply = match msg {
         Message::Ping { nonce } => Ok(Message::Pong { nonce }),
         Message::Alloc { size, device } => {
@@ -198,7 +203,7 @@ async fn answer(
             }
             Err(e) => Err(e),
         },
-        other => Err(FabricError::Protocol(format!("`{}` is not a request this agent serves", other.name()))),
+        other => Err(ProtocolError::NotServed(other.name()).into()),
     };
     let answer = match reply {
         Ok(m) => m,

@@ -6,12 +6,12 @@ use vfabric_allocator::Location;
 
 use super::shared::{in_place, Agent, RemoteGrant};
 use crate::directory::{Mode, RegionHandle as Region};
-use crate::error::FabricError;
+use crate::error::{FabricError, ProtocolError};
 use crate::proto::chunk::{copy_pieces, receive, Payload};
 use crate::proto::codec::write_frame;
 use crate::proto::convert::refusal;
-use crate::proto::message::{ErrorKind, Message, WireMode, WireRegion};
-use crate::proto::quic::{answer, send_chunk, QuicChunks};
+use crate::proto::message::{Message, WireMode, WireRegion};
+use crate::proto::quic::{abort, answer, send_chunk, QuicChunks};
 
 /// A region named by a peer, which must live here.
 pub(crate) fn home_region(agent: &Agent, w: &WireRegion) -> Result<Region, FabricError> {
@@ -46,7 +46,7 @@ pub(crate) async fn grant(
     (peer, connection): (u16, usize),
     (region, offset, len, mode, cached): (&WireRegion, u64, u64, WireMode, Option<u64>),
     send: &mut quinn::SendStream,
-) -> Result<(), String> {
+) -> Result<(), ProtocolError> {
     let (f, max) = (&agent.shared.fabric, agent.max_frame());
     // Once leased, the region cannot move (a migration frees the old copy, which a lease prevents).
     let leased = match staying_here(agent, region, offset, len).await {
@@ -82,7 +82,7 @@ pub(crate) async fn grant(
         while at < total && !unchanged {
             let mut piece = agent.shared.buffers.take(piece_len.min(total - at) as usize);
             if pages_of_lease.read(at, piece.as_mut()).is_err() {
-                let _ = send.reset(quinn::VarInt::from_u32(ErrorKind::Internal as u32));
+                abort(send);
                 return Err(());
             }
             let n = piece.as_ref().len() as u64;
@@ -158,7 +158,7 @@ pub(crate) async fn send_read(
     offset: u64,
     len: u64,
     send: &mut quinn::SendStream,
-) -> Result<(), String> {
+) -> Result<(), ProtocolError> {
     let max = agent.max_frame();
     let checked = match len {
         0 => Err(FabricError::OutOfBounds { offset, len, region_len: Region::from(region).len }),
@@ -186,7 +186,7 @@ pub(crate) async fn send_read(
             Err(e) => {
                 // Mid-stream: the requester sees a reset stream and a short read.
                 tracing::warn!(error = %e, "a read failed midway");
-                let _ = send.reset(quinn::VarInt::from_u32(ErrorKind::Internal as u32));
+                abort(send);
                 return Ok(());
             }
         }

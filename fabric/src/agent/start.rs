@@ -19,6 +19,7 @@ use super::shared::{Agent, Shared};
 use crate::config::ClusterConfig;
 use crate::error::{FabricError, NetworkError};
 use crate::fabric::Fabric;
+use crate::proto::quic::CloseCode;
 
 impl Agent {
     /// Starts node `name` of `config`: its fabric, its QUIC endpoint on `bind` (default: the node's configured
@@ -153,7 +154,7 @@ impl Agent {
             t.abort();
         }
         for e in &self.shared.endpoints {
-            e.close(quinn::VarInt::from_u32(0), b"shutdown");
+            e.close(quinn::VarInt::from_u32(CloseCode::Shutdown as u32), b"shutdown");
         }
         let idle = async {
             for e in &self.shared.endpoints {

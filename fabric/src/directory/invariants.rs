@@ -7,11 +7,20 @@ use vfabric_allocator::FrameState;
 use super::page::{Copy, DevIdx, PageRef};
 use super::state::Directory;
 
+/// A broken invariant of the directory's tables (a bug): what is inconsistent, naming the pages and frames.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("directory invariant broken: {0}")]
+pub struct InvariantError(pub String);
+
+fn broken(what: String) -> InvariantError {
+    InvariantError(what)
+}
+
 impl Directory {
     /// Checks the directory's own invariants (for tests): every copy's frame is used and points back to its
     /// page; no frame holds two copies; pinned frames are exactly the leased copies; no page has two copies on
     /// one device.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
         let mut seen: HashMap<(DevIdx, u32), PageRef> = HashMap::new();
         for (slot, r) in self.regions.iter().enumerate() {
             let Some(r) = r else { continue };
@@ -19,49 +28,49 @@ impl Directory {
                 let page = PageRef { slot: slot as u32, page: i as u32 };
                 let mut devs = BTreeSet::new();
                 if p.owner().is_none() && !p.sharers().is_empty() {
-                    return Err(format!("{page:?} has sharers but no owner"));
+                    return Err(broken(format!("{page:?} has sharers but no owner")));
                 }
                 for c in p.copies() {
                     if !devs.insert(c.dev) {
-                        return Err(format!("{page:?} has two copies on device {}", c.dev));
+                        return Err(broken(format!("{page:?} has two copies on device {}", c.dev)));
                     }
                     if let Some(other) = seen.insert((c.dev, c.frame), page) {
-                        return Err(format!("frame {:?} holds {page:?} and {other:?}", (c.dev, c.frame)));
+                        return Err(broken(format!("frame {:?} holds {page:?} and {other:?}", (c.dev, c.frame))));
                     }
                     let d = &self.devs[usize::from(c.dev)];
                     if d.users[c.frame as usize] != Some(page) {
-                        return Err(format!("frame {:?} does not point back to {page:?}", (c.dev, c.frame)));
+                        return Err(broken(format!("frame {:?} does not point back to {page:?}", (c.dev, c.frame))));
                     }
                     if d.frames.state(c.frame) == Some(FrameState::Free) {
-                        return Err(format!("frame {:?} of {page:?} is free in the allocator", (c.dev, c.frame)));
+                        return Err(broken(format!("frame {:?} of {page:?} is free in the allocator", (c.dev, c.frame))));
                     }
                     let pinned = d.frames.lease_count(c.frame) > 0;
                     if pinned == d.lru.contains(c.frame) {
-                        return Err(format!(
+                        return Err(broken(format!(
                             "frame {:?}: pinned {pinned} but LRU membership disagrees",
                             (c.dev, c.frame)
-                        ));
+                        )));
                     }
                 }
                 if p.write_leased && p.read_leases > 0 {
-                    return Err(format!("{page:?} is leased for reading and writing"));
+                    return Err(broken(format!("{page:?} is leased for reading and writing")));
                 }
             }
         }
         for f in &self.in_flight {
             let Some(r) = self.regions.get(f.slot as usize).and_then(|r| r.as_ref()) else {
-                return Err(format!("a prefetch is in flight for freed region slot {}", f.slot));
+                return Err(broken(format!("a prefetch is in flight for freed region slot {}", f.slot)));
             };
             for &(page, new, old) in &f.moves {
                 let pinned = |c: Copy| self.devs[usize::from(c.dev)].frames.lease_count(c.frame) > 0;
                 if !pinned(new) || old.is_some_and(|o| !pinned(o)) {
-                    return Err(format!("page {page}'s frames in flight are not pinned"));
+                    return Err(broken(format!("page {page}'s frames in flight are not pinned")));
                 }
                 let Some(p) = r.pages.get(page as usize) else {
-                    return Err(format!("a prefetch is in flight for page {page} past its region's end"));
+                    return Err(broken(format!("a prefetch is in flight for page {page} past its region's end")));
                 };
                 if p.copy_on(new.dev) != old || self.devs[usize::from(new.dev)].users[new.frame as usize].is_some() {
-                    return Err(format!("prefetch of page {page} into frame {:?} collides with a copy", new.frame));
+                    return Err(broken(format!("prefetch of page {page} into frame {:?} collides with a copy", new.frame)));
                 }
             }
         }
@@ -72,23 +81,23 @@ impl Directory {
             let unpinned =
                 d.users.iter().enumerate().filter(|(f, u)| u.is_some() && d.frames.lease_count(*f as u32) == 0).count();
             if unpinned != d.lru.len() {
-                return Err(format!(
+                return Err(broken(format!(
                     "{}: {unpinned} unpinned copies but {} in the eviction order",
                     d.location,
                     d.lru.len()
-                ));
+                )));
             }
             if used != d.frames.used_frames() {
-                return Err(format!(
+                return Err(broken(format!(
                     "{}: {used} frames hold pages but the allocator counts {}",
                     d.location,
                     d.frames.used_frames()
-                ));
+                )));
             }
             for (f, u) in d.users.iter().enumerate() {
                 if let Some(p) = u {
                     if !seen.contains_key(&(di as DevIdx, f as u32)) {
-                        return Err(format!("{}: frame {f} points to {p:?}, which has no copy there", d.location));
+                        return Err(broken(format!("{}: frame {f} points to {p:?}, which has no copy there", d.location)));
                     }
                 }
             }

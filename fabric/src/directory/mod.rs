@@ -52,6 +52,7 @@ pub use acquire::AcquireRequest;
 pub use config::DirectoryConfig;
 pub use error::{DirectoryError, LeaseHeld};
 pub use host_io::{ReadPiece, ReadSource, WriteTarget};
+pub use invariants::InvariantError;
 pub use lease::{LeaseFrames, LeaseGrant, Mode};
 pub use page::{Copy, DevIdx, PageEntry, PageRef};
 pub use prefetch::PREFETCH_DEPTH;

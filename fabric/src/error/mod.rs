@@ -5,9 +5,11 @@
 
 mod launch;
 mod network;
+mod protocol;
 
 pub use launch::LaunchError;
 pub use network::NetworkError;
+pub use protocol::ProtocolError;
 
 use vfabric_allocator::{TenantId, Tier};
 use vfabric_transport::{DeviceError, Location, MoveError};
@@ -45,9 +47,13 @@ pub enum FabricError {
         /// Bytes asked for.
         requested: u64,
     },
-    /// A size of zero, or a size or page size the fabric cannot use.
+    /// A region of zero bytes, or of more pages than a region may have.
     #[error("invalid size: {0}")]
-    InvalidSize(String),
+    InvalidSize(DirectoryError),
+    /// The node's directory cannot do what was asked with the memory it has (its configuration, its address
+    /// space, a compaction that cannot work).
+    #[error("directory: {0}")]
+    Directory(DirectoryError),
     /// An address that names no region of this fabric.
     #[error("no region at {0}")]
     InvalidAddress(String),
@@ -119,7 +125,7 @@ pub enum FabricError {
     Internal(&'static str),
     /// A peer broke the protocol (a malformed or unexpected message); its connection is closed.
     #[error("protocol: {0}")]
-    Protocol(String),
+    Protocol(#[from] ProtocolError),
     /// Page bytes arrived with a checksum that does not match: nothing was written.
     #[error("checksum: {0}")]
     Checksum(String),
@@ -143,9 +149,9 @@ pub enum FabricError {
 }
 
 impl From<DirectoryError> for FabricError {
-    /// The directory's errors as the fabric's API has always reported them: the same variants, with the
-    /// configuration and address-space errors (no variant of their own here) as `InvalidSize` with the
-    /// directory's message.
+    /// The directory's errors as the fabric's API reports them: the same variants where the API has one; sizes
+    /// a region cannot have as `InvalidSize`, and the directory's configuration and address-space errors as
+    /// `Directory`.
     fn from(e: DirectoryError) -> FabricError {
         match e {
             DirectoryError::OutOfMemory { location, needed, available } => {
@@ -166,16 +172,15 @@ impl From<DirectoryError> for FabricError {
             }
             DirectoryError::UnknownLease(id) => FabricError::UnknownLease(id),
             DirectoryError::DeviceUnavailable(location) => FabricError::DeviceUnavailable(location),
+            e @ (DirectoryError::ZeroSize | DirectoryError::TooManyPages { .. }) => FabricError::InvalidSize(e),
             e @ (DirectoryError::InvalidWatermarks { .. }
             | DirectoryError::InvalidArena { .. }
             | DirectoryError::TooManyDevices(_)
             | DirectoryError::NoHostArena
             | DirectoryError::InvalidAddressSpace(_)
-            | DirectoryError::ZeroSize
-            | DirectoryError::TooManyPages { .. }
             | DirectoryError::AddressSpaceExhausted(_)
             | DirectoryError::CompactionImpossible { .. }
-            | DirectoryError::Allocator { .. }) => FabricError::InvalidSize(e.to_string()),
+            | DirectoryError::Allocator { .. }) => FabricError::Directory(e),
         }
     }
 }
@@ -187,7 +192,7 @@ impl From<ChunkError> for FabricError {
         match e {
             ChunkError::Checksum { .. } => FabricError::Checksum(e.to_string()),
             ChunkError::Outside { .. } | ChunkError::TooLarge { .. } | ChunkError::Short { .. } => {
-                FabricError::Protocol(e.to_string())
+                FabricError::Protocol(ProtocolError::Chunk(e))
             }
             ChunkError::Io(_) | ChunkError::Stopped | ChunkError::Truncated { .. } => {
                 FabricError::Network(NetworkError::Stream(e))
@@ -202,7 +207,7 @@ impl From<CodecError> for FabricError {
     fn from(e: CodecError) -> FabricError {
         match e {
             CodecError::Io(io) => FabricError::Network(NetworkError::Io(io)),
-            other => FabricError::Protocol(other.to_string()),
+            other => FabricError::Protocol(ProtocolError::Codec(other)),
         }
     }
 }
@@ -224,7 +229,8 @@ mod tests {
             Directory::new(DirectoryConfig::default(), &[(Location::Gpu(0), 8 << 21), (Location::Host, 8 << 21)])
                 .expect("directory");
         let e = FabricError::from(dir.alloc(0, Placement::default()).unwrap_err());
-        assert!(matches!(&e, FabricError::InvalidSize(s) if s == "a region of 0 bytes"), "{e:?}");
+        assert!(matches!(&e, FabricError::InvalidSize(DirectoryError::ZeroSize)), "{e:?}");
+        assert_eq!(e.to_string(), "invalid size: a region of 0 bytes");
         let h = dir.alloc(1 << 21, Placement::default()).expect("alloc");
         let e = FabricError::from(DirectoryError::LeasedElsewhere { region: h, page: 3, held: LeaseHeld::Reading(2) });
         assert_eq!(e.to_string(), format!("page 3 of region {h} is leased for reading (2 lease(s))"));
@@ -244,6 +250,6 @@ mod tests {
         assert!(matches!(e, FabricError::DeviceUnavailable(Location::Gpu(5))), "{e:?}");
         let bad = DirectoryConfig { low_watermark_percent: 95, ..DirectoryConfig::default() };
         let e = FabricError::from(Directory::new(bad, &[(Location::Host, 8 << 21)]).err().expect("refused"));
-        assert!(matches!(&e, FabricError::InvalidSize(s) if s.contains("watermarks")), "{e:?}");
+        assert!(matches!(&e, FabricError::Directory(d) if d.to_string().contains("watermarks")), "{e:?}");
     }
 }

@@ -5,7 +5,7 @@ use vfabric_allocator::{GlobalAddr, Location};
 
 use super::message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};
 use crate::directory::{Mode, RegionHandle};
-use crate::error::FabricError;
+use crate::error::{FabricError, ProtocolError};
 
 impl From<&RegionHandle> for WireRegion {
     fn from(r: &RegionHandle) -> Self {
@@ -67,7 +67,8 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
     match e {
         FabricError::OutOfMemory { .. } => ErrorKind::OutOfMemory,
         FabricError::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
-        FabricError::InvalidAddress(_) | FabricError::InvalidSize(_) => ErrorKind::InvalidAddress,
+        // Kinds as peers have always been told them: sizes and the directory's refusals are invalid addresses.
+        FabricError::InvalidAddress(_) | FabricError::InvalidSize(_) | FabricError::Directory(_) => ErrorKind::InvalidAddress,
         FabricError::OutOfBounds { .. } => ErrorKind::OutOfBounds,
         FabricError::DoubleFree(_) => ErrorKind::DoubleFree,
         FabricError::UseAfterFree(_) => ErrorKind::UseAfterFree,
@@ -98,11 +99,11 @@ pub(crate) fn reply_or_error(node: u16, reply: Option<Message>) -> Result<Messag
         Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
         Some(Message::Moved { to }) => Err(FabricError::Moved { to: RegionHandle::from(&to) }),
         Some(m) => Ok(m),
-        None => Err(FabricError::Protocol(format!("node {node} closed the stream without answering"))),
+        None => Err(ProtocolError::NoAnswer { node }.into()),
     }
 }
 
 /// `node` answered with a message that does not answer the request.
 pub(crate) fn unexpected(node: u16, m: &Message) -> FabricError {
-    FabricError::Protocol(format!("node {node} answered with an unexpected `{}`", m.name()))
+    ProtocolError::Unexpected { node, answer: m.name() }.into()
 }

@@ -32,6 +32,29 @@ pub async fn answer(send: &mut SendStream, msg: &Message, max_frame: usize) {
     let _ = send.finish();
 }
 
+/// Why a connection is closed: the application error code its peer sees (the reason goes with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseCode {
+    /// The agent shut down.
+    Shutdown = 0,
+    /// The peer broke the protocol.
+    Protocol = 1,
+    /// The peer's certificate names no node of the cluster.
+    UnknownPeer = 2,
+}
+
+/// Closes `conn` with `code` and `reason` (what the peer reads, and what this side logs).
+pub fn close(conn: &quinn::Connection, code: CloseCode, reason: &str) {
+    tracing::warn!(peer = %conn.remote_address(), reason, "closing a connection");
+    conn.close(quinn::VarInt::from_u32(code as u32), reason.as_bytes());
+}
+
+/// Ends an answer that failed after its first bytes went out: the requester sees a reset stream (and a short
+/// payload), never a truncated one that looks finished.
+pub fn abort(send: &mut SendStream) {
+    let _ = send.reset(quinn::VarInt::from_u32(super::message::ErrorKind::Internal as u32));
+}
+
 /// Chunks from a quinn stream, each payload kept as quinn's receive buffers and verified piece by piece.
 pub struct QuicChunks<'a> {
     stream: &'a mut RecvStream,

@@ -8,7 +8,7 @@ use vfabric_allocator::Location;
 
 use super::{CHUNK, MAX_CHUNK};
 use crate::directory::RegionHandle as Region;
-use crate::error::{FabricError, NetworkError};
+use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::chunk::{copy_pieces, receive, write_chunk, Payload, StreamChunks};
 use crate::proto::codec::{read_frame, write_frame, DEFAULT_MAX_FRAME, PROTOCOL_VERSION};
 use crate::proto::message::{Message, WireRegion};
@@ -32,7 +32,10 @@ impl LocalClient {
         write_frame(&mut stream, &hello, max_frame).await?;
         match read_frame(&mut stream, max_frame).await? {
             Some(Message::Welcome { node, .. }) => Ok(LocalClient { stream: Mutex::new(stream), max_frame, node }),
-            other => Err(FabricError::Protocol(format!("the agent answered hello with {other:?}"))),
+            other => {
+                let answer = other.as_ref().map_or("nothing", Message::name);
+                Err(ProtocolError::Unexpected { node: u16::MAX, answer }.into())
+            }
         }
     }
 
@@ -65,16 +68,16 @@ impl LocalClient {
     }
 
     /// `msg`'s answer, which must be what `want` takes.
-    async fn expect<T>(&self, what: &str, msg: &Message, payload: &[u8], want: impl Fn(Message) -> Option<T>) -> Result<T, FabricError> {
+    async fn expect<T>(&self, msg: &Message, payload: &[u8], want: impl Fn(Message) -> Option<T>) -> Result<T, FabricError> {
         let reply = self.call(msg, payload, None).await?;
-        let name = reply.name();
-        want(reply).ok_or_else(|| FabricError::Protocol(format!("the agent answered {what} with `{name}`")))
+        let answer = reply.name();
+        want(reply).ok_or(ProtocolError::Unexpected { node: self.node, answer }.into())
     }
 
     /// Allocates a region whose home is the agent's node.
     pub async fn alloc(&self, size: u64, device: Option<Location>) -> Result<Region, FabricError> {
         let msg = Message::Alloc { size, device: device.map(Into::into) };
-        self.expect("alloc", &msg, &[], |m| match m {
+        self.expect(&msg, &[], |m| match m {
             Message::Allocated { region } => Some(Region::from(&region)),
             _ => None,
         })
@@ -84,7 +87,7 @@ impl LocalClient {
     /// Writes into a region of the cluster at `offset`.
     pub async fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let msg = Message::Write { region: WireRegion::from(region), offset, len: data.len() as u64 };
-        self.expect("write", &msg, data, |m| matches!(m, Message::Done).then_some(())).await
+        self.expect(&msg, data, |m| matches!(m, Message::Done).then_some(())).await
     }
 
     /// Reads a region of the cluster at `offset` into `buf`.
@@ -92,14 +95,14 @@ impl LocalClient {
         let msg = Message::Read { region: WireRegion::from(region), offset, len: buf.len() as u64 };
         match self.call(&msg, &[], Some(buf)).await? {
             Message::Data { .. } => Ok(()),
-            other => Err(FabricError::Protocol(format!("the agent answered read with `{}`", other.name()))),
+            other => Err(ProtocolError::Unexpected { node: self.node, answer: other.name() }.into()),
         }
     }
 
     /// Frees a region of the cluster.
     pub async fn free(&self, region: &Region) -> Result<(), FabricError> {
         let msg = Message::Free { region: WireRegion::from(region) };
-        self.expect("free", &msg, &[], |m| matches!(m, Message::Done).then_some(())).await
+        self.expect(&msg, &[], |m| matches!(m, Message::Done).then_some(())).await
     }
 }
 

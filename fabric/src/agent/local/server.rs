@@ -8,7 +8,7 @@ use vfabric_allocator::Location;
 use super::{CHUNK, MAX_CHUNK};
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
-use crate::error::{FabricError, NetworkError};
+use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::chunk::{write_chunk, ChunkError, ChunkRead, Payload, StreamChunks};
 use crate::proto::codec::{read_frame, write_frame, PROTOCOL_VERSION};
 use crate::proto::convert::refusal;
@@ -48,9 +48,7 @@ impl Agent {
             Some(Message::Hello { protocol, .. }) if protocol == PROTOCOL_VERSION => {
                 write_frame(&mut s, &Message::Welcome { node: self.node(), protocol }, max).await?;
             }
-            Some(m) => {
-                return Err(FabricError::Protocol(format!("first message `{}`, not a hello of this protocol", m.name())))
-            }
+            Some(m) => return Err(ProtocolError::NotHello(m.name()).into()),
             None => return Ok(()),
         }
         while let Some(msg) = read_frame(&mut s, max).await? {
@@ -66,7 +64,7 @@ impl Agent {
                     self.answer_read(&mut s, &Region::from(&region), offset, len).await?;
                     continue;
                 }
-                other => return Err(FabricError::Protocol(format!("`{}` is not a local request", other.name()))),
+                other => return Err(ProtocolError::NotServed(other.name()).into()),
             };
             let answer = match reply {
                 Ok(m) => m,
