@@ -8,6 +8,7 @@
 #   VFABRIC_BENCH_NAME   name of the benchmark's result files (default: migrate-h200x2)
 #   VFABRIC_PAGER_ARGS   extra arguments for vfabric-bench pager
 #   VFABRIC_REMOTE_ARGS  extra arguments for vfabric-bench remote
+#   VFABRIC_PAGER_NAME, VFABRIC_REMOTE_NAME   names of their result files (default: pager-h200x2, remote-h200x2)
 #   VFABRIC_CONFIG       configuration of the info, demo, migrate and pager steps (default h200x2.toml)
 #   VFABRIC_STEPS        steps to run (default: all): machine ptx tests info demo torch nccl migrate pager remote
 set -uo pipefail
@@ -73,7 +74,7 @@ step nccl python3 "$B/nccl_baseline.py"
 step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:---sweep --sm-sweep} \
     --out "$OUT" --name "${VFABRIC_BENCH_NAME:-migrate-h200x2}" --torch-json "$W/probe.json" --nccl-log "$W/nccl.log"
 # shellcheck disable=SC2086
-step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name pager-h200x2
+step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name "${VFABRIC_PAGER_NAME:-pager-h200x2}"
 # Two agents, one per GPU, QUIC on loopback: GPU -> host -> QUIC -> host -> GPU.
 # shellcheck disable=SC2086
 # On a one-GPU machine: VFABRIC_REMOTE_CONFIG=cluster-configs/h200x1-agents.toml VFABRIC_REMOTE_HOME=gpu0.
