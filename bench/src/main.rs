@@ -3,6 +3,7 @@
 
 mod baselines;
 mod common;
+mod local;
 mod migrate;
 mod pager;
 mod remote;
@@ -35,6 +36,9 @@ enum Command {
     /// Pages between two agents over QUIC (mutual TLS, checksummed), writes and reads, beside iperf3 TCP on the
     /// same path; remote read latency.
     Remote(remote::RemoteArgs),
+    /// A node's agent and local clients in processes of their own: acquire/release latency of a resident page
+    /// and pages handed between two processes of one GPU, beside the same in the agent's process.
+    Local(local::LocalArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Command::Migrate(args) => migrate::run(args, &command_line).map(|_| ()),
         Command::Pager(args) => pager::run(args, &command_line),
         Command::Remote(args) => remote::run(args, &command_line),
+        Command::Local(args) => local::run(args, &command_line),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -38,6 +38,15 @@ impl Summary {
     }
 }
 
+/// The `p`-quantile (0..=1) of `samples`, which it sorts; 0 when there are none.
+pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[((samples.len() - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +57,7 @@ mod tests {
         assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).map(|s| (s.median, s.min, s.max)), Some((2.5, 1.0, 4.0)));
         assert!(Summary::of(&[]).is_none());
         assert_eq!(Summary::of(&[0.5]).map(|s| s.gb_per_s(1_000_000_000)), Some(2.0));
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!((percentile(&mut v, 0.5), percentile(&mut v, 0.99), percentile(&mut [], 0.5)), (51.0, 99.0, 0.0));
     }
 }

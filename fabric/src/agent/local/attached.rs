@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use vfabric_allocator::{Location, TenantId};
-use vfabric_transport::{Arena, ArenaShare, Backend, DeviceKind, DeviceLayer, OpenOptions};
+use vfabric_transport::{Arena, ArenaShare, Backend, DeviceKind, DeviceLayer, Mover, MoverConfig, OpenOptions};
 
 use super::connection::{answer, exchange, send, Connection};
 use super::host_agent::HostAgent;
@@ -55,6 +55,8 @@ pub(super) struct ClientInner {
     page_size: u64,
     kind: DeviceKind,
     layer: Arc<dyn DeviceLayer>,
+    /// This process's mover, for copies out of leased pages ([`LocalLease::copy_to`]).
+    mover: Arc<dyn Mover>,
     /// The node's arenas as mapped in this process, by location.
     arenas: Vec<Arc<dyn Arena>>,
 }
@@ -97,7 +99,8 @@ impl AttachedClient {
             Location::Host => None,
         });
         let backend = if cuda { Backend::Cuda } else { Backend::Emulated };
-        let options = OpenOptions { backend, emulated_gpus: gpus.max().unwrap_or(0), emulated_gpu_memory: 0 };
+        // The emulated GPUs of a client hold only its own scratch arenas (the imported ones are charged to the agent).
+        let options = OpenOptions { backend, emulated_gpus: gpus.max().unwrap_or(0), emulated_gpu_memory: 1 << 40 };
         let layer = vfabric_transport::open(&options)?.layer;
         let mut arenas = Vec::with_capacity(shares.len());
         let mut rest = fds.into_iter();
@@ -108,7 +111,8 @@ impl AttachedClient {
         tracing::debug!(node, arenas = arenas.len(), "attached to the node's agent");
         let kind = layer.kind();
         let conn = Arc::new(Connection::new(s, node));
-        let inner = Arc::new(ClientInner { conn, node, page_size, kind, layer, arenas });
+        let mover = layer.mover(MoverConfig::default())?;
+        let inner = Arc::new(ClientInner { conn, node, page_size, kind, layer, mover, arenas });
         Ok(AttachedClient { inner, default_device: None, host: None })
     }
 
@@ -206,7 +210,7 @@ impl AttachedClient {
             }
             _ => return Err(ProtocolError::BadField { field: "mapped pages", value: id }.into()),
         };
-        Ok(lease.with_pages(arena, ptr, self.inner.page_size))
+        Ok(lease.with_pages(arena, Arc::clone(&self.inner.mover), ptr, self.inner.page_size))
     }
 
     /// Releases a lease; a `Write` lease's changes become the region's.
@@ -227,12 +231,33 @@ impl AttachedClient {
         self.inner.conn.done(&Message::Migrate { region: WireRegion::from(region), device: device.into() })
     }
 
+    /// One round trip to the agent and back with nothing done there: the floor under every call's latency.
+    pub fn ping(&self) -> Result<std::time::Duration, FabricError> {
+        let t = std::time::Instant::now();
+        match self.inner.conn.call(&Message::Ping { nonce: 7 })? {
+            Message::Pong { nonce: 7 } => Ok(t.elapsed()),
+            other => Err(self.inner.conn.unexpected(&other)),
+        }
+    }
+
     /// The node's figures (the fabric's `Stats`) as JSON.
     pub fn stats_json(&self) -> Result<String, FabricError> {
         match self.inner.conn.call(&Message::Stats)? {
             Message::Figures { json } => Ok(json),
             other => Err(self.inner.conn.unexpected(&other)),
         }
+    }
+
+    /// An arena of this process's own on `location` (not the fabric's: for buffers a lease's pages are copied
+    /// into, [`LocalLease::copy_to`]).
+    pub fn scratch_arena(&self, location: Location, bytes: u64) -> Result<Arc<dyn Arena>, FabricError> {
+        Ok(self.inner.layer.create_arena(&vfabric_transport::ArenaSpec::new(location, bytes))?)
+    }
+
+    /// This process's mover (copies between arenas of this process, [`AttachedClient::scratch_arena`]s among
+    /// them).
+    pub fn mover(&self) -> Arc<dyn Mover> {
+        Arc::clone(&self.inner.mover)
     }
 
     /// Waits until the work this process queued on `device` is done (call it before releasing a lease that

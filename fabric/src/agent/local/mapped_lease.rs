@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use vfabric_allocator::Location;
-use vfabric_transport::Arena;
+use vfabric_transport::{Arena, EngineChoice, Mover, PageBatch, PageMove, TransferReport};
 
 use super::connection::Connection;
 use crate::directory::{Mode, RegionHandle as Region};
@@ -23,6 +23,7 @@ pub struct LocalLease {
     first: u64,
     ptr: LeasePtr,
     arena: Option<Arc<dyn Arena>>,
+    mover: Option<Arc<dyn Mover>>,
     page_size: u64,
     released: bool,
 }
@@ -50,12 +51,13 @@ impl LocalLease {
         first: u64,
     ) -> Self {
         let ptr = LeasePtr::Pages(Vec::new());
-        LocalLease { client, id, region, device, mode, first, ptr, arena: None, page_size: 1, released: false }
+        LocalLease { client, id, region, device, mode, first, ptr, arena: None, mover: None, page_size: 1, released: false }
     }
 
-    /// The lease with its pages, in `arena` as this process maps it.
-    pub(super) fn with_pages(mut self, arena: Arc<dyn Arena>, ptr: LeasePtr, page_size: u64) -> Self {
+    /// The lease with its pages, in `arena` as this process maps it (and this process's mover).
+    pub(super) fn with_pages(mut self, arena: Arc<dyn Arena>, mover: Arc<dyn Mover>, ptr: LeasePtr, page_size: u64) -> Self {
         self.arena = Some(arena);
+        self.mover = Some(mover);
         self.ptr = ptr;
         self.page_size = page_size;
         self
@@ -119,6 +121,26 @@ impl LocalLease {
         }
         let arena = self.arena.as_ref().ok_or(FabricError::UnknownLease(self.id))?;
         self.each(offset, data.len() as u64, |at, r| Ok(arena.write(at, &data[r])?))
+    }
+
+    /// Copies every leased page, in order, into frames `0..` of `dst` (an arena of this process, such as an
+    /// [`AttachedClient::scratch_arena`](super::AttachedClient::scratch_arena)) with this process's mover, device
+    /// to device, and waits for the copy.
+    pub fn copy_to(&self, dst: &Arc<dyn Arena>, engine: EngineChoice) -> Result<TransferReport, FabricError> {
+        let (Some(arena), Some(mover)) = (&self.arena, &self.mover) else {
+            return Err(FabricError::UnknownLease(self.id));
+        };
+        let frame = |ptr: u64| ((ptr - arena.device_ptr()) / self.page_size) as u32;
+        let batch = match &self.ptr {
+            LeasePtr::Contiguous { ptr, len } => {
+                PageBatch::contiguous(self.page_size, frame(*ptr), 0, (len / self.page_size) as u32)
+            }
+            LeasePtr::Pages(p) => PageBatch::from_moves(
+                self.page_size,
+                p.iter().enumerate().map(|(i, &ptr)| PageMove { src: frame(ptr), dst: i as u32 }).collect(),
+            ),
+        };
+        Ok(mover.submit(arena, dst, &batch, engine)?.wait()?)
     }
 
     /// Runs `op(arena offset, range in the caller's buffer)` for each page's part of `offset..offset + len`.

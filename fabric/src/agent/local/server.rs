@@ -1,19 +1,51 @@
 //! The agent's side of the local socket: who may connect, and one client's requests, one after the other.
+//!
+//! Each client gets a thread of its own that blocks on its socket, calls the fabric directly and the agent's
+//! async API through the runtime's handle: a local acquire is then a read, a fabric call and a write, with no
+//! task wake-up or hand-off between them (a client's calls are one at a time anyway, and a node has a few
+//! clients: its ranks).
 
+use std::collections::HashMap;
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
+use tokio::runtime::Handle;
 use vfabric_allocator::Location;
 
 use super::session::Session;
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
-use crate::proto::codec::{read_frame, write_frame, PROTOCOL_VERSION};
+use crate::proto::codec::{encode, read_frame_blocking, PROTOCOL_VERSION};
 use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
+
+/// The sockets of the clients being served, shut down when the accept loop goes (the agent stops), which ends
+/// their threads.
+#[derive(Default, Clone)]
+struct Clients(Arc<Mutex<HashMap<u64, UnixStream>>>);
+
+impl Clients {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, UnixStream>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Held by the accept loop: when the loop is dropped (aborted at shutdown), every client's socket is shut down.
+struct ShutDownOnDrop(Clients);
+
+impl Drop for ShutDownOnDrop {
+    fn drop(&mut self) {
+        for s in self.0.lock().values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
 
 impl Agent {
     /// Serves local clients on a Unix socket at `path` (a stale socket file there is replaced) until the
@@ -22,7 +54,7 @@ impl Agent {
     pub async fn serve_local(&self, path: &Path) -> Result<PathBuf, FabricError> {
         let failed = |source| NetworkError::Socket { path: path.to_path_buf(), source };
         if path.exists() {
-            if UnixStream::connect(path).await.is_ok() {
+            if tokio::net::UnixStream::connect(path).await.is_ok() {
                 return Err(NetworkError::SocketInUse { path: path.to_path_buf() }.into());
             }
             std::fs::remove_file(path).map_err(failed)?;
@@ -31,11 +63,16 @@ impl Agent {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
         let agent = self.clone();
         let task = tokio::spawn(async move {
+            let clients = Clients::default();
+            let _guard = ShutDownOnDrop(clients.clone());
+            let mut next = 0u64;
             loop {
                 match listener.accept().await {
                     Ok((stream, _)) => {
-                        let a = agent.clone();
-                        tokio::spawn(async move { a.serve_client(stream).await });
+                        next += 1;
+                        if let Err(e) = agent.start_client(stream, next, &clients) {
+                            tracing::warn!(error = %e, "could not serve a local client");
+                        }
                     }
                     // Out of descriptors, or the like: say so and keep serving once it passes, instead of leaving
                     // every later client without an agent.
@@ -50,72 +87,81 @@ impl Agent {
         Ok(path.to_path_buf())
     }
 
-    /// One client: its credentials, its hello, its requests; then what it held is let go.
-    async fn serve_client(&self, mut s: UnixStream) {
+    /// Checks a new client's credentials and starts its thread.
+    fn start_client(&self, stream: tokio::net::UnixStream, id: u64, clients: &Clients) -> std::io::Result<()> {
         let me = nix::unistd::geteuid().as_raw();
-        match s.peer_cred() {
-            Ok(cred) if cred.uid() == me => {}
-            Ok(cred) => {
-                tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), agent_uid = me, "refused a local client of another user");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "refused a local client whose credentials could not be read");
-                return;
-            }
+        let cred = stream.peer_cred()?;
+        if cred.uid() != me {
+            tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), agent_uid = me, "refused a local client of another user");
+            return Ok(());
         }
+        let s = stream.into_std()?;
+        s.set_nonblocking(false)?;
+        clients.lock().insert(id, s.try_clone()?);
+        let (agent, rt, registry) = (self.clone(), Handle::current(), clients.clone());
+        let spawned = std::thread::Builder::new().name(format!("vfabric-local-{id}")).spawn(move || {
+            agent.serve_client(s, &rt);
+            registry.lock().remove(&id);
+        });
+        if let Err(e) = spawned {
+            clients.lock().remove(&id);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// One client: its hello, its requests; then what it held is let go.
+    fn serve_client(&self, mut s: UnixStream, rt: &Handle) {
         let mut session = Session::default();
-        if let Err(e) = self.client_requests(&mut s, &mut session).await {
+        if let Err(e) = self.client_requests(&mut s, &mut session, rt) {
             tracing::warn!(error = %e, "closing a local client's connection");
         }
-        self.end_session(session).await;
+        rt.block_on(self.end_session(session));
     }
 
     /// A client's requests, one after the other. `Err` says why the connection is closed.
-    async fn client_requests(&self, s: &mut UnixStream, session: &mut Session) -> Result<(), FabricError> {
+    fn client_requests(&self, s: &mut UnixStream, session: &mut Session, rt: &Handle) -> Result<(), FabricError> {
         let max = self.max_frame();
-        match read_frame(s, max).await? {
+        match read_frame_blocking(s, max)? {
             Some(Message::Hello { protocol, .. }) if protocol == PROTOCOL_VERSION => {
-                write_frame(s, &Message::Welcome { node: self.node(), protocol }, max).await?;
+                send(s, &Message::Welcome { node: self.node(), protocol }, max)?;
             }
             Some(m) => return Err(ProtocolError::NotHello(m.name()).into()),
             None => return Ok(()),
         }
-        while let Some(msg) = read_frame(s, max).await? {
+        while let Some(msg) = read_frame_blocking(s, max)? {
             let reply = match msg {
                 Message::Ping { nonce } => Ok(Message::Pong { nonce }),
                 Message::Attach => {
-                    self.attach_client(s).await?;
+                    self.attach_client(s)?;
                     continue;
                 }
-                Message::Alloc { size, device } => self
-                    .alloc(self.node(), size, device.map(Location::from))
-                    .await
+                Message::Alloc { size, device } => rt
+                    .block_on(self.alloc(self.node(), size, device.map(Location::from)))
                     .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
                 Message::AllocWith { size, device, priority, tenant, keep } => {
                     self.alloc_for(session, size, device.map(Location::from), priority, tenant, keep)
                 }
-                Message::Free { region } => self.free_for(session, &Region::from(&region)).await,
+                Message::Free { region } => rt.block_on(self.free_for(session, &Region::from(&region))),
                 Message::AcquireMapped { region, offset, len, device, mode } => {
                     let range = offset..offset.saturating_add(len);
-                    self.acquire_mapped(session, &Region::from(&region), range, device.into(), mode.into()).await
+                    let r = Region::from(&region);
+                    rt.block_on(self.acquire_mapped(session, &r, range, device.into(), mode.into()))
                 }
-                Message::Release { lease } => self.release_for(session, lease).await,
+                Message::Release { lease } => rt.block_on(self.release_for(session, lease)),
                 Message::Prefetch { region, offset, len, device } => {
-                    self.prefetch_for(Region::from(&region), offset..offset.saturating_add(len), device.into());
+                    self.prefetch_for(rt, Region::from(&region), offset..offset.saturating_add(len), device.into());
                     Ok(Message::Done)
                 }
                 Message::Migrate { region, device } => {
-                    self.migrate(&Region::from(&region), device.into()).await.map(|()| Message::Done)
+                    rt.block_on(self.migrate(&Region::from(&region), device.into())).map(|()| Message::Done)
                 }
                 Message::Stats => serde_json::to_string(&self.fabric().stats())
                     .map(|json| Message::Figures { json })
                     .map_err(|_| FabricError::Internal("the fabric's figures could not be written as JSON")),
-                Message::Write { region, offset, len } => {
-                    self.take_write(s, &Region::from(&region), offset, len).await?
-                }
+                Message::Write { region, offset, len } => self.take_write(s, rt, &Region::from(&region), offset, len)?,
                 Message::Read { region, offset, len } => {
-                    self.answer_read(s, &Region::from(&region), offset, len).await?;
+                    self.answer_read(s, rt, &Region::from(&region), offset, len)?;
                     continue;
                 }
                 other => return Err(ProtocolError::NotServed(other.name()).into()),
@@ -124,8 +170,16 @@ impl Agent {
                 Ok(m) => m,
                 Err(e) => refusal(&e),
             };
-            write_frame(s, &answer, max).await?;
+            send(s, &answer, max)?;
         }
         Ok(())
     }
+}
+
+/// Writes one frame.
+pub(super) fn send(s: &mut UnixStream, msg: &Message, max: usize) -> Result<(), FabricError> {
+    let mut frame = Vec::with_capacity(64);
+    encode(msg, max, &mut frame)?;
+    s.write_all(&frame).map_err(NetworkError::Io)?;
+    Ok(())
 }

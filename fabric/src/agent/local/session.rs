@@ -5,16 +5,18 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use tokio::io::Interest;
-use tokio::net::UnixStream;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+
+use tokio::runtime::Handle;
 use vfabric_allocator::Location;
 
 use crate::agent::remote_lease::AgentLease;
+use super::server::send;
 use crate::agent::shared::{in_place, Agent};
 use crate::directory::{Mode, Placement, Priority, RegionHandle as Region};
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::fabric::LeasePtr;
-use crate::proto::codec::write_frame;
 use crate::proto::mapped::{send_fds, FDS_PER_MESSAGE};
 use crate::proto::message::{Message, WireArena, WirePages, WireRegion};
 use vfabric_allocator::TenantId;
@@ -29,20 +31,18 @@ pub(super) struct Session {
 
 impl Agent {
     /// Answers `Attach`: the arenas' descriptions, then their descriptors.
-    pub(super) async fn attach_client(&self, s: &mut UnixStream) -> Result<(), FabricError> {
+    pub(super) fn attach_client(&self, s: &mut UnixStream) -> Result<(), FabricError> {
         let fabric = self.fabric();
-        let exported = match in_place(|| fabric.export_arenas()) {
+        let exported = match fabric.export_arenas() {
             Ok(e) => e,
-            Err(e) => return Ok(write_frame(s, &crate::proto::convert::refusal(&e), self.max_frame()).await?),
+            Err(e) => return send(s, &crate::proto::convert::refusal(&e), self.max_frame()),
         };
         let arenas = exported.iter().map(|e| WireArena::from(&e.share)).collect();
         let cuda = fabric.device_kind() == vfabric_transport::DeviceKind::Cuda;
-        write_frame(s, &Message::Attached { page_size: fabric.page_size(), cuda, arenas }, self.max_frame()).await?;
-        let fds: Vec<_> = exported.iter().flat_map(|e| e.fds.iter().map(std::os::fd::AsFd::as_fd)).collect();
+        send(s, &Message::Attached { page_size: fabric.page_size(), cuda, arenas }, self.max_frame())?;
+        let fds: Vec<_> = exported.iter().flat_map(|e| e.fds.iter().map(AsFd::as_fd)).collect();
         for batch in fds.chunks(FDS_PER_MESSAGE) {
-            s.async_io(Interest::WRITABLE, || send_fds(std::os::fd::AsFd::as_fd(&*s), batch))
-                .await
-                .map_err(NetworkError::Io)?;
+            send_fds(s.as_fd(), batch).map_err(NetworkError::Io)?;
         }
         Ok(())
     }
@@ -115,9 +115,9 @@ impl Agent {
     /// `Prefetch`: a read lease taken and dropped in the background, so the pages are on `device` when the
     /// client asks; answered at once. A prefetch that fails (evicted pages with no room, a freed region) only
     /// logs: it was a hint.
-    pub(super) fn prefetch_for(&self, region: Region, range: Range<u64>, device: Location) {
+    pub(super) fn prefetch_for(&self, rt: &Handle, region: Region, range: Range<u64>, device: Location) {
         let agent = self.clone();
-        tokio::spawn(async move {
+        rt.spawn(async move {
             match agent.acquire(&region, range, device, Mode::Read).await {
                 Ok(l) => {
                     if let Err(e) = agent.release(l).await {
