@@ -349,6 +349,14 @@ pub fn read_frame_blocking<R: io::Read>(r: &mut R, max: usize) -> Result<Option<
     decode_body(&body).map(Some)
 }
 
+/// Encodes `msg` and writes its frame to a blocking writer (a local client's socket, or the agent's side of it).
+pub fn write_frame_blocking<W: io::Write>(w: &mut W, msg: &Message, max: usize) -> Result<(), CodecError> {
+    let mut frame = Vec::with_capacity(64);
+    encode(msg, max, &mut frame)?;
+    w.write_all(&frame)?;
+    Ok(())
+}
+
 /// Encodes `msg` and writes its frame to any tokio `AsyncWrite` (quinn's `SendStream` is one), then flushes.
 ///
 /// Refuses (before writing anything) a message whose body exceeds `max`. Does not shut the stream down: a

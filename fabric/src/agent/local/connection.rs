@@ -1,11 +1,10 @@
 //! A local client's socket to its agent, blocking: one request and its answer at a time.
 
-use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{FabricError, NetworkError, ProtocolError};
-use crate::proto::codec::{encode, read_frame_blocking, DEFAULT_MAX_FRAME};
+use crate::proto::codec::{read_frame_blocking, write_frame_blocking, DEFAULT_MAX_FRAME};
 use crate::proto::message::Message;
 
 /// The socket, shared by a client and its leases (a lease releases itself through it when dropped).
@@ -47,10 +46,7 @@ impl Connection {
 
 /// Writes one request frame.
 pub(super) fn send(s: &mut UnixStream, msg: &Message) -> Result<(), FabricError> {
-    let mut frame = Vec::with_capacity(64);
-    encode(msg, DEFAULT_MAX_FRAME, &mut frame)?;
-    s.write_all(&frame).map_err(NetworkError::Io)?;
-    Ok(())
+    Ok(write_frame_blocking(s, msg, DEFAULT_MAX_FRAME)?)
 }
 
 /// The answer to a request: an error the agent reported is the call's error.

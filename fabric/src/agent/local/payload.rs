@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 
 use tokio::runtime::Handle;
 
-use super::server::send;
+use crate::proto::codec::write_frame_blocking as send;
 use super::{CHUNK, MAX_CHUNK};
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
@@ -71,7 +71,7 @@ impl Agent {
                 if at > 0 {
                     return Err(e);
                 }
-                return send(s, &refusal(&e), max);
+                return Ok(send(s, &refusal(&e), max)?);
             }
             if at == 0 {
                 send(s, &Message::Data { len }, max)?;

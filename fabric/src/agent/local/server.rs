@@ -6,7 +6,6 @@
 //! clients: its ranks).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -21,7 +20,7 @@ use super::session::Session;
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
-use crate::proto::codec::{encode, read_frame_blocking, PROTOCOL_VERSION};
+use crate::proto::codec::{read_frame_blocking, write_frame_blocking as send, PROTOCOL_VERSION};
 use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
 
@@ -174,12 +173,4 @@ impl Agent {
         }
         Ok(())
     }
-}
-
-/// Writes one frame.
-pub(super) fn send(s: &mut UnixStream, msg: &Message, max: usize) -> Result<(), FabricError> {
-    let mut frame = Vec::with_capacity(64);
-    encode(msg, max, &mut frame)?;
-    s.write_all(&frame).map_err(NetworkError::Io)?;
-    Ok(())
 }

@@ -12,7 +12,7 @@ use tokio::runtime::Handle;
 use vfabric_allocator::Location;
 
 use crate::agent::remote_lease::AgentLease;
-use super::server::send;
+use crate::proto::codec::write_frame_blocking as send;
 use crate::agent::shared::{in_place, Agent};
 use crate::directory::{Mode, Placement, Priority, RegionHandle as Region};
 use crate::error::{FabricError, NetworkError, ProtocolError};
@@ -35,7 +35,7 @@ impl Agent {
         let fabric = self.fabric();
         let exported = match fabric.export_arenas() {
             Ok(e) => e,
-            Err(e) => return send(s, &crate::proto::convert::refusal(&e), self.max_frame()),
+            Err(e) => return Ok(send(s, &crate::proto::convert::refusal(&e), self.max_frame())?),
         };
         let arenas = exported.iter().map(|e| WireArena::from(&e.share)).collect();
         let cuda = fabric.device_kind() == vfabric_transport::DeviceKind::Cuda;
