@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, here, everything the GPU machine runs, into .device-bin/ (ignored by git, carried by the device call):
-# the vfabric and vfabric-bench binaries, the GPU test executable, and the baseline scripts.
+# the vfabric and vfabric-bench binaries, the GPU and local-process test executables, the Python wheel, and the
+# baseline scripts.
 # The GPU machine has no Rust toolchain; cudarc loads the driver at run time, so nothing CUDA is needed here.
 #
 #   bash scripts/device-build.sh
@@ -11,19 +12,28 @@ bin=.device-bin
 rm -rf "$bin"
 mkdir -p "$bin"
 cargo build --release --locked -p vfabric -p vfabric-bench
-gpu_test=$(cargo test --release --locked -p vfabric-tests --features gpu --test gpu --no-run --message-format=json |
-    python3 -c 'import sys, json
+# A test target's executable (its name has a hash in it): cargo says where it is.
+test_exe() {
+    cargo test --release --locked -p vfabric-tests --features gpu --test "$1" --no-run --message-format=json |
+        python3 -c 'import sys, json
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
-        print(m["executable"])')
-if [ -z "$gpu_test" ]; then
-    echo "could not find the gpu test executable" >&2
-    exit 1
-fi
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1"
+}
 cp target/release/vfabric target/release/vfabric-bench "$bin/"
-cp "$gpu_test" "$bin/gpu-tests"
-strip "$bin/gpu-tests" 2>/dev/null || true
+# The device suite on the GPU, and local clients in processes of their own (which open the GPU there).
+for t in gpu:gpu-tests local_processes:local-tests; do
+    exe=$(test_exe "${t%%:*}")
+    if [ -z "$exe" ]; then
+        echo "could not find the ${t%%:*} test executable" >&2
+        exit 1
+    fi
+    cp "$exe" "$bin/${t##*:}"
+    strip "$bin/${t##*:}" 2>/dev/null || true
+done
+# The Python package as an abi3 wheel, with pytest's wheels (the GPU machine has no internet).
+[ -f scripts/python-wheel.sh ] && bash scripts/python-wheel.sh
 cp bench/scripts/*.py "$bin/"
 # iperf3, the TCP baseline of `vfabric-bench remote`, with the libraries it links (the GPU machine has no
 # iperf3 and no internet). `iperf3/iperf3` is a wrapper that points the loader at them; device-run.sh puts it

@@ -10,7 +10,9 @@
 #   VFABRIC_REMOTE_ARGS  extra arguments for vfabric-bench remote
 #   VFABRIC_PAGER_NAME, VFABRIC_REMOTE_NAME   names of their result files (default: pager-h200x2, remote-h200x2)
 #   VFABRIC_CONFIG       configuration of the info, demo, migrate and pager steps (default h200x2.toml)
-#   VFABRIC_STEPS        steps to run (default: all): machine ptx tests info demo torch nccl migrate pager remote
+#   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
+#   VFABRIC_STEPS        steps to run (default: all): machine ptx tests procs python info demo torch nccl migrate
+#                        pager local remote
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -22,7 +24,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine ptx tests info demo torch nccl migrate pager remote}
+STEPS=${VFABRIC_STEPS:-machine ptx tests procs python info demo torch nccl migrate pager local remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the info, demo, migrate and pager steps
 summary=()
 
@@ -65,6 +67,15 @@ ptx() {
 step machine machine
 step ptx ptx
 step tests "$B/gpu-tests" --test-threads=1
+# Local clients in processes of their own on the GPU (the test binary runs itself again as the clients).
+step procs "$B/local-tests" --test-threads=1
+# The Python package from its wheel, with its tests (CUDA tensors through DLPack among them).
+python_tests() {
+    local py="$W/py"
+    python3 -m pip install --quiet --no-deps --no-index --target "$py" "$B"/wheels/*.whl || return 1
+    PYTHONPATH="$py" python3 -m pytest -q -rs python/tests
+}
+step python python_tests
 step info "$B/vfabric" info --config "$CONFIG"
 step demo "$B/vfabric" demo --config "$CONFIG"
 step torch env OUT="$W" python3 "$B/torch_ceilings.py"
@@ -75,6 +86,8 @@ step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:
     --out "$OUT" --name "${VFABRIC_BENCH_NAME:-migrate-h200x2}" --torch-json "$W/probe.json" --nccl-log "$W/nccl.log"
 # shellcheck disable=SC2086
 step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name "${VFABRIC_PAGER_NAME:-pager-h200x2}"
+# A node's agent and local clients in processes of their own.
+step local "$B/vfabric-bench" local --config "$CONFIG" --out "$OUT" --name "${VFABRIC_LOCAL_NAME:-local-h200x2}"
 # Two agents, one per GPU, QUIC on loopback: GPU -> host -> QUIC -> host -> GPU.
 # shellcheck disable=SC2086
 # On a one-GPU machine: VFABRIC_REMOTE_CONFIG=cluster-configs/h200x1-agents.toml VFABRIC_REMOTE_HOME=gpu0.
@@ -84,6 +97,7 @@ step remote env VFABRIC_BIN="$B" bash scripts/remote-bench-procs.sh config \
 
 echo
 echo "===== summary" | tee -a "$LOG"
-grep -E "^test result|^test .*FAILED" "$W/tests.log" 2>/dev/null | tee -a "$LOG"
+grep -E "^test result|^test .*FAILED" "$W/tests.log" "$W/procs.log" 2>/dev/null | tee -a "$LOG"
+tail -n 3 "$W/python.log" 2>/dev/null | tee -a "$LOG"
 grep -E "verified|DATA" "$W/demo.log" 2>/dev/null | tee -a "$LOG"
 for s in "${summary[@]}"; do echo "$s" | tee -a "$LOG"; done
