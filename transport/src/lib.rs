@@ -21,5 +21,7 @@ pub use device::error::{DeviceError, MoveError, Side};
 pub use device::layer::{DeviceKind, DeviceLayer, GpuInfo};
 pub use device::mover::{Mover, MoverConfig, MoverConfigError, Transfer, TransferReport};
 pub use device::open::{open, Backend, OpenOptions, Opened, ParseBackendError};
+pub use device::share::{ArenaShare, ExportedArena, ShareKind};
+pub use device::shared_memory::SharedHostMemory;
 pub use device::{cuda, emulated};
 pub use vfabric_allocator::{Location, PageMove};

@@ -37,6 +37,14 @@ pub enum ProtocolError {
         /// Bytes the call takes.
         room: u64,
     },
+    /// A field whose value the protocol does not define.
+    #[error("`{field}` = {value} is not defined")]
+    BadField {
+        /// The field.
+        field: &'static str,
+        /// The value sent.
+        value: u64,
+    },
     /// A message that is not a request this side serves.
     #[error("`{0}` is not a request this side serves")]
     NotServed(&'static str),

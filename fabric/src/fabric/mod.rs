@@ -27,7 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use vfabric_allocator::{Location, NodeId, TenantId, Tier};
-use vfabric_transport::{open, Arena, ArenaSpec, DeviceError, DeviceKind, EngineChoice, OpenOptions, PageBatch, Transfer};
+use vfabric_transport::{
+    open, Arena, ArenaSpec, DeviceError, DeviceKind, EngineChoice, ExportedArena, OpenOptions, PageBatch, Transfer,
+};
 
 use node::{lock, InFlight, Inner, State};
 use parts::slice_parts;
@@ -130,6 +132,18 @@ impl Fabric {
         })
     }
 
+    /// Describes the node's arenas and hands out new descriptors of their memory, for a local client to map
+    /// (the agent passes them over its Unix socket): one per device, in the order of [`Fabric::devices`].
+    pub fn export_arenas(&self) -> Result<Vec<ExportedArena>, FabricError> {
+        Ok(self.inner.arenas.iter().map(|a| a.export()).collect::<Result<_, _>>()?)
+    }
+
+    /// Where device address `ptr` (of a lease on `location`) is in that device's arena, in bytes from its start.
+    pub fn arena_offset(&self, location: Location, ptr: u64) -> Result<u64, FabricError> {
+        let base = self.inner.arena(&lock(&self.inner.state).dir, location)?.device_ptr();
+        ptr.checked_sub(base).ok_or(FabricError::Internal("a lease's pointer below its arena"))
+    }
+
     /// One line that says what the device layer is (backend and GPUs), for logs and reports.
     pub fn describe(&self) -> String {
         self.inner.layer.describe()
@@ -162,7 +176,8 @@ impl Fabric {
     /// The arena of `location` and the offset in it of device address `ptr`, checked for `len` bytes.
     fn at_device(&self, location: Location, ptr: u64, len: u64) -> Result<(Arc<dyn Arena>, u64), FabricError> {
         let arena = Arc::clone(self.arena_at(&lock(&self.inner.state).dir, location)?);
-        let offset = ptr.checked_sub(arena.device_ptr()).filter(|o| o.checked_add(len).is_some_and(|e| e <= arena.len()));
+        let offset =
+            ptr.checked_sub(arena.device_ptr()).filter(|o| o.checked_add(len).is_some_and(|e| e <= arena.len()));
         let offset = offset.ok_or(FabricError::OutOfBounds { offset: ptr, len, region_len: arena.len() })?;
         Ok((arena, offset))
     }
@@ -362,7 +377,9 @@ impl Fabric {
                 },
                 Step::Wait => {
                     if st.prefetch.is_empty() {
-                        return Err(FabricError::Internal("the directory waits for a prefetch the fabric does not have"));
+                        return Err(FabricError::Internal(
+                            "the directory waits for a prefetch the fabric does not have",
+                        ));
                     }
                     self.settle(st);
                 }

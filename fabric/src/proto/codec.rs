@@ -326,6 +326,29 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<O
     decode_body(&body).map(Some)
 }
 
+/// Reads one frame from a blocking reader (a local client's socket), exactly: nothing past the frame is read,
+/// so what follows it (descriptors) stays in the socket. `Ok(None)` on a clean end of stream before the frame.
+pub fn read_frame_blocking<R: io::Read>(r: &mut R, max: usize) -> Result<Option<Message>, CodecError> {
+    let mut head = [0u8; FRAME_HEADER_LEN];
+    let mut got = 0;
+    while got < FRAME_HEADER_LEN {
+        match io::Read::read(r, &mut head[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(CodecError::Truncated { have: got, need: FRAME_HEADER_LEN }),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = parse_header(&head, max)?;
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    io::Read::read_to_end(&mut io::Read::take(&mut *r, len as u64), &mut body)?;
+    if body.len() < len {
+        return Err(CodecError::Truncated { have: FRAME_HEADER_LEN + body.len(), need: FRAME_HEADER_LEN + len });
+    }
+    decode_body(&body).map(Some)
+}
+
 /// Encodes `msg` and writes its frame to any tokio `AsyncWrite` (quinn's `SendStream` is one), then flushes.
 ///
 /// Refuses (before writing anything) a message whose body exceeds `max`. Does not shut the stream down: a

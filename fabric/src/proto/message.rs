@@ -42,6 +42,42 @@ pub struct WireRegion {
     pub generation: u64,
 }
 
+/// How an arena's memory is shared, on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum WireShareKind {
+    /// CUDA VMM chunks, one descriptor each.
+    GpuChunks,
+    /// One shared memory file.
+    HostFile,
+}
+
+/// An arena as a local client maps it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Encode, Decode)]
+pub struct WireArena {
+    /// Where its memory lives.
+    pub location: WireLocation,
+    /// Its size in bytes.
+    pub len: u64,
+    /// How it is shared.
+    pub kind: WireShareKind,
+    /// The size of each piece, one descriptor each, in order.
+    pub pieces: Vec<u64>,
+}
+
+/// Where a mapped lease's pages are in its device's arena: byte offsets from the arena's first byte.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum WirePages {
+    /// One run of frames.
+    Run {
+        /// Offset of the first page.
+        offset: u64,
+        /// Bytes (whole pages).
+        len: u64,
+    },
+    /// One offset per page, in page order.
+    Pages(Vec<u64>),
+}
+
 /// Why a request failed: the fabric's error kinds, flattened so the wire needs no nested payloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
 pub enum ErrorKind {
@@ -243,6 +279,74 @@ pub enum Message {
         /// Where they went (the entry is dropped only when it names this region).
         to: WireRegion,
     },
+
+    // Local clients that map the node's memory (added with them; only on the agent's Unix socket).
+    /// From a local client: map the node's arenas. Answered with [`Message::Attached`], after which the
+    /// arenas' descriptors follow on the socket as `SCM_RIGHTS` messages (see [`super::mapped`]).
+    Attach,
+    /// Answers [`Message::Attach`]: the node's page size and its arenas, in the order their descriptors follow.
+    Attached {
+        /// The fabric's page size in bytes.
+        page_size: u64,
+        /// Whether the node's devices are real GPUs (`true`) or the emulated device.
+        cuda: bool,
+        /// The arenas.
+        arenas: Vec<WireArena>,
+    },
+    /// Allocates a region at this node with a local client's options. Answered with [`Message::Allocated`].
+    AllocWith {
+        /// The size in bytes.
+        size: u64,
+        /// The device to place the region on, if the client cares.
+        device: Option<WireLocation>,
+        /// Eviction priority: 0 low, 1 normal, 2 high.
+        priority: u8,
+        /// The tenant whose quotas the region counts against.
+        tenant: u32,
+        /// Whether the region outlives the client's connection (else it is freed when the client goes).
+        keep: bool,
+    },
+    /// A lease whose pages stay in the node's arenas, which the client has mapped: answered with
+    /// [`Message::Mapped`], no payload.
+    AcquireMapped {
+        /// The region the lease covers.
+        region: WireRegion,
+        /// The first byte of the range.
+        offset: u64,
+        /// The length of the range in bytes.
+        len: u64,
+        /// Where the pages must be while the lease is held.
+        device: WireLocation,
+        /// The access asked for.
+        mode: WireMode,
+    },
+    /// Answers [`Message::AcquireMapped`]: the lease and where its pages are in the device's arena.
+    Mapped {
+        /// The lease id, to pass to [`Message::Release`].
+        lease: u64,
+        /// The region offset of the first leased byte (leases cover whole pages).
+        first: u64,
+        /// Where the pages are.
+        pages: WirePages,
+    },
+    /// A hint: bring a range's pages to `device` soon. Answered with [`Message::Done`] at once.
+    Prefetch {
+        /// The region.
+        region: WireRegion,
+        /// The first byte of the range.
+        offset: u64,
+        /// The length of the range in bytes.
+        len: u64,
+        /// Where the pages should go.
+        device: WireLocation,
+    },
+    /// Asks for the node's figures: answered with [`Message::Figures`].
+    Stats,
+    /// Answers [`Message::Stats`]: the fabric's `Stats` as JSON.
+    Figures {
+        /// The figures.
+        json: String,
+    },
 }
 
 impl Message {
@@ -261,7 +365,12 @@ impl Message {
             | Message::Migrate { .. }
             | Message::Invalidate { .. }
             | Message::MigrateTo { .. }
-            | Message::Unforward { .. } => true,
+            | Message::Unforward { .. }
+            | Message::Attach
+            | Message::AllocWith { .. }
+            | Message::AcquireMapped { .. }
+            | Message::Prefetch { .. }
+            | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
             | Message::Allocated { .. }
@@ -269,7 +378,10 @@ impl Message {
             | Message::Data { .. }
             | Message::Granted { .. }
             | Message::Error { .. }
-            | Message::Moved { .. } => false,
+            | Message::Moved { .. }
+            | Message::Attached { .. }
+            | Message::Mapped { .. }
+            | Message::Figures { .. } => false,
         }
     }
 
@@ -296,6 +408,14 @@ impl Message {
             Message::MigrateTo { .. } => "migrateto",
             Message::Moved { .. } => "moved",
             Message::Unforward { .. } => "unforward",
+            Message::Attach => "attach",
+            Message::Attached { .. } => "attached",
+            Message::AllocWith { .. } => "allocwith",
+            Message::AcquireMapped { .. } => "acquiremapped",
+            Message::Mapped { .. } => "mapped",
+            Message::Prefetch { .. } => "prefetch",
+            Message::Stats => "stats",
+            Message::Figures { .. } => "figures",
         }
     }
 }
@@ -340,15 +460,24 @@ mod tests {
             Message::MigrateTo { region, node: 1, device: WireLocation::Gpu(0) },
             Message::Moved { to: region },
             Message::Unforward { region, to: region },
+            Message::Attach,
+            Message::Attached { page_size: 1 << 16, cuda: false, arenas: vec![] },
+            Message::AllocWith { size: 1, device: None, priority: 1, tenant: 0, keep: false },
+            Message::AcquireMapped { region, offset: 0, len: 1, device: WireLocation::Host, mode: WireMode::Write },
+            Message::Mapped { lease: 1, first: 0, pages: WirePages::Run { offset: 0, len: 1 << 16 } },
+            Message::Prefetch { region, offset: 0, len: 1, device: WireLocation::Gpu(0) },
+            Message::Stats,
+            Message::Figures { json: "{}".into() },
         ]
     }
 
     #[test]
-    fn requests_are_the_first_ten_variants_and_the_later_ones_alternate() {
+    fn requests_and_responses_are_sorted() {
         let kinds: Vec<bool> = all().iter().map(Message::is_request).collect();
         let mut expected = vec![true; 10];
         expected.extend([false; 7]);
         expected.extend([true, false, true]);
+        expected.extend([true, false, true, true, false, true, true, false]);
         assert_eq!(kinds, expected);
     }
 

@@ -13,6 +13,8 @@
 //!
 //! - [`chunk`]: page payloads, as checksummed chunks after a frame, on any byte stream; [`quic`]: what quinn's
 //!   streams do better (payloads handed over and taken without a copy) and the answer that ends a stream.
+//! - [`mapped`]: what a local client needs to map the node's memory (arenas, a lease's pages, descriptors
+//!   passed over the Unix socket).
 //! - [`convert`]: the fabric's types to and from their wire forms, errors included.
 //!
 //! Everything a peer sends is untrusted: the header is checked before the body is buffered, the body length is
@@ -23,12 +25,13 @@
 pub mod chunk;
 pub mod codec;
 pub mod convert;
+pub mod mapped;
 pub mod message;
 pub mod quic;
 
+pub use chunk::{ChunkError, ChunkHeader, Payload, CHUNK_HEADER_LEN};
 pub use codec::{
     encode, read_frame, write_frame, CodecError, FrameDecoder, DEFAULT_MAX_FRAME, FRAME_HEADER_LEN, MAGIC,
     PROTOCOL_VERSION,
 };
-pub use chunk::{ChunkError, ChunkHeader, Payload, CHUNK_HEADER_LEN};
-pub use message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};
+pub use message::{ErrorKind, Message, WireArena, WireLocation, WireMode, WirePages, WireRegion, WireShareKind};

@@ -12,6 +12,7 @@ use std::any::Any;
 use vfabric_allocator::Location;
 
 use super::error::DeviceError;
+use super::share::ExportedArena;
 
 /// What arena to create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +68,11 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError>;
     /// The backend's own type, for movers that need their backend's handles.
     fn as_any(&self) -> &dyn Any;
+    /// Describes the arena and hands out new descriptors of its memory, for another process of the node to map
+    /// ([`crate::DeviceLayer::import_arena`]). Arenas that cannot be shared say so.
+    fn export(&self) -> Result<ExportedArena, DeviceError> {
+        Err(DeviceError::NotShareable(self.location()))
+    }
 }
 
 /// [`Arena::write_parts`] by one [`Arena::write`]: the pieces gathered first into a buffer kept per thread.

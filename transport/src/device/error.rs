@@ -76,6 +76,9 @@ pub enum DeviceError {
         /// The size asked for.
         bytes: u64,
     },
+    /// The arena cannot be shared with another process (its memory was not made exportable).
+    #[error("the {0} arena cannot be shared with another process")]
+    NotShareable(Location),
     /// An operating-system call failed (file descriptors of exported chunks).
     #[error("{call} failed: {source}")]
     Os {

@@ -1,13 +1,16 @@
 //! The device layer: one node's GPUs and pinned host memory, behind the trait every backend implements.
 
 use std::any::Any;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use vfabric_allocator::Location;
 
 use super::arena::{Arena, ArenaSpec};
 use super::error::DeviceError;
 use super::mover::{Mover, MoverConfig};
+use super::share::ArenaShare;
 
 /// Which implementation of the device layer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +59,12 @@ pub trait DeviceLayer: Send + Sync {
     fn create_arena(&self, spec: &ArenaSpec) -> Result<Arc<dyn Arena>, DeviceError>;
     /// A mover for arenas of this device layer.
     fn mover(&self, config: MoverConfig) -> Result<Arc<dyn Mover>, DeviceError>;
+    /// Maps an arena that another process of the node exported ([`Arena::export`]): the same memory at an
+    /// address of this process. The descriptors are consumed.
+    fn import_arena(&self, share: &ArenaShare, fds: Vec<OwnedFd>) -> Result<Arc<dyn Arena>, DeviceError>;
+    /// Waits until the work this process queued on `location` (kernels, copies on any stream) is done: what a
+    /// process does before it lets go of memory another process may then move.
+    fn synchronize(&self, location: Location) -> Result<(), DeviceError>;
     /// The backend's own type (the benchmark's baselines need the CUDA node's contexts).
     fn as_any(&self) -> &dyn Any;
     /// One line that says what this device layer is, for logs and reports.

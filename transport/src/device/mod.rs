@@ -5,6 +5,8 @@
 //!   [`engine`]), [`batch`] (batches and the plans engines execute), [`error`].
 //! - The backends: [`cuda`] (CUDA driver API through cudarc, VMM arenas) and [`emulated`] (host memory, for
 //!   machines without a GPU).
+//! - Sharing arenas with the node's other processes: [`share`] (what an exported arena is made of) and
+//!   [`shared_memory`] (host memory in a shared file).
 //! - [`open`]: the choice between the backends, which sits above both.
 //!
 //! The interface files never name a backend, so each backend depends on the interface and not the other way.
@@ -18,3 +20,5 @@ pub mod error;
 pub mod layer;
 pub mod mover;
 pub mod open;
+pub mod share;
+pub mod shared_memory;

@@ -1,13 +1,29 @@
-//! A node's local clients: processes on the node that use its agent over a Unix socket instead of running an
-//! agent of their own. The same frames as between agents ([`crate::proto`]), one request at a time per
-//! connection, after a `Hello` the agent answers with its node id; page payloads as the same checksummed chunks
-//! ([`crate::proto::chunk`]). A client's calls reach every region of the cluster: the agent forwards them to
-//! the regions' homes.
+//! A node's local clients: processes on the node (a job's ranks) that use its agent over a Unix socket instead
+//! of running an agent of their own. The same frames as between agents ([`crate::proto`]), one request at a
+//! time per connection, after a `Hello` the agent answers with its node id. A client's calls reach every region
+//! of the cluster: the agent forwards them to the regions' homes.
+//!
+//! Two clients:
+//! - [`AttachedClient`] (`attached`, `mapped_lease`, `connection`): blocking; maps the node's arenas at attach (descriptors
+//!   passed with `SCM_RIGHTS`, [`crate::proto::mapped`]), so its leases ([`LocalLease`]) are pointers in its
+//!   own address space and no page bytes cross the socket on that path;
+//! - [`LocalClient`] (`client`): async; bytes through the socket as checksummed chunks
+//!   ([`crate::proto::chunk`]), for processes that do not map the node's memory.
+//!
+//! The agent's side: `server` (who may connect, the requests), `session` (what one client holds, let go when
+//! it goes), `payload` (bytes through the socket).
 
+mod attached;
 mod client;
+mod connection;
+mod mapped_lease;
+mod payload;
 mod server;
+mod session;
 
+pub use attached::{AllocOptions, AttachedClient};
 pub use client::{default_socket, LocalClient};
+pub use mapped_lease::LocalLease;
 
 /// Largest payload chunk on the socket.
 const MAX_CHUNK: u64 = 16 << 20;

@@ -1,22 +1,24 @@
-//! The agent's side of the local socket.
+//! The agent's side of the local socket: who may connect, and one client's requests, one after the other.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
 use vfabric_allocator::Location;
 
-use super::{CHUNK, MAX_CHUNK};
+use super::session::Session;
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
-use crate::proto::chunk::{write_chunk, ChunkError, ChunkRead, Payload, StreamChunks};
 use crate::proto::codec::{read_frame, write_frame, PROTOCOL_VERSION};
 use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
 
 impl Agent {
     /// Serves local clients on a Unix socket at `path` (a stale socket file there is replaced) until the
-    /// agent shuts down.
+    /// agent shuts down. The socket is its owner's alone (mode 0600), and a client running as another user is
+    /// refused even if it reaches the socket (its credentials are checked).
     pub async fn serve_local(&self, path: &Path) -> Result<PathBuf, FabricError> {
         let failed = |source| NetworkError::Socket { path: path.to_path_buf(), source };
         if path.exists() {
@@ -26,42 +28,94 @@ impl Agent {
             std::fs::remove_file(path).map_err(failed)?;
         }
         let listener = UnixListener::bind(path).map_err(failed)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
         let agent = self.clone();
         let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let a = agent.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = a.serve_client(stream).await {
-                        tracing::warn!(error = %e, "closing a local client's connection");
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let a = agent.clone();
+                        tokio::spawn(async move { a.serve_client(stream).await });
                     }
-                });
+                    // Out of descriptors, or the like: say so and keep serving once it passes, instead of leaving
+                    // every later client without an agent.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a local client failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
             }
         });
         self.tasks().push(task);
         Ok(path.to_path_buf())
     }
 
-    /// One client connection: requests one after the other. `Err` says why the connection is closed.
-    async fn serve_client(&self, mut s: UnixStream) -> Result<(), FabricError> {
+    /// One client: its credentials, its hello, its requests; then what it held is let go.
+    async fn serve_client(&self, mut s: UnixStream) {
+        let me = nix::unistd::geteuid().as_raw();
+        match s.peer_cred() {
+            Ok(cred) if cred.uid() == me => {}
+            Ok(cred) => {
+                tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), agent_uid = me, "refused a local client of another user");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "refused a local client whose credentials could not be read");
+                return;
+            }
+        }
+        let mut session = Session::default();
+        if let Err(e) = self.client_requests(&mut s, &mut session).await {
+            tracing::warn!(error = %e, "closing a local client's connection");
+        }
+        self.end_session(session).await;
+    }
+
+    /// A client's requests, one after the other. `Err` says why the connection is closed.
+    async fn client_requests(&self, s: &mut UnixStream, session: &mut Session) -> Result<(), FabricError> {
         let max = self.max_frame();
-        match read_frame(&mut s, max).await? {
+        match read_frame(s, max).await? {
             Some(Message::Hello { protocol, .. }) if protocol == PROTOCOL_VERSION => {
-                write_frame(&mut s, &Message::Welcome { node: self.node(), protocol }, max).await?;
+                write_frame(s, &Message::Welcome { node: self.node(), protocol }, max).await?;
             }
             Some(m) => return Err(ProtocolError::NotHello(m.name()).into()),
             None => return Ok(()),
         }
-        while let Some(msg) = read_frame(&mut s, max).await? {
+        while let Some(msg) = read_frame(s, max).await? {
             let reply = match msg {
                 Message::Ping { nonce } => Ok(Message::Pong { nonce }),
+                Message::Attach => {
+                    self.attach_client(s).await?;
+                    continue;
+                }
                 Message::Alloc { size, device } => self
                     .alloc(self.node(), size, device.map(Location::from))
                     .await
                     .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
-                Message::Free { region } => self.free(&Region::from(&region)).await.map(|()| Message::Done),
-                Message::Write { region, offset, len } => self.take_write(&mut s, &Region::from(&region), offset, len).await?,
+                Message::AllocWith { size, device, priority, tenant, keep } => {
+                    self.alloc_for(session, size, device.map(Location::from), priority, tenant, keep)
+                }
+                Message::Free { region } => self.free_for(session, &Region::from(&region)).await,
+                Message::AcquireMapped { region, offset, len, device, mode } => {
+                    let range = offset..offset.saturating_add(len);
+                    self.acquire_mapped(session, &Region::from(&region), range, device.into(), mode.into()).await
+                }
+                Message::Release { lease } => self.release_for(session, lease).await,
+                Message::Prefetch { region, offset, len, device } => {
+                    self.prefetch_for(Region::from(&region), offset..offset.saturating_add(len), device.into());
+                    Ok(Message::Done)
+                }
+                Message::Migrate { region, device } => {
+                    self.migrate(&Region::from(&region), device.into()).await.map(|()| Message::Done)
+                }
+                Message::Stats => serde_json::to_string(&self.fabric().stats())
+                    .map(|json| Message::Figures { json })
+                    .map_err(|_| FabricError::Internal("the fabric's figures could not be written as JSON")),
+                Message::Write { region, offset, len } => {
+                    self.take_write(s, &Region::from(&region), offset, len).await?
+                }
                 Message::Read { region, offset, len } => {
-                    self.answer_read(&mut s, &Region::from(&region), offset, len).await?;
+                    self.answer_read(s, &Region::from(&region), offset, len).await?;
                     continue;
                 }
                 other => return Err(ProtocolError::NotServed(other.name()).into()),
@@ -70,59 +124,7 @@ impl Agent {
                 Ok(m) => m,
                 Err(e) => refusal(&e),
             };
-            write_frame(&mut s, &answer, max).await?;
-        }
-        Ok(())
-    }
-
-    /// Takes a write's chunks, each verified before it is written (no buffer of the claimed size): the call's
-    /// result, or `Err` when the connection must close (a bad chunk leaves the stream out of step).
-    async fn take_write(
-        &self,
-        s: &mut UnixStream,
-        r: &Region,
-        offset: u64,
-        len: u64,
-    ) -> Result<Result<Message, FabricError>, FabricError> {
-        // Chunk by chunk: each goes to the region (maybe a peer's) once verified; after a failed write the rest
-        // of the payload is still taken, to keep the stream in step, and the first failure is the answer.
-        let mut src = StreamChunks::new(s, MAX_CHUNK);
-        let mut payload = Payload::new(len, MAX_CHUNK);
-        let mut result = Ok(Message::Done);
-        while !payload.is_complete() {
-            let header = src.next_header().await?.ok_or(ChunkError::Short { got: 0, want: len })?;
-            let at = payload.place(&header)?;
-            let bytes = src.next_payload(&header).await?.concat();
-            if result.is_ok() {
-                result = self.write(r, offset.saturating_add(at), &bytes).await.map(|()| Message::Done);
-            }
-        }
-        Ok(result)
-    }
-
-    /// `Data` then the bytes, a chunk at a time (the first piece read before answering, so that a refused read
-    /// gets an error; a later failure closes the connection).
-    async fn answer_read(&self, s: &mut UnixStream, r: &Region, offset: u64, len: u64) -> Result<(), FabricError> {
-        let max = self.max_frame();
-        let mut piece = Vec::new();
-        let mut at = 0u64;
-        while at < len || at == 0 {
-            let n = (CHUNK as u64).min(len - at);
-            piece.resize(n as usize, 0);
-            if let Err(e) = self.read(r, offset.saturating_add(at), &mut piece).await {
-                if at > 0 {
-                    return Err(e);
-                }
-                return Ok(write_frame(s, &refusal(&e), max).await?);
-            }
-            if at == 0 {
-                write_frame(s, &Message::Data { len }, max).await?;
-            }
-            write_chunk(s, at, &piece).await?;
-            at += n;
-            if len == 0 {
-                break;
-            }
+            write_frame(s, &answer, max).await?;
         }
         Ok(())
     }

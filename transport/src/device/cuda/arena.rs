@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use super::context::GpuContext;
 use super::driver::cu;
-use super::host::PinnedHostMemory;
+use super::host::{PinnedHostMemory, RegisteredHostMemory};
 use super::vmm::{set_access, Mapping, PhysicalChunk, VirtualRange};
 use crate::device::arena::{check_bounds, copy_parts, write_gathered, Arena};
 use crate::device::error::DeviceError;
+use crate::device::share::{ArenaShare, ExportedArena, ShareKind};
 use vfabric_allocator::Location;
 
 /// GPU memory: `chunks` mapped back to back into `range`, readable and writable by every GPU of the node that
@@ -182,6 +183,15 @@ impl Arena for GpuArena {
     fn as_any(&self) -> &dyn Any {
         self
     }
+
+    fn export(&self) -> Result<ExportedArena, DeviceError> {
+        let fds = (0..self.chunks.len()).map(|i| self.export_chunk(i)).collect::<Result<Vec<_>, _>>()?;
+        let pieces = self.chunks.iter().map(PhysicalChunk::len).collect();
+        Ok(ExportedArena {
+            share: ArenaShare { location: self.location(), len: self.len(), kind: ShareKind::GpuChunks, pieces },
+            fds,
+        })
+    }
 }
 
 impl Drop for GpuArena {
@@ -193,14 +203,15 @@ impl Drop for GpuArena {
     }
 }
 
-/// Pinned host memory as an arena.
+/// Pinned host memory as an arena: a shared memory file registered with the driver, so the node's other
+/// processes can map it too.
 #[derive(Debug)]
 pub struct HostArena {
-    mem: PinnedHostMemory,
+    mem: RegisteredHostMemory,
 }
 
 impl HostArena {
-    pub(crate) fn new(mem: PinnedHostMemory) -> Self {
+    pub(crate) fn new(mem: RegisteredHostMemory) -> Self {
         HostArena { mem }
     }
 }
@@ -250,5 +261,15 @@ impl Arena for HostArena {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn export(&self) -> Result<ExportedArena, DeviceError> {
+        let share = ArenaShare {
+            location: Location::Host,
+            len: self.len(),
+            kind: ShareKind::HostFile,
+            pieces: vec![self.len()],
+        };
+        Ok(ExportedArena { share, fds: vec![self.mem.shared().share()?] })
     }
 }

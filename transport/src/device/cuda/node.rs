@@ -1,7 +1,7 @@
 //! The CUDA device layer of one node: its GPUs (found by [`super::gpus`]), arenas on them and their mover.
 
 use std::any::Any;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use vfabric_allocator::Location;
@@ -9,13 +9,15 @@ use vfabric_allocator::Location;
 use super::arena::{GpuArena, HostArena};
 use super::context::GpuContext;
 use super::gpus::NodeInner;
-use super::host::PinnedHostMemory;
+use super::host::RegisteredHostMemory;
 use super::mover::CudaMover;
 use super::vmm::PhysicalChunk;
 use crate::device::arena::{Arena, ArenaSpec};
 use crate::device::error::DeviceError;
 use crate::device::layer::{DeviceKind, DeviceLayer, GpuInfo};
 use crate::device::mover::{Mover, MoverConfig};
+use crate::device::share::{ArenaShare, ShareKind};
+use crate::device::shared_memory::SharedHostMemory;
 
 /// The CUDA device layer of one node: every GPU the driver shows, each through its primary context.
 pub struct CudaNode {
@@ -32,26 +34,29 @@ impl CudaNode {
     /// Imports a chunk exported by [`GpuArena::export_chunk`] (in this or another process of the node) and maps
     /// it as an arena of its own: the bytes are the exporter's, reached through a second address.
     pub fn import_chunk(&self, fd: BorrowedFd<'_>, gpu: u16, len: u64) -> Result<Arc<dyn Arena>, DeviceError> {
+        Ok(Arc::new(self.import_chunks(gpu, &[(fd, len)])?))
+    }
+
+    /// Imports exported chunks of GPU `gpu` and maps them back to back into one range, as an arena.
+    fn import_chunks(&self, gpu: u16, pieces: &[(BorrowedFd<'_>, u64)]) -> Result<GpuArena, DeviceError> {
         let ctx = Arc::clone(self.inner.context(gpu)?);
         let info = &self.inner.gpus[usize::from(gpu)];
-        if len == 0 || len % info.granularity != 0 {
-            return Err(DeviceError::InvalidArgument(format!(
-                "an imported chunk's length ({len}) must be a non-zero multiple of {} bytes",
-                info.granularity
-            )));
+        let mut total = 0u64;
+        for &(_, len) in pieces {
+            if len == 0 || len % info.granularity != 0 {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "an imported chunk's length ({len}) must be a non-zero multiple of {} bytes",
+                    info.granularity
+                )));
+            }
+            total =
+                total.checked_add(len).ok_or_else(|| DeviceError::InvalidArgument("chunks past 2^64 bytes".into()))?;
         }
         ctx.bind()?;
-        let chunk = PhysicalChunk::import_fd(fd, gpu, len)?;
-        let arena = GpuArena::build(
-            ctx,
-            len,
-            len,
-            info.granularity,
-            true,
-            &self.inner.peers[usize::from(gpu)],
-            Some(vec![chunk]),
-        )?;
-        Ok(Arc::new(arena))
+        let chunks =
+            pieces.iter().map(|&(fd, len)| PhysicalChunk::import_fd(fd, gpu, len)).collect::<Result<Vec<_>, _>>()?;
+        let peers = &self.inner.peers[usize::from(gpu)];
+        GpuArena::build(ctx, total, info.granularity, info.granularity, true, peers, Some(chunks))
     }
 
     /// The GPUs that can reach GPU `gpu`'s memory directly (itself included).
@@ -107,7 +112,8 @@ impl DeviceLayer for CudaNode {
             }
             Location::Host => {
                 let ctx = Arc::clone(self.inner.context(0)?);
-                let mem = PinnedHostMemory::alloc(ctx, spec.bytes).map_err(|e| match e {
+                let shared = SharedHostMemory::create("vfabric-host", spec.bytes)?;
+                let mem = RegisteredHostMemory::register(ctx, shared).map_err(|e| match e {
                     DeviceError::Cuda { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => {
                         DeviceError::OutOfDeviceMemory {
                             location: Location::Host,
@@ -124,6 +130,31 @@ impl DeviceLayer for CudaNode {
 
     fn mover(&self, config: MoverConfig) -> Result<Arc<dyn Mover>, DeviceError> {
         Ok(Arc::new(CudaMover::new(Arc::clone(&self.inner), config)?))
+    }
+
+    fn import_arena(&self, share: &ArenaShare, fds: Vec<OwnedFd>) -> Result<Arc<dyn Arena>, DeviceError> {
+        share.check(fds.len())?;
+        match (share.location, share.kind) {
+            (Location::Gpu(g), ShareKind::GpuChunks) => {
+                let pieces: Vec<_> = fds.iter().map(AsFd::as_fd).zip(share.pieces.iter().copied()).collect();
+                Ok(Arc::new(self.import_chunks(g, &pieces)?))
+            }
+            (Location::Host, ShareKind::HostFile) => {
+                let ctx = Arc::clone(self.inner.context(0)?);
+                let fd = fds.into_iter().next().ok_or_else(|| DeviceError::InvalidArgument("no descriptor".into()))?;
+                let mem = RegisteredHostMemory::register(ctx, SharedHostMemory::map(fd, share.len)?)?;
+                Ok(Arc::new(HostArena::new(mem)))
+            }
+            (location, kind) => Err(DeviceError::InvalidArgument(format!("a {location} arena shared as {kind:?}"))),
+        }
+    }
+
+    fn synchronize(&self, location: Location) -> Result<(), DeviceError> {
+        match location {
+            Location::Gpu(g) => self.inner.context(g)?.synchronize(),
+            // Host memory is reached by this process's GPUs' work: wait for all of it.
+            Location::Host => self.inner.gpus.iter().try_for_each(|g| self.inner.context(g.index)?.synchronize()),
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

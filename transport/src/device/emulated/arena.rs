@@ -1,12 +1,14 @@
-//! Emulated arenas: page-aligned host allocations.
+//! Emulated arenas: host memory in shared memory files, so that the node's other processes can map them as they
+//! would map a GPU's exported chunks.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::device::arena::{check_bounds, copy_parts, Arena};
 use crate::device::error::DeviceError;
+use crate::device::share::{ArenaShare, ExportedArena, ShareKind};
+use crate::device::shared_memory::SharedHostMemory;
 use vfabric_allocator::Location;
 
 /// Memory charged to an emulated GPU: its counters, which GPU, how many bytes.
@@ -15,8 +17,9 @@ pub(crate) type Charge = (Arc<Vec<AtomicU64>>, usize, u64);
 /// An arena of host memory standing in for GPU or pinned host memory.
 pub struct EmulatedArena {
     ptr: *mut u8,
-    layout: Layout,
+    mem: SharedHostMemory,
     location: Location,
+    /// What the arena holds of its emulated GPU's memory (none for host arenas and imported ones).
     charge: Option<Charge>,
 }
 
@@ -28,20 +31,24 @@ unsafe impl Sync for EmulatedArena {}
 
 impl std::fmt::Debug for EmulatedArena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmulatedArena").field("location", &self.location).field("len", &self.layout.size()).finish()
+        f.debug_struct("EmulatedArena").field("location", &self.location).field("len", &self.mem.len()).finish()
     }
 }
 
 impl EmulatedArena {
     pub(crate) fn new(location: Location, bytes: u64, charge: Option<Charge>) -> Result<Self, DeviceError> {
-        let size = usize::try_from(bytes).map_err(|_| DeviceError::HostAllocFailed { bytes })?;
-        let layout = Layout::from_size_align(size, 4096).map_err(|_| DeviceError::HostAllocFailed { bytes })?;
-        // SAFETY: `layout` has a non-zero size (the node rejects empty arenas).
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(DeviceError::HostAllocFailed { bytes });
+        let mem = SharedHostMemory::create(&format!("vfabric-emulated-{location}"), bytes)?;
+        Ok(EmulatedArena { ptr: mem.as_ptr(), mem, location, charge })
+    }
+
+    /// The arena another process exported, mapped here (charged to nothing: the exporter holds the memory).
+    pub(crate) fn import(share: &ArenaShare, mut fds: Vec<std::os::fd::OwnedFd>) -> Result<Self, DeviceError> {
+        share.check(fds.len())?;
+        if share.kind != ShareKind::HostFile {
+            return Err(DeviceError::InvalidArgument(format!("the emulated device cannot map {:?}", share.kind)));
         }
-        Ok(EmulatedArena { ptr, layout, location, charge })
+        let mem = SharedHostMemory::map(fds.remove(0), share.len)?;
+        Ok(EmulatedArena { ptr: mem.as_ptr(), mem, location: share.location, charge: None })
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`.
@@ -55,8 +62,6 @@ impl EmulatedArena {
 
 impl Drop for EmulatedArena {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { dealloc(self.ptr, self.layout) };
         if let Some((used, g, bytes)) = &self.charge {
             used[*g].fetch_sub(*bytes, Ordering::AcqRel);
         }
@@ -69,7 +74,7 @@ impl Arena for EmulatedArena {
     }
 
     fn len(&self) -> u64 {
-        self.layout.size() as u64
+        self.mem.len()
     }
 
     fn device_ptr(&self) -> u64 {
@@ -78,7 +83,7 @@ impl Arena for EmulatedArena {
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
         check_bounds(self.location, self.len(), offset, data.len() as u64)?;
-        // SAFETY: in bounds (checked); `data` cannot alias the arena's private allocation.
+        // SAFETY: in bounds (checked); `data` cannot alias the arena's mapping.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len()) };
         Ok(())
     }
@@ -107,5 +112,15 @@ impl Arena for EmulatedArena {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn export(&self) -> Result<ExportedArena, DeviceError> {
+        let share = ArenaShare {
+            location: self.location,
+            len: self.len(),
+            kind: ShareKind::HostFile,
+            pieces: vec![self.len()],
+        };
+        Ok(ExportedArena { share, fds: vec![self.mem.share()?] })
     }
 }

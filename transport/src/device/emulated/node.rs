@@ -12,6 +12,8 @@ use crate::device::arena::{Arena, ArenaSpec};
 use crate::device::error::DeviceError;
 use crate::device::layer::{DeviceKind, DeviceLayer, GpuInfo};
 use crate::device::mover::{Mover, MoverConfig};
+use crate::device::share::ArenaShare;
+use std::os::fd::OwnedFd;
 
 /// A node of emulated GPUs, each with a fixed amount of (host) memory.
 pub struct EmulatedNode {
@@ -93,6 +95,19 @@ impl DeviceLayer for EmulatedNode {
 
     fn mover(&self, config: MoverConfig) -> Result<Arc<dyn Mover>, DeviceError> {
         Ok(Arc::new(EmulatedMover::new(self.gpus.len(), config)?))
+    }
+
+    fn import_arena(&self, share: &ArenaShare, fds: Vec<OwnedFd>) -> Result<Arc<dyn Arena>, DeviceError> {
+        if let Location::Gpu(g) = share.location {
+            self.gpus.get(usize::from(g)).ok_or(DeviceError::NoSuchGpu { gpu: g, count: self.gpus.len() })?;
+        }
+        Ok(Arc::new(EmulatedArena::import(share, fds)?))
+    }
+
+    fn synchronize(&self, _location: Location) -> Result<(), DeviceError> {
+        // The emulated device's copies run on the mover's threads, which their callers wait for; a client
+        // process queues no work of its own.
+        Ok(())
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -1,0 +1,150 @@
+//! What one local client holds at its node's agent: its mapped leases and the regions it asked to be freed when
+//! it goes. When the connection ends, however it ends (the client exited, was killed, or broke the protocol),
+//! its leases are released and those regions freed, so no page stays pinned by a process that is gone.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+use vfabric_allocator::Location;
+
+use crate::agent::remote_lease::AgentLease;
+use crate::agent::shared::{in_place, Agent};
+use crate::directory::{Mode, Placement, Priority, RegionHandle as Region};
+use crate::error::{FabricError, NetworkError, ProtocolError};
+use crate::fabric::LeasePtr;
+use crate::proto::codec::write_frame;
+use crate::proto::mapped::{send_fds, FDS_PER_MESSAGE};
+use crate::proto::message::{Message, WireArena, WirePages, WireRegion};
+use vfabric_allocator::TenantId;
+
+/// One client's leases (by the ids it was given) and its regions that end with it.
+#[derive(Default)]
+pub(super) struct Session {
+    leases: HashMap<u64, AgentLease>,
+    next_lease: u64,
+    owned: HashSet<Region>,
+}
+
+impl Agent {
+    /// Answers `Attach`: the arenas' descriptions, then their descriptors.
+    pub(super) async fn attach_client(&self, s: &mut UnixStream) -> Result<(), FabricError> {
+        let fabric = self.fabric();
+        let exported = match in_place(|| fabric.export_arenas()) {
+            Ok(e) => e,
+            Err(e) => return Ok(write_frame(s, &crate::proto::convert::refusal(&e), self.max_frame()).await?),
+        };
+        let arenas = exported.iter().map(|e| WireArena::from(&e.share)).collect();
+        let cuda = fabric.device_kind() == vfabric_transport::DeviceKind::Cuda;
+        write_frame(s, &Message::Attached { page_size: fabric.page_size(), cuda, arenas }, self.max_frame()).await?;
+        let fds: Vec<_> = exported.iter().flat_map(|e| e.fds.iter().map(std::os::fd::AsFd::as_fd)).collect();
+        for batch in fds.chunks(FDS_PER_MESSAGE) {
+            s.async_io(Interest::WRITABLE, || send_fds(std::os::fd::AsFd::as_fd(&*s), batch))
+                .await
+                .map_err(NetworkError::Io)?;
+        }
+        Ok(())
+    }
+
+    /// `AllocWith`: a region at this node; it ends with the client unless `keep`.
+    pub(super) fn alloc_for(
+        &self,
+        session: &mut Session,
+        size: u64,
+        device: Option<Location>,
+        priority: u8,
+        tenant: u32,
+        keep: bool,
+    ) -> Result<Message, FabricError> {
+        let priority = match priority {
+            0 => Priority::Low,
+            1 => Priority::Normal,
+            2 => Priority::High,
+            p => return Err(ProtocolError::BadField { field: "priority", value: u64::from(p) }.into()),
+        };
+        let placement = Placement { device, priority, tenant: TenantId(tenant) };
+        let region = in_place(|| self.fabric().alloc(size, placement))?;
+        if !keep {
+            session.owned.insert(region);
+        }
+        Ok(Message::Allocated { region: WireRegion::from(&region) })
+    }
+
+    /// `Free`: the region goes, and no longer ends with the client.
+    pub(super) async fn free_for(&self, session: &mut Session, region: &Region) -> Result<Message, FabricError> {
+        self.free(region).await?;
+        session.owned.remove(region);
+        Ok(Message::Done)
+    }
+
+    /// `AcquireMapped`: a lease held for the client, answered with where its pages are in the device's arena.
+    pub(super) async fn acquire_mapped(
+        &self,
+        session: &mut Session,
+        region: &Region,
+        range: Range<u64>,
+        device: Location,
+        mode: Mode,
+    ) -> Result<Message, FabricError> {
+        let first = range.start - range.start % region.page_size.max(1);
+        let lease = self.acquire(region, range, device, mode).await?;
+        let local = lease.local().ok_or(FabricError::Internal("a granted lease without local pages"))?;
+        let fabric = self.fabric();
+        let pages = match local.ptr() {
+            LeasePtr::Contiguous { ptr, len } => {
+                WirePages::Run { offset: fabric.arena_offset(device, *ptr)?, len: *len }
+            }
+            LeasePtr::Pages(ptrs) => {
+                WirePages::Pages(ptrs.iter().map(|&p| fabric.arena_offset(device, p)).collect::<Result<_, _>>()?)
+            }
+        };
+        session.next_lease += 1;
+        let id = session.next_lease;
+        session.leases.insert(id, lease);
+        Ok(Message::Mapped { lease: id, first, pages })
+    }
+
+    /// `Release` of one of the client's leases (only its own: ids are per connection).
+    pub(super) async fn release_for(&self, session: &mut Session, lease: u64) -> Result<Message, FabricError> {
+        let l = session.leases.remove(&lease).ok_or(FabricError::UnknownLease(lease))?;
+        self.release(l).await?;
+        Ok(Message::Done)
+    }
+
+    /// `Prefetch`: a read lease taken and dropped in the background, so the pages are on `device` when the
+    /// client asks; answered at once. A prefetch that fails (evicted pages with no room, a freed region) only
+    /// logs: it was a hint.
+    pub(super) fn prefetch_for(&self, region: Region, range: Range<u64>, device: Location) {
+        let agent = self.clone();
+        tokio::spawn(async move {
+            match agent.acquire(&region, range, device, Mode::Read).await {
+                Ok(l) => {
+                    if let Err(e) = agent.release(l).await {
+                        tracing::debug!(error = %e, "releasing a prefetch's lease failed");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "a prefetch hint was not taken"),
+            }
+        });
+    }
+
+    /// The client is gone: its leases are released and its regions that end with it freed.
+    pub(super) async fn end_session(&self, session: Session) {
+        let (leases, owned) = (session.leases.len(), session.owned.len());
+        for (_, lease) in session.leases {
+            if let Err(e) = self.release(lease).await {
+                tracing::warn!(error = %e, "releasing a departed local client's lease failed");
+            }
+        }
+        for region in session.owned {
+            match self.free(&region).await {
+                Ok(()) | Err(FabricError::UseAfterFree(_)) | Err(FabricError::DoubleFree(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "freeing a departed local client's region failed"),
+            }
+        }
+        if leases + owned > 0 {
+            tracing::info!(leases, regions = owned, "a local client left: its leases released, its regions freed");
+        }
+    }
+}
