@@ -1,5 +1,6 @@
 //! The fabric as Python sees it: `vfabric.FabricBase`, whose methods every kind of fabric has, and its
-//! subclass `vfabric.Fabric` (the embedded fabric of this process).
+//! subclasses `vfabric.Fabric` (the embedded fabric of this process) and `vfabric.Client` (attached to the
+//! node's agent by `vfabric.connect`).
 //!
 //! Each method checks its arguments while holding the GIL, then calls the backend with the GIL released, so
 //! other Python threads run while the fabric copies pages.
@@ -12,10 +13,11 @@ use pyo3::types::PyBytes;
 use vfabric::{ClusterConfig, FabricError, Region};
 
 use crate::args;
+use crate::attached::Attached;
 use crate::backend::{AllocArgs, Backend};
 use crate::buffer::Buffer;
 use crate::embedded::Embedded;
-use crate::errors::to_py;
+use crate::errors::{to_py, ConfigError};
 use crate::lease::PyLease;
 use crate::region::PyRegion;
 
@@ -200,4 +202,62 @@ impl PyFabric {
     fn __repr__(slf: PyRef<'_, Self>) -> String {
         format!("Fabric({}, page_size={})", slf.describe, slf.as_super().backend.page_size())
     }
+}
+
+/// The environment variable `connect()` reads the agent's socket from when given none.
+const SOCKET_VARIABLE: &str = "VFABRIC_SOCKET";
+
+/// A process attached to its node's agent: the node's memory is mapped here, so leases give pointers valid in
+/// this process, while the agent owns the regions (shared with the node's other processes). Made by
+/// `vfabric.connect()`.
+#[pyclass(name = "Client", module = "vfabric", extends = PyFabricBase, frozen)]
+pub struct PyClient {
+    socket: PathBuf,
+    node: u16,
+}
+
+#[pymethods]
+impl PyClient {
+    /// The agent's node (its index in the cluster configuration, the home of the regions allocated here).
+    #[getter]
+    fn node(&self) -> u16 {
+        self.node
+    }
+
+    /// The agent's socket.
+    #[getter]
+    fn socket(&self) -> PathBuf {
+        self.socket.clone()
+    }
+
+    fn __repr__(slf: PyRef<'_, Self>) -> String {
+        let base = slf.as_super();
+        format!(
+            "Client(socket={:?}, node={}, {}, page_size={})",
+            slf.socket.display().to_string(),
+            slf.node,
+            base.backend.device_kind(),
+            base.backend.page_size()
+        )
+    }
+}
+
+/// Attaches this process to its node's agent, which serves `socket` (default: the `VFABRIC_SOCKET`
+/// environment variable), and maps the node's memory here. Returns a `Client`, with the same calls as
+/// `Fabric`; regions it allocates without `keep=True` are freed when this process disconnects or ends.
+#[pyfunction]
+#[pyo3(signature = (socket=None))]
+pub fn connect(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Py<PyClient>> {
+    let socket = match socket.or_else(|| std::env::var_os(SOCKET_VARIABLE).map(PathBuf::from)) {
+        Some(s) => s,
+        None => {
+            return Err(ConfigError::err(format!(
+                "no agent socket: pass connect(socket) or set {SOCKET_VARIABLE} (the agent prints the path it serves)"
+            )))
+        }
+    };
+    let attached = py.detach(|| Attached::attach(&socket)).map_err(to_py)?;
+    let node = attached.node();
+    let init = PyClassInitializer::from(PyFabricBase::new(Arc::new(attached))).add_subclass(PyClient { socket, node });
+    Py::new(py, init)
 }

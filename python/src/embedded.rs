@@ -82,10 +82,17 @@ impl Backend for Embedded {
     }
 
     fn synchronize(&self, device: Location) -> Result<(), FabricError> {
-        match (self.fabric.device_kind(), device) {
-            (DeviceKind::Cuda, Location::Gpu(gpu)) => Ok(cuda::synchronize(gpu)?),
-            // Host memory and the emulated device: kernels do not run on them asynchronously.
-            _ => Ok(()),
+        if self.fabric.device_kind() != DeviceKind::Cuda {
+            // The emulated device's copies are waited for by the fabric; nothing else queues work on it.
+            return Ok(());
+        }
+        match device {
+            Location::Gpu(gpu) => Ok(cuda::synchronize(gpu)?),
+            // Pinned host memory is reached by the work of every GPU of the process: wait for all of it.
+            Location::Host => self.fabric.devices().into_iter().try_for_each(|d| match d {
+                Location::Gpu(gpu) => Ok(cuda::synchronize(gpu)?),
+                Location::Host => Ok(()),
+            }),
         }
     }
 }

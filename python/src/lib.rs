@@ -2,11 +2,13 @@
 //!
 //! The modules, bottom up: `errors` (the exception classes and the mapping from the Rust errors), `args`
 //! (device names, modes, sizes), `buffer` (Python's buffer protocol), `dlpack` (DLPack's C structures and
-//! capsules), `cuda` (waiting for a GPU), `backend` (what a fabric must offer: the trait the two kinds
-//! implement), `embedded` (the fabric inside this process), `region` (`Region`), `state` (a held lease and the rule that arrays
-//! never outlive it), `view` (`TensorView`), `lease` (`Lease`), `client` (`FabricBase`, `Fabric`).
+//! capsules), `cuda` (waiting for a GPU), `backend` (what a fabric must offer: the trait both kinds implement),
+//! `embedded` (the fabric inside this process), `attached` (the node's agent this process is attached to),
+//! `region` (`Region`), `state` (a held lease and the rule that arrays never outlive it), `view`
+//! (`TensorView`), `lease` (`Lease`), `client` (`FabricBase`, `Fabric`, `Client`, `connect`).
 
 mod args;
+mod attached;
 mod backend;
 mod buffer;
 mod client;
@@ -33,5 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<view::PyTensorView>()?;
     m.add_class::<client::PyFabricBase>()?;
     m.add_class::<client::PyFabric>()?;
+    m.add_class::<client::PyClient>()?;
+    m.add_function(wrap_pyfunction!(client::connect, m)?)?;
     Ok(())
 }

@@ -20,6 +20,7 @@ The fabric places regions of memory on any device and moves their pages where th
 
 from vfabric._native import (
     ChecksumError,
+    Client,
     ConfigError,
     DeviceError,
     DeviceUnavailable,
@@ -48,10 +49,12 @@ from vfabric._native import (
     UnknownLease,
     UseAfterFree,
     __version__,
+    connect,
 )
 
 __all__ = [
     "ChecksumError",
+    "Client",
     "ConfigError",
     "DeviceError",
     "DeviceUnavailable",
@@ -80,4 +83,5 @@ __all__ = [
     "UnknownLease",
     "UseAfterFree",
     "__version__",
+    "connect",
 ]
