@@ -152,8 +152,9 @@ impl PyLease {
         ))
     }
 
-    /// `numpy.from_dlpack(lease.view(dtype, shape))`: a zero-copy NumPy array of the requested bytes (host
-    /// memory only: the emulated device, or the "host" device).
+    /// A zero-copy NumPy array of the requested bytes, as `view(dtype, shape)` describes them (host memory only:
+    /// the emulated device, or the "host" device; `ValueError` for a CUDA GPU's). Writable for a write lease,
+    /// read-only for a read lease, with any NumPy; it counts against the lease like `numpy.from_dlpack(view)`.
     #[pyo3(signature = (dtype=None, shape=None))]
     fn numpy<'py>(
         &self,
@@ -161,8 +162,7 @@ impl PyLease {
         dtype: Option<&Bound<'py, PyAny>>,
         shape: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let view = Bound::new(py, self.view(dtype, shape)?)?;
-        py.import("numpy")?.call_method1("from_dlpack", (view,))
+        self.view(dtype, shape)?.numpy(py)
     }
 
     /// The region offset of the first requested byte.

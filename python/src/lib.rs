@@ -4,8 +4,9 @@
 //! (device names, modes, sizes), `buffer` (Python's buffer protocol), `dlpack` (DLPack's C structures and
 //! capsules), `cuda` (waiting for a GPU), `backend` (what a fabric must offer: the trait both kinds implement),
 //! `embedded` (the fabric inside this process), `attached` (the node's agent this process is attached to),
-//! `region` (`Region`), `state` (a held lease and the rule that arrays never outlive it), `view`
-//! (`TensorView`), `lease` (`Lease`), `client` (`FabricBase`, `Fabric`, `Client`, `connect`).
+//! `region` (`Region`), `state` (a held lease and the rule that arrays never outlive it), `host_array`
+//! (NumPy arrays over host memory), `view` (`TensorView`), `lease` (`Lease`), `client` (`FabricBase`,
+//! `Fabric`, `Client`, `connect`).
 
 mod args;
 mod attached;
@@ -16,6 +17,7 @@ mod cuda;
 mod dlpack;
 mod embedded;
 mod errors;
+mod host_array;
 mod lease;
 mod region;
 mod state;
@@ -33,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<region::PyRegion>()?;
     m.add_class::<lease::PyLease>()?;
     m.add_class::<view::PyTensorView>()?;
+    m.add_class::<host_array::PyHostMemory>()?;
     m.add_class::<client::PyFabricBase>()?;
     m.add_class::<client::PyFabric>()?;
     m.add_class::<client::PyClient>()?;

@@ -14,7 +14,8 @@ use vfabric::{DeviceKind, Location};
 
 use crate::dlpack::{self, device_type, type_code, DLDataType, DLDevice, Tensor};
 use crate::errors::{value_error, UnknownLease};
-use crate::state::LeaseState;
+use crate::host_array;
+use crate::state::{LeaseState, ViewGuard};
 
 /// An element type: its name and DLPack code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,19 @@ pub struct DType {
 impl DType {
     fn itemsize(&self) -> u64 {
         u64::from(self.bits / 8)
+    }
+
+    /// NumPy's array-interface type string (little-endian), if NumPy has the type.
+    fn typestr(&self) -> Option<String> {
+        let kind = match self.code {
+            type_code::INT => 'i',
+            type_code::UINT => 'u',
+            type_code::FLOAT => 'f',
+            type_code::BOOL => 'b',
+            _ => return None,
+        };
+        let order = if self.bits == 8 { '|' } else { '<' };
+        Some(format!("{order}{kind}{}", self.bits / 8))
     }
 }
 
@@ -140,6 +154,25 @@ impl PyTensorView {
     ) -> Self {
         PyTensorView { state, data, device, dtype, shape, read_only }
     }
+
+    /// One more tensor alive over the view's lease, if it is still held.
+    fn export(&self) -> PyResult<ViewGuard> {
+        let guard = self.state.upgrade().and_then(|s| s.export());
+        guard.ok_or_else(|| UnknownLease::err("the view's lease was released"))
+    }
+
+    /// The view as a NumPy array (host memory only), counted against its lease like a DLPack tensor.
+    pub fn numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if self.device.device_type != device_type::CPU {
+            return Err(value_error(format!(
+                "the lease is on CUDA GPU {}: NumPy cannot use GPU memory; use torch.from_dlpack(lease.view(...)) \
+                 or lease the region on \"host\"",
+                self.device.device_id
+            )));
+        }
+        let typestr = self.dtype.typestr().ok_or_else(|| value_error(format!("NumPy has no {}", self.dtype.name)))?;
+        host_array::numpy_array(py, self.data, &typestr, &self.shape, self.read_only, self.export()?)
+    }
 }
 
 #[pymethods]
@@ -169,8 +202,7 @@ impl PyTensorView {
                 )));
             }
         }
-        let guard = self.state.upgrade().and_then(|s| s.export());
-        let guard = guard.ok_or_else(|| UnknownLease::err("the view's lease was released"))?;
+        let guard = self.export()?;
         let tensor = Tensor {
             data: self.data,
             device: self.device,

@@ -8,6 +8,9 @@ import pytest
 
 import vfabric
 
+# NumPy reads DLPack 1.0 capsules (and so writable arrays) from 2.1 on; before, its DLPack arrays are read-only.
+DLPACK_WRITABLE = tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 1)
+
 
 def leases_held(fabric):
     return fabric.stats()["directory"]["leases"]
@@ -23,11 +26,13 @@ def test_numpy_from_dlpack_is_zero_copy(fabric):
         assert view.shape == (1 << 20,) and view.dtype == "float32" and view.ptr == lease.ptr
         a = np.from_dlpack(view)
         assert a.ctypes.data == lease.ptr  # the lease's memory itself, not a copy
+        assert a.flags.writeable == DLPACK_WRITABLE
         np.testing.assert_array_equal(a[:5], [0, 1, 2, 3, 4])
-        a *= 2  # written through the array...
-        b = np.from_dlpack(lease.view(np.float32, (1024, 1024)))
-        assert b[0, 3] == 6  # ...and seen through another view of the same bytes
-        del a, b
+        w = lease.numpy(np.float32, (1024, 1024))  # writable with any NumPy
+        assert w.ctypes.data == lease.ptr
+        w *= 2  # written through one array...
+        assert a[3] == 6  # ...seen through the other
+        del a, w
     back = np.frombuffer(fabric.read(r, 0, 4 << 20), dtype=np.float32)
     np.testing.assert_array_equal(back, np.arange(1 << 20, dtype=np.float32) * 2)  # ...and by the fabric
 
@@ -60,7 +65,11 @@ def test_release_with_a_live_array_raises_and_keeps_the_lease(fabric):
     with pytest.raises(vfabric.LeasedElsewhere):
         fabric.write(r, 0, b"x")  # the write lease still excludes others
     assert lease.live_views == 1
+    tail = a[1:]  # a NumPy view of the array keeps it, and so the lease
     del a
+    with pytest.raises(vfabric.LeaseInUse):
+        lease.release()
+    del tail
     assert lease.live_views == 0
     lease.release()
     assert not lease.held and leases_held(fabric) == 0
@@ -149,11 +158,11 @@ def test_read_leases_give_read_only_arrays(fabric):
     r = fabric.alloc(2 << 20)
     fabric.write(r, 0, b"ro")
     with fabric.acquire(r, 0, 2, device="gpu1", mode="r") as lease:
-        a = lease.numpy()
-        assert bytes(a) == b"ro"
-        assert not a.flags.writeable
-        with pytest.raises(ValueError):
-            a[0] = 1
+        for a in [lease.numpy(), np.from_dlpack(lease.view())]:
+            assert bytes(a) == b"ro"
+            assert not a.flags.writeable
+            with pytest.raises(ValueError):
+                a[0] = 1
         del a
 
 
@@ -192,6 +201,9 @@ def test_views_check_dtype_and_shape(fabric):
         assert lease.view(np.uint32).dtype == "uint32"
         with pytest.raises(ValueError, match="unsupported dtype"):
             lease.view("complex128")
+        assert lease.view("bfloat16").shape == (12,)  # PyTorch has it...
+        with pytest.raises(ValueError, match="NumPy has no bfloat16"):
+            lease.numpy("bfloat16")  # ...NumPy does not
         with pytest.raises(ValueError, match="holds 8"):
             lease.view("uint8", (2, 4))
         with pytest.raises(ValueError):

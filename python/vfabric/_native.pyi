@@ -156,6 +156,13 @@ class TensorView:
     def read_only(self) -> bool:
         """Whether it is a read lease's memory."""
 
+class HostMemory:
+    """A lease's host memory as NumPy's array interface: the base of the arrays `Lease.numpy()` makes."""
+
+    @property
+    def __array_interface__(self) -> Dict[str, Any]:
+        """The array interface: address, read-only flag, type string and shape."""
+
 class Lease:
     """A held lease: the right to use a byte range of a region on one device, at fixed addresses, until released.
 
@@ -177,7 +184,7 @@ class Lease:
     def view(self, dtype: Optional[_DType] = None, shape: Optional[_Shape] = None) -> TensorView:
         """A DLPack view of the requested bytes as `dtype` (default uint8) in `shape` (default: 1-D)."""
     def numpy(self, dtype: Optional[_DType] = None, shape: Optional[_Shape] = None) -> Any:
-        """`numpy.from_dlpack(lease.view(dtype, shape))`: a zero-copy array (host memory only)."""
+        """A zero-copy NumPy array of the requested bytes (host memory only), writable for a write lease."""
     @property
     def offset(self) -> int:
         """The region offset of the first requested byte."""
