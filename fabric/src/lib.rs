@@ -35,7 +35,7 @@ pub mod pattern;
 pub mod proto;
 pub mod units;
 
-pub use agent::{Agent, AgentLease, AllocOptions, AttachedClient, LocalClient, LocalLease};
+pub use agent::{Agent, AgentLease, AllocOptions, AttachedClient, JobRank, JoinOptions, LocalClient, LocalLease};
 pub use config::{ClusterConfig, ConfigError};
 pub use directory::{DirectoryError, Mode, Placement, Priority};
 pub use error::{FabricError, LaunchError, NetworkError};

@@ -173,6 +173,97 @@ fn foreign_user_is_refused(socket: &Path) {
     assert!(as_owner > 0, "the owner's client is welcomed");
 }
 
+/// What ranks of [`ranks_of_one_host_share_the_agent_local_rank_0_starts`] write, each its slice.
+const RANKS: u64 = 4;
+// Whole pages of the default configuration (2 MiB): two ranks never lease the same page.
+const SLICE: u64 = 4 << 20;
+
+#[test]
+fn ranks_of_one_host_share_the_agent_local_rank_0_starts() {
+    let base = std::env::temp_dir().join(format!("vfabric-ranks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).expect("a folder for the ranks' notes");
+    let socket = base.join("agent.sock");
+    // As torchrun starts them: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; no agent runs yet.
+    let ranks: Vec<_> = (0..RANKS)
+        .map(|r| {
+            Command::new(std::env::current_exe().expect("this test binary"))
+                .args(["--ignored", "--exact", "child_rank", "--nocapture", "--test-threads=1"])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", RANKS.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", RANKS.to_string())
+                .env("VFABRIC_SOCKET", &socket)
+                .env("VFABRIC_TEST_ARGS", &base)
+                .env_remove("VFABRIC_CONFIG")
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect();
+    for (r, rank) in ranks.into_iter().enumerate() {
+        let out = rank.wait_with_output().expect("a rank");
+        assert!(out.status.success(), "rank {r} failed");
+        line_with(&mut &out.stdout[..], &format!("RANK {r} OK"));
+    }
+    assert!(!socket.exists(), "the agent's socket goes with local rank 0");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Waits for the file `path` that another rank writes.
+fn wait_file(path: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "no {} in time", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+#[ignore = "a rank of ranks_of_one_host_share_the_agent_local_rank_0_starts"]
+fn child_rank() {
+    let dir = PathBuf::from(std::env::var("VFABRIC_TEST_ARGS").expect("runs as a rank of its parent test"));
+    let job = vfabric::JobRank::from_env().expect("a torchrun-style job");
+    let c = AttachedClient::join(Some(job), &vfabric::JoinOptions::default()).expect("join the host's agent");
+    let r = u64::from(job.rank);
+    assert_eq!(c.hosts_agent(), job.local_rank == 0, "local rank 0 starts the agent");
+    let gpus = c.devices().iter().filter(|d| matches!(d, Location::Gpu(_))).count() as u16;
+    let device = c.default_device().expect("a GPU for every rank");
+    assert_eq!(device, Location::Gpu(job.local_rank % gpus), "the local rank's GPU");
+    let region = if r == 0 {
+        let region = c.alloc(RANKS * SLICE, &AllocOptions::default()).expect("alloc");
+        // Written whole and renamed, so a reader never sees half of it.
+        std::fs::write(dir.join("region.part"), region_arg(&region)).expect("note");
+        std::fs::rename(dir.join("region.part"), dir.join("region")).expect("note");
+        region
+    } else {
+        parse_region(&wait_file(&dir.join("region")))
+    };
+    // Each rank writes its slice on its GPU through its own mapping; pages move between the GPUs as ranks take
+    // them (two ranks per GPU of the emulated device).
+    let lease = c.acquire(&region, r * SLICE..(r + 1) * SLICE, device, Mode::Write).expect("acquire my slice");
+    lease.write(0, &pattern::bytes(SEED + r, 0, SLICE as usize)).expect("write");
+    c.synchronize(device).expect("synchronize");
+    c.release(lease).expect("release");
+    std::fs::write(dir.join(format!("done-{r}")), "").expect("note");
+    if r == 0 {
+        for other in 0..RANKS {
+            wait_file(&dir.join(format!("done-{other}")));
+        }
+        let all = c.acquire(&region, 0..RANKS * SLICE, Location::Host, Mode::Read).expect("acquire all");
+        for other in 0..RANKS {
+            let mut got = vec![0u8; SLICE as usize];
+            all.read(other * SLICE, &mut got).expect("read");
+            assert_eq!(pattern::first_mismatch(SEED + other, 0, &got), None, "rank {other}'s slice");
+        }
+        c.release(all).expect("release");
+    }
+    println!("RANK {r} OK");
+}
+
 #[test]
 #[ignore = "a client process of local_clients_in_processes_share_the_nodes_memory"]
 fn child_writer() {

@@ -28,6 +28,8 @@ pub struct JobRank {
     pub size: u16,
     /// Rank among the job's processes on this host (picks the GPU, when there are several).
     pub local_rank: u16,
+    /// The job's processes on this host (1 when the launcher does not say).
+    pub local_size: u16,
 }
 
 impl JobRank {
@@ -42,19 +44,31 @@ impl JobRank {
         let num = |(k, v): (&'static str, String)| {
             v.trim().parse::<u16>().map_err(|_| LaunchError::NotANumber { var: k, value: v.clone() })
         };
-        let rank = first(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"]).ok_or(LaunchError::NoRank)?;
-        let size = first(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "OMPI_UNIVERSE_SIZE"])
+        // Open MPI, PMIx, MPICH/Hydra, Slurm, then torchrun's (which other launchers' jobs may also carry).
+        let rank = first(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"])
+            .ok_or(LaunchError::NoRank)?;
+        let size = first(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "OMPI_UNIVERSE_SIZE", "WORLD_SIZE"])
             .ok_or(LaunchError::NoSize)?;
-        let local = first(&["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]);
+        let local = first(&["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"]);
+        let local_size = first(&["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"]);
         let (rank, size) = (num(rank)?, num(size)?);
-        let local_rank = match local {
-            Some(l) => num(l)?,
-            None => 0,
-        };
+        let local_rank = local.map(num).transpose()?.unwrap_or(0);
+        let local_size = local_size.map(num).transpose()?.unwrap_or(1).max(local_rank + 1);
         if size == 0 || rank >= size {
             return Err(LaunchError::RankOutOfJob { rank, size }.into());
         }
-        Ok(JobRank { rank, size, local_rank })
+        Ok(JobRank { rank, size, local_rank, local_size })
+    }
+
+    /// Whether every rank of the job runs on this host.
+    pub fn single_host(&self) -> bool {
+        self.local_size >= self.size
+    }
+
+    /// The GPU this rank uses by default among `gpus` (its local rank's, round robin when there are more ranks
+    /// than GPUs on the host).
+    pub fn gpu(&self, gpus: u16) -> Option<u16> {
+        (gpus > 0).then(|| self.local_rank % gpus)
     }
 }
 
@@ -197,11 +211,21 @@ mod tests {
     #[test]
     fn launchers_are_read() {
         let ompi = [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")];
-        assert_eq!(JobRank::from_vars(vars(&ompi)).ok(), Some(JobRank { rank: 2, size: 4, local_rank: 1 }));
+        let job = |rank, size, local_rank, local_size| Some(JobRank { rank, size, local_rank, local_size });
+        assert_eq!(JobRank::from_vars(vars(&ompi)).ok(), job(2, 4, 1, 2), "local size at least local rank + 1");
         let slurm = [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1")];
-        assert_eq!(JobRank::from_vars(vars(&slurm)).ok(), Some(JobRank { rank: 5, size: 8, local_rank: 1 }));
+        assert_eq!(JobRank::from_vars(vars(&slurm)).ok(), job(5, 8, 1, 2));
         let pmi = [("PMI_RANK", "0"), ("PMI_SIZE", "2")];
-        assert_eq!(JobRank::from_vars(vars(&pmi)).ok(), Some(JobRank { rank: 0, size: 2, local_rank: 0 }));
+        assert_eq!(JobRank::from_vars(vars(&pmi)).ok(), job(0, 2, 0, 1));
+        let torchrun = [("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "3"), ("LOCAL_WORLD_SIZE", "4")];
+        let t = JobRank::from_vars(vars(&torchrun)).expect("torchrun");
+        assert_eq!(Some(t), job(3, 4, 3, 4));
+        assert!(t.single_host());
+        assert_eq!((t.gpu(8), t.gpu(2), t.gpu(0)), (Some(3), Some(1), None));
+        // Open MPI's variables win over torchrun's when a job carries both.
+        let both = [("RANK", "0"), ("WORLD_SIZE", "1"), ("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2")];
+        assert_eq!(JobRank::from_vars(vars(&both)).ok(), job(1, 2, 0, 1));
+        assert!(!JobRank::from_vars(vars(&both)).expect("job").single_host());
     }
 
     #[test]

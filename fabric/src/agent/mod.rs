@@ -43,6 +43,6 @@ mod start;
 
 pub use launch::{rank_name, JobRank};
 pub use link::LinkStats;
-pub use local::{default_socket, AllocOptions, AttachedClient, LocalClient, LocalLease};
+pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};
 pub use remote_lease::AgentLease;
 pub use shared::Agent;

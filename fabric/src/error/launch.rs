@@ -5,11 +5,12 @@
 pub enum LaunchError {
     /// No launcher's rank variable is set.
     #[error(
-        "no rank in the environment (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or SLURM_PROCID): not started by a launcher?"
+        "no rank in the environment (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID or RANK): not started by \
+         a launcher?"
     )]
     NoRank,
     /// No launcher's job-size variable is set.
-    #[error("no job size in the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS)")]
+    #[error("no job size in the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS or WORLD_SIZE)")]
     NoSize,
     /// A launcher's variable is not a number.
     #[error("{var}={value} is not a rank or count")]
@@ -54,6 +55,17 @@ pub enum LaunchError {
     /// The rendezvous did not complete in time.
     #[error("rendezvous: {0}")]
     Timeout(String),
+    /// No agent serves this host's socket, and this rank does not start one (it is not in a job, or its job
+    /// spans several hosts, whose agents `vfabric agent` runs).
+    #[error(
+        "no agent answers at {}: start one with `vfabric agent` (or set VFABRIC_SOCKET to the one that runs); a job \
+         whose ranks all run on one host starts its own in local rank 0",
+        socket.display()
+    )]
+    NoAgent {
+        /// The socket.
+        socket: std::path::PathBuf,
+    },
     /// Rank 0 sent a table this rank cannot read.
     #[error("rendezvous: {0}")]
     BadTable(String),

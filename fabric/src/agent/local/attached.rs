@@ -14,6 +14,7 @@ use vfabric_allocator::{Location, TenantId};
 use vfabric_transport::{Arena, ArenaShare, Backend, DeviceKind, DeviceLayer, OpenOptions};
 
 use super::connection::{answer, exchange, send, Connection};
+use super::host_agent::HostAgent;
 use super::mapped_lease::LocalLease;
 use super::{CHUNK, MAX_CHUNK};
 use crate::directory::{Mode, Priority, RegionHandle as Region};
@@ -41,6 +42,11 @@ pub struct AllocOptions {
 #[derive(Clone)]
 pub struct AttachedClient {
     pub(super) inner: Arc<ClientInner>,
+    /// The device a rank uses when it names none (its local rank's GPU, from [`AttachedClient::join`]).
+    pub(super) default_device: Option<Location>,
+    /// The agent this process started for its host's ranks ([`AttachedClient::join`]), if it did: it runs as
+    /// long as a clone of this client does. Declared after `inner`, so the client's socket closes first.
+    pub(super) host: Option<Arc<HostAgent>>,
 }
 
 pub(super) struct ClientInner {
@@ -102,7 +108,8 @@ impl AttachedClient {
         tracing::debug!(node, arenas = arenas.len(), "attached to the node's agent");
         let kind = layer.kind();
         let conn = Arc::new(Connection::new(s, node));
-        Ok(AttachedClient { inner: Arc::new(ClientInner { conn, node, page_size, kind, layer, arenas }) })
+        let inner = Arc::new(ClientInner { conn, node, page_size, kind, layer, arenas });
+        Ok(AttachedClient { inner, default_device: None, host: None })
     }
 
     /// The agent's node.
@@ -118,6 +125,18 @@ impl AttachedClient {
     /// The devices whose memory is mapped here: the node's GPUs, then the host.
     pub fn devices(&self) -> Vec<Location> {
         self.inner.arenas.iter().map(|a| a.location()).collect()
+    }
+
+    /// The device this process uses when it names none: its local rank's GPU when it joined as a rank of a job
+    /// ([`AttachedClient::join`]), else none.
+    pub fn default_device(&self) -> Option<Location> {
+        self.default_device
+    }
+
+    /// Whether this process runs its host's agent (it started it as local rank 0 of a job): the other ranks lose
+    /// it when this process ends.
+    pub fn hosts_agent(&self) -> bool {
+        self.host.is_some()
     }
 
     /// The node's page size.

@@ -10,12 +10,16 @@
 //! - [`LocalClient`] (`client`): async; bytes through the socket as checksummed chunks
 //!   ([`crate::proto::chunk`]), for processes that do not map the node's memory.
 //!
+//! A job's ranks find (or start) their host's agent with [`AttachedClient::join`] (`join`, `host_agent`).
+//!
 //! The agent's side: `server` (who may connect, the requests), `session` (what one client holds, let go when
 //! it goes), `payload` (bytes through the socket).
 
 mod attached;
 mod client;
 mod connection;
+mod host_agent;
+mod join;
 mod mapped_lease;
 mod payload;
 mod server;
@@ -23,6 +27,7 @@ mod session;
 
 pub use attached::{AllocOptions, AttachedClient};
 pub use client::{default_socket, LocalClient};
+pub use join::{job_socket, JoinOptions};
 pub use mapped_lease::LocalLease;
 
 /// Largest payload chunk on the socket.
