@@ -33,7 +33,7 @@ echo "python-tests: installing $wheel"
 
 echo "python-tests: pytest python/tests"
 # No bytecode or cache files in the source tree; pytest's exit 5 (no tests ran) is a failure too.
-PYTHONDONTWRITEBYTECODE=1 "$venv/bin/pytest" -q -o cache_dir=target/pytest-cache python/tests
+PYTHONDONTWRITEBYTECODE=1 "$venv/bin/pytest" -q -p no:cacheprovider python/tests
 status=$?
 [ "$status" = 0 ] || failed "pytest python/tests (exit $status): the failing tests are listed above"
 echo "python-tests: passed"
