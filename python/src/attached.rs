@@ -1,0 +1,117 @@
+//! A node's agent this process is attached to (`vfabric.connect`): the node's memory is mapped into this
+//! process, so leases give pointers valid here, while the agent owns the regions and decides where pages live.
+
+use std::ops::Range;
+use std::path::Path;
+
+use vfabric::{AllocOptions, AttachedClient, DeviceKind, FabricError, LeasePtr, LocalLease, Location, Mode, Region};
+
+use crate::backend::{AllocArgs, Backend, HeldLease};
+
+/// [`Backend`] over [`vfabric::AttachedClient`].
+pub struct Attached {
+    client: AttachedClient,
+}
+
+impl Attached {
+    /// Attaches to the agent serving `socket` and maps the node's memory.
+    pub fn attach(socket: &Path) -> Result<Attached, FabricError> {
+        Ok(Attached { client: AttachedClient::attach(socket)? })
+    }
+
+    /// The agent's node.
+    pub fn node(&self) -> u16 {
+        self.client.node()
+    }
+}
+
+impl Backend for Attached {
+    fn page_size(&self) -> u64 {
+        self.client.page_size()
+    }
+
+    fn devices(&self) -> Vec<Location> {
+        self.client.devices()
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        self.client.device_kind()
+    }
+
+    fn alloc(&self, size: u64, args: &AllocArgs) -> Result<Region, FabricError> {
+        let options =
+            AllocOptions { device: args.device, priority: args.priority, tenant: args.tenant, keep: args.keep };
+        self.client.alloc(size, &options)
+    }
+
+    fn free(&self, region: &Region) -> Result<(), FabricError> {
+        self.client.free(region)
+    }
+
+    fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+        self.client.write(region, offset, data)
+    }
+
+    fn read(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+        self.client.read(region, offset, buf)
+    }
+
+    fn acquire(
+        &self,
+        region: &Region,
+        range: Range<u64>,
+        device: Location,
+        mode: Mode,
+    ) -> Result<Box<dyn HeldLease>, FabricError> {
+        let lease = self.client.acquire(region, range, device, mode)?;
+        Ok(Box::new(AttachedLease { client: self.client.clone(), lease }))
+    }
+
+    fn prefetch(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
+        self.client.prefetch(region, range, device)
+    }
+
+    fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {
+        self.client.migrate(region, device)
+    }
+
+    fn stats_json(&self) -> Result<String, FabricError> {
+        self.client.stats_json()
+    }
+
+    fn synchronize(&self, device: Location) -> Result<(), FabricError> {
+        self.client.synchronize(device)
+    }
+}
+
+/// A lease the agent granted, with the client that releases it.
+struct AttachedLease {
+    client: AttachedClient,
+    lease: LocalLease,
+}
+
+impl HeldLease for AttachedLease {
+    fn device(&self) -> Location {
+        self.lease.device()
+    }
+
+    fn mode(&self) -> Mode {
+        self.lease.mode()
+    }
+
+    fn offset(&self) -> u64 {
+        self.lease.offset()
+    }
+
+    fn len(&self) -> u64 {
+        self.lease.len()
+    }
+
+    fn ptr(&self) -> &LeasePtr {
+        self.lease.ptr()
+    }
+
+    fn release(self: Box<Self>) -> Result<(), FabricError> {
+        self.client.release(self.lease)
+    }
+}

@@ -1,0 +1,263 @@
+//! The fabric as Python sees it: `vfabric.FabricBase`, whose methods every kind of fabric has, and its
+//! subclasses `vfabric.Fabric` (the embedded fabric of this process) and `vfabric.Client` (attached to the
+//! node's agent by `vfabric.connect`).
+//!
+//! Each method checks its arguments while holding the GIL, then calls the backend with the GIL released, so
+//! other Python threads run while the fabric copies pages.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use vfabric::{ClusterConfig, FabricError, Region};
+
+use crate::args;
+use crate::attached::Attached;
+use crate::backend::{AllocArgs, Backend};
+use crate::buffer::Buffer;
+use crate::embedded::Embedded;
+use crate::errors::{to_py, ConfigError};
+use crate::lease::PyLease;
+use crate::region::PyRegion;
+
+/// The calls every fabric has: regions (alloc, free, write, read), leases (acquire), placement (prefetch,
+/// migrate) and figures (stats).
+///
+/// Not made directly: `vfabric.Fabric(...)` runs an embedded fabric, `vfabric.connect(...)` attaches to a node's
+/// agent; both are `FabricBase`s.
+#[pyclass(name = "FabricBase", module = "vfabric", subclass, frozen)]
+pub struct PyFabricBase {
+    backend: Arc<dyn Backend>,
+}
+
+impl PyFabricBase {
+    /// A base over `backend`.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        PyFabricBase { backend }
+    }
+}
+
+/// `offset .. offset + len` checked against a region, as the fabric would report it (before a buffer of `len`
+/// bytes is made for it).
+fn check_range(region: &Region, offset: u64, len: u64) -> PyResult<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region.len => Ok(()),
+        _ => Err(to_py(FabricError::OutOfBounds { offset, len, region_len: region.len })),
+    }
+}
+
+#[pymethods]
+impl PyFabricBase {
+    /// Allocates a region of `nbytes` bytes (rounded up to whole pages) and returns its handle.
+    ///
+    /// `device` ("gpu0", "host", ...) is where its pages go; by default the GPU with the most free memory.
+    /// `priority` ("low", "normal", "high") orders eviction; `tenant` names whose quotas it counts against.
+    /// `keep` matters for `connect()` only: a region not kept is freed when the client's connection ends.
+    #[pyo3(signature = (nbytes, device=None, priority="normal", tenant=0, keep=false))]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        nbytes: i64,
+        device: Option<&str>,
+        priority: &str,
+        tenant: i64,
+        keep: bool,
+    ) -> PyResult<PyRegion> {
+        let size = args::non_negative(nbytes, "nbytes")?;
+        let alloc = AllocArgs {
+            device: device.map(args::location).transpose()?,
+            priority: args::priority(priority)?,
+            tenant: args::tenant(tenant)?,
+            keep,
+        };
+        let region = py.detach(|| self.backend.alloc(size, &alloc)).map_err(to_py)?;
+        Ok(PyRegion { region })
+    }
+
+    /// Frees a region and all its memory. Refused (`LeasedElsewhere`) while any of its pages is leased.
+    fn free(&self, py: Python<'_>, region: PyRegion) -> PyResult<()> {
+        py.detach(|| self.backend.free(&region.region)).map_err(to_py)
+    }
+
+    /// Copies `data` (any object with the buffer protocol: bytes, bytearray, memoryview, a C-contiguous NumPy
+    /// array) into the region at byte `offset`.
+    fn write(&self, py: Python<'_>, region: PyRegion, offset: i64, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let offset = args::non_negative(offset, "offset")?;
+        let buffer = Buffer::get(data, false)?;
+        let bytes = buffer.as_slice();
+        py.detach(|| self.backend.write(&region.region, offset, bytes)).map_err(to_py)
+    }
+
+    /// Returns `nbytes` bytes of the region from byte `offset` (pages never written read as zeros).
+    fn read<'py>(&self, py: Python<'py>, region: PyRegion, offset: i64, nbytes: i64) -> PyResult<Bound<'py, PyBytes>> {
+        let offset = args::non_negative(offset, "offset")?;
+        let len = args::non_negative(nbytes, "nbytes")?;
+        check_range(&region.region, offset, len)?;
+        PyBytes::new_with(py, len as usize, |buf| {
+            py.detach(|| self.backend.read(&region.region, offset, buf)).map_err(to_py)
+        })
+    }
+
+    /// Copies `len(buffer)` bytes of the region from byte `offset` into `buffer` (a writable object with the
+    /// buffer protocol: bytearray, memoryview, a C-contiguous NumPy array).
+    fn read_into(&self, py: Python<'_>, region: PyRegion, offset: i64, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let offset = args::non_negative(offset, "offset")?;
+        let mut buffer = Buffer::get(buffer, true)?;
+        let out = buffer.as_mut_slice();
+        py.detach(|| self.backend.read(&region.region, offset, out)).map_err(to_py)
+    }
+
+    /// Leases bytes `offset .. offset + length` of the region (default: to its end) on `device`, for reading
+    /// (`mode="r"`, shared) or writing (`"w"`, exclusive). When it returns, the pages are on the device and stay
+    /// at the lease's addresses until it is released. Use the lease as a context manager.
+    #[pyo3(signature = (region, offset=0, length=None, device="gpu0", mode="r"))]
+    fn acquire(
+        &self,
+        py: Python<'_>,
+        region: PyRegion,
+        offset: i64,
+        length: Option<i64>,
+        device: &str,
+        mode: &str,
+    ) -> PyResult<PyLease> {
+        let region = region.region;
+        let offset = args::non_negative(offset, "offset")?;
+        let length = match length {
+            Some(l) => args::non_negative(l, "length")?,
+            None => region.len.saturating_sub(offset),
+        };
+        check_range(&region, offset, length)?;
+        let (location, mode) = (args::location(device)?, args::mode(mode)?);
+        let end = offset + length;
+        let lease = py.detach(|| self.backend.acquire(&region, offset..end, location, mode)).map_err(to_py)?;
+        Ok(PyLease::new(Arc::clone(&self.backend), lease, region, offset, length))
+    }
+
+    /// Brings bytes `offset .. offset + length` of the region to `device` ahead of their use.
+    fn prefetch(&self, py: Python<'_>, region: PyRegion, offset: i64, length: i64, device: &str) -> PyResult<()> {
+        let offset = args::non_negative(offset, "offset")?;
+        let length = args::non_negative(length, "length")?;
+        check_range(&region.region, offset, length)?;
+        let location = args::location(device)?;
+        py.detach(|| self.backend.prefetch(&region.region, offset..offset + length, location)).map_err(to_py)
+    }
+
+    /// Moves the region to `device`: new pages go there, and its pages on other GPUs move there. Refused while
+    /// any of its pages is leased.
+    fn migrate(&self, py: Python<'_>, region: PyRegion, device: &str) -> PyResult<()> {
+        let location = args::location(device)?;
+        py.detach(|| self.backend.migrate(&region.region, location)).map_err(to_py)
+    }
+
+    /// The fabric's figures: the directory's (regions, pages per device, leases) and the bytes moved, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let json = py.detach(|| self.backend.stats_json()).map_err(to_py)?;
+        py.import("json")?.call_method1("loads", (json,))
+    }
+
+    /// The page size of the node's regions, in bytes.
+    #[getter]
+    fn page_size(&self) -> u64 {
+        self.backend.page_size()
+    }
+
+    /// The node's devices: the GPUs ("gpu0", "gpu1", ...), then "host".
+    #[getter]
+    fn devices(&self, py: Python<'_>) -> Vec<String> {
+        py.detach(|| self.backend.devices()).into_iter().map(args::location_name).collect()
+    }
+
+    /// "cuda" (real GPUs) or "emulated" (host memory standing in for GPUs: device pointers are host addresses).
+    #[getter]
+    fn device_kind(&self) -> String {
+        self.backend.device_kind().to_string()
+    }
+}
+
+/// The fabric of one node, embedded in this process.
+///
+/// `config` is a cluster configuration file (TOML, as `vfabric demo --config` reads); by default the built-in
+/// `cluster-configs/local.toml`: this machine's GPUs through CUDA, or the emulated device (host memory standing
+/// in for two GPUs) where there is none.
+#[pyclass(name = "Fabric", module = "vfabric", extends = PyFabricBase, frozen)]
+pub struct PyFabric {
+    describe: String,
+}
+
+#[pymethods]
+impl PyFabric {
+    #[new]
+    #[pyo3(signature = (config=None))]
+    fn new(py: Python<'_>, config: Option<PathBuf>) -> PyResult<PyClassInitializer<PyFabric>> {
+        let embedded = py
+            .detach(|| {
+                ClusterConfig::load(config.as_deref()).map_err(FabricError::from).and_then(|c| Embedded::start(&c))
+            })
+            .map_err(to_py)?;
+        let describe = embedded.describe();
+        Ok(PyClassInitializer::from(PyFabricBase::new(Arc::new(embedded))).add_subclass(PyFabric { describe }))
+    }
+
+    fn __repr__(slf: PyRef<'_, Self>) -> String {
+        format!("Fabric({}, page_size={})", slf.describe, slf.as_super().backend.page_size())
+    }
+}
+
+/// The environment variable `connect()` reads the agent's socket from when given none.
+const SOCKET_VARIABLE: &str = "VFABRIC_SOCKET";
+
+/// A process attached to its node's agent: the node's memory is mapped here, so leases give pointers valid in
+/// this process, while the agent owns the regions (shared with the node's other processes). Made by
+/// `vfabric.connect()`.
+#[pyclass(name = "Client", module = "vfabric", extends = PyFabricBase, frozen)]
+pub struct PyClient {
+    socket: PathBuf,
+    node: u16,
+}
+
+#[pymethods]
+impl PyClient {
+    /// The agent's node (its index in the cluster configuration, the home of the regions allocated here).
+    #[getter]
+    fn node(&self) -> u16 {
+        self.node
+    }
+
+    /// The agent's socket.
+    #[getter]
+    fn socket(&self) -> PathBuf {
+        self.socket.clone()
+    }
+
+    fn __repr__(slf: PyRef<'_, Self>) -> String {
+        let base = slf.as_super();
+        format!(
+            "Client(socket={:?}, node={}, {}, page_size={})",
+            slf.socket.display().to_string(),
+            slf.node,
+            base.backend.device_kind(),
+            base.backend.page_size()
+        )
+    }
+}
+
+/// Attaches this process to its node's agent, which serves `socket` (default: the `VFABRIC_SOCKET`
+/// environment variable), and maps the node's memory here. Returns a `Client`, with the same calls as
+/// `Fabric`; regions it allocates without `keep=True` are freed when this process disconnects or ends.
+#[pyfunction]
+#[pyo3(signature = (socket=None))]
+pub fn connect(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Py<PyClient>> {
+    let socket = match socket.or_else(|| std::env::var_os(SOCKET_VARIABLE).map(PathBuf::from)) {
+        Some(s) => s,
+        None => {
+            return Err(ConfigError::err(format!(
+                "no agent socket: pass connect(socket) or set {SOCKET_VARIABLE} (the agent prints the path it serves)"
+            )))
+        }
+    };
+    let attached = py.detach(|| Attached::attach(&socket)).map_err(to_py)?;
+    let node = attached.node();
+    let init = PyClassInitializer::from(PyFabricBase::new(Arc::new(attached))).add_subclass(PyClient { socket, node });
+    Py::new(py, init)
+}
