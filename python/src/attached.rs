@@ -2,9 +2,12 @@
 //! process, so leases give pointers valid here, while the agent owns the regions and decides where pages live.
 
 use std::ops::Range;
-use std::path::Path;
+use std::path::PathBuf;
 
-use vfabric::{AllocOptions, AttachedClient, DeviceKind, FabricError, LeasePtr, LocalLease, Location, Mode, Region};
+use vfabric::{
+    AllocOptions, AttachedClient, DeviceKind, FabricError, JobRank, JoinOptions, LeasePtr, LocalLease, Location, Mode,
+    Region,
+};
 
 use crate::backend::{AllocArgs, Backend, HeldLease};
 
@@ -14,9 +17,17 @@ pub struct Attached {
 }
 
 impl Attached {
-    /// Attaches to the agent serving `socket` and maps the node's memory.
-    pub fn attach(socket: &Path) -> Result<Attached, FabricError> {
-        Ok(Attached { client: AttachedClient::attach(socket)? })
+    /// Attaches as a rank of the job the launcher's variables describe, if any, to the agent at `socket` (or
+    /// `VFABRIC_SOCKET`, or the job's socket), starting it here when this is local rank 0 of a job on one host
+    /// and none runs (`AttachedClient::join`).
+    pub fn join(socket: Option<PathBuf>) -> Result<Attached, FabricError> {
+        let options = JoinOptions { socket, ..JoinOptions::default() };
+        Ok(Attached { client: AttachedClient::join(JobRank::from_env().ok(), &options)? })
+    }
+
+    /// Whether this process runs its host's agent (it started it as local rank 0 of a job).
+    pub fn hosts_agent(&self) -> bool {
+        self.client.hosts_agent()
     }
 
     /// The agent's node.
@@ -36,6 +47,11 @@ impl Backend for Attached {
 
     fn device_kind(&self) -> DeviceKind {
         self.client.device_kind()
+    }
+
+    fn default_device(&self) -> Location {
+        let first = self.devices().into_iter().find(|d| matches!(d, Location::Gpu(_))).unwrap_or(Location::Host);
+        self.client.default_device().unwrap_or(first)
     }
 
     fn alloc(&self, size: u64, args: &AllocArgs) -> Result<Region, FabricError> {

@@ -30,6 +30,12 @@ pub trait Backend: Send + Sync {
     fn devices(&self) -> Vec<Location>;
     /// CUDA, or the emulated device.
     fn device_kind(&self) -> DeviceKind;
+    /// The device a lease goes to when the caller names none: a rank's local GPU, else the first GPU, else the
+    /// host.
+    fn default_device(&self) -> Location {
+        let devices = self.devices();
+        devices.iter().copied().find(|d| matches!(d, Location::Gpu(_))).unwrap_or(Location::Host)
+    }
     /// A new region of `size` bytes.
     fn alloc(&self, size: u64, args: &AllocArgs) -> Result<Region, FabricError>;
     /// Frees a region.

@@ -17,7 +17,7 @@ use crate::attached::Attached;
 use crate::backend::{AllocArgs, Backend};
 use crate::buffer::Buffer;
 use crate::embedded::Embedded;
-use crate::errors::{to_py, ConfigError};
+use crate::errors::to_py;
 use crate::lease::PyLease;
 use crate::region::PyRegion;
 
@@ -108,17 +108,18 @@ impl PyFabricBase {
         py.detach(|| self.backend.read(&region.region, offset, out)).map_err(to_py)
     }
 
-    /// Leases bytes `offset .. offset + length` of the region (default: to its end) on `device`, for reading
+    /// Leases bytes `offset .. offset + length` of the region (default: to its end) on `device` (default: this
+    /// process's GPU: a rank's local GPU under a launcher, else the first), for reading
     /// (`mode="r"`, shared) or writing (`"w"`, exclusive). When it returns, the pages are on the device and stay
     /// at the lease's addresses until it is released. Use the lease as a context manager.
-    #[pyo3(signature = (region, offset=0, length=None, device="gpu0", mode="r"))]
+    #[pyo3(signature = (region, offset=0, length=None, device=None, mode="r"))]
     fn acquire(
         &self,
         py: Python<'_>,
         region: PyRegion,
         offset: i64,
         length: Option<i64>,
-        device: &str,
+        device: Option<&str>,
         mode: &str,
     ) -> PyResult<PyLease> {
         let region = region.region;
@@ -128,7 +129,11 @@ impl PyFabricBase {
             None => region.len.saturating_sub(offset),
         };
         check_range(&region, offset, length)?;
-        let (location, mode) = (args::location(device)?, args::mode(mode)?);
+        let location = match device {
+            Some(d) => args::location(d)?,
+            None => self.backend.default_device(),
+        };
+        let mode = args::mode(mode)?;
         let end = offset + length;
         let lease = py.detach(|| self.backend.acquire(&region, offset..end, location, mode)).map_err(to_py)?;
         Ok(PyLease::new(Arc::clone(&self.backend), lease, region, offset, length))
@@ -204,16 +209,14 @@ impl PyFabric {
     }
 }
 
-/// The environment variable `connect()` reads the agent's socket from when given none.
-const SOCKET_VARIABLE: &str = "VFABRIC_SOCKET";
-
 /// A process attached to its node's agent: the node's memory is mapped here, so leases give pointers valid in
 /// this process, while the agent owns the regions (shared with the node's other processes). Made by
 /// `vfabric.connect()`.
 #[pyclass(name = "Client", module = "vfabric", extends = PyFabricBase, frozen)]
 pub struct PyClient {
-    socket: PathBuf,
     node: u16,
+    default_device: String,
+    hosts_agent: bool,
 }
 
 #[pymethods]
@@ -224,40 +227,43 @@ impl PyClient {
         self.node
     }
 
-    /// The agent's socket.
+    /// The device leases go to when `acquire` names none: this rank's local GPU under a launcher.
     #[getter]
-    fn socket(&self) -> PathBuf {
-        self.socket.clone()
+    fn default_device(&self) -> String {
+        self.default_device.clone()
+    }
+
+    /// Whether this process runs the agent of its host's ranks (it is local rank 0 and none was running): the
+    /// other ranks lose it when this process ends, so it should leave last.
+    #[getter]
+    fn hosts_agent(&self) -> bool {
+        self.hosts_agent
     }
 
     fn __repr__(slf: PyRef<'_, Self>) -> String {
         let base = slf.as_super();
         format!(
-            "Client(socket={:?}, node={}, {}, page_size={})",
-            slf.socket.display().to_string(),
+            "Client(node={}, default_device={}, {}, page_size={})",
             slf.node,
+            slf.default_device,
             base.backend.device_kind(),
             base.backend.page_size()
         )
     }
 }
 
-/// Attaches this process to its node's agent, which serves `socket` (default: the `VFABRIC_SOCKET`
-/// environment variable), and maps the node's memory here. Returns a `Client`, with the same calls as
-/// `Fabric`; regions it allocates without `keep=True` are freed when this process disconnects or ends.
+/// Attaches this process to its node's agent and maps the node's memory here. The agent is the one serving
+/// `socket`, else `$VFABRIC_SOCKET`, else the job's socket; under a launcher (mpirun, Slurm, torchrun) local rank
+/// 0 of a job on one host starts it in its own process when none runs, and the other ranks wait for it. Returns
+/// a `Client`, with the same calls as `Fabric`; its default device is the rank's local GPU. Regions it allocates
+/// without `keep=True` are freed when this process disconnects or ends.
 #[pyfunction]
 #[pyo3(signature = (socket=None))]
 pub fn connect(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Py<PyClient>> {
-    let socket = match socket.or_else(|| std::env::var_os(SOCKET_VARIABLE).map(PathBuf::from)) {
-        Some(s) => s,
-        None => {
-            return Err(ConfigError::err(format!(
-                "no agent socket: pass connect(socket) or set {SOCKET_VARIABLE} (the agent prints the path it serves)"
-            )))
-        }
-    };
-    let attached = py.detach(|| Attached::attach(&socket)).map_err(to_py)?;
-    let node = attached.node();
-    let init = PyClassInitializer::from(PyFabricBase::new(Arc::new(attached))).add_subclass(PyClient { socket, node });
+    let attached = py.detach(|| Attached::join(socket)).map_err(to_py)?;
+    let (node, hosts_agent) = (attached.node(), attached.hosts_agent());
+    let default_device = args::location_name(attached.default_device());
+    let init = PyClassInitializer::from(PyFabricBase::new(Arc::new(attached)))
+        .add_subclass(PyClient { node, default_device, hosts_agent });
     Py::new(py, init)
 }

@@ -116,10 +116,15 @@ def test_config_errors(tmp_path):
 
 
 def test_connect_names_the_variable_and_reports_a_missing_agent(tmp_path, monkeypatch):
-    monkeypatch.delenv("VFABRIC_SOCKET", raising=False)
-    with pytest.raises(vfabric.ConfigError, match="VFABRIC_SOCKET"):
+    # Outside a job, with no agent running: a clear error naming the socket and how to name another. The job's
+    # socket lives in the temporary folder, here the test's own.
+    for k in ("VFABRIC_SOCKET", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(vfabric.LaunchError, match="VFABRIC_SOCKET") as e:
         vfabric.connect()
+    assert str(tmp_path) in str(e.value)
     monkeypatch.setenv("VFABRIC_SOCKET", str(tmp_path / "no-agent.sock"))
-    with pytest.raises(vfabric.NetworkError, match="no-agent.sock"):
+    with pytest.raises(vfabric.LaunchError, match="no-agent.sock"):
         vfabric.connect()
     assert not os.path.exists(tmp_path / "no-agent.sock")

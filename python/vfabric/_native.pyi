@@ -1,7 +1,6 @@
 """Type stubs of vfabric._native, the Rust extension module (PyO3) that the vfabric package re-exports."""
 
 import os
-import pathlib
 import sys
 from types import TracebackType
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
@@ -244,10 +243,11 @@ class FabricBase:
         region: Region,
         offset: int = 0,
         length: Optional[int] = None,
-        device: _Device = "gpu0",
+        device: Optional[_Device] = None,
         mode: _Mode = "r",
     ) -> Lease:
-        """Leases bytes `offset .. offset + length` (default: to the end) of the region on `device`."""
+        """Leases bytes `offset .. offset + length` (default: to the end) of the region on `device` (default: this
+        process's GPU: a rank's local GPU under a launcher, else the first GPU)."""
     def prefetch(self, region: Region, offset: int, length: int, device: _Device) -> None:
         """Brings bytes `offset .. offset + length` of the region to `device` ahead of their use."""
     def migrate(self, region: Region, device: _Device) -> None:
@@ -280,8 +280,13 @@ class Client(FabricBase):
     def node(self) -> int:
         """The agent's node."""
     @property
-    def socket(self) -> pathlib.Path:
-        """The agent's socket."""
+    def default_device(self) -> str:
+        """The device leases go to when `acquire` names none: a rank's local GPU under a launcher."""
+    @property
+    def hosts_agent(self) -> bool:
+        """Whether this process runs its host's agent (local rank 0 started it): it should leave last."""
 
 def connect(socket: Optional[Union[str, "os.PathLike[str]"]] = None) -> Client:
-    """Attaches to the node's agent serving `socket` (default: $VFABRIC_SOCKET) and maps its memory here."""
+    """Attaches to the node's agent serving `socket` (default: $VFABRIC_SOCKET, else the job's socket) and maps
+    its memory here. Under a launcher (mpirun, Slurm, torchrun), local rank 0 of a job on one host starts the
+    agent in its own process when none runs, and the other ranks wait for it."""

@@ -1,0 +1,57 @@
+"""Ranks of one host sharing a region through the agent their local rank 0 starts: four Python processes under
+`mpirun -np 4`, and four started as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE).
+Each writes its slice through its own mapping; rank 0 checks them all (jobs/share_slices.py)."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+JOB = pathlib.Path(__file__).parent / "jobs" / "share_slices.py"
+RANKS = 4
+
+
+def clean_env(tmp_path: pathlib.Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "VFABRIC_CONFIG"):
+        env.pop(k, None)
+    # A socket of this test's own, so concurrent runs never share an agent.
+    env["VFABRIC_SOCKET"] = str(tmp_path / "agent.sock")
+    return env
+
+
+def check(outputs: list, socket: pathlib.Path) -> None:
+    for r in range(RANKS):
+        assert any(f"rank {r} of {RANKS} ok" in o for o in outputs), f"rank {r} did not finish:\n" + "\n".join(outputs)
+    assert not socket.exists(), "the agent's socket goes with local rank 0"
+
+
+def test_torchrun_style_ranks_share_a_region(tmp_path):
+    env = clean_env(tmp_path)
+    procs = []
+    for r in range(RANKS):
+        e = dict(env, RANK=str(r), WORLD_SIZE=str(RANKS), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(RANKS))
+        procs.append(subprocess.Popen([sys.executable, str(JOB), str(tmp_path)], env=e, stdout=subprocess.PIPE, text=True))
+    outputs = []
+    for r, p in enumerate(procs):
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, f"rank {r} failed:\n{out}"
+        outputs.append(out)
+    check(outputs, tmp_path / "agent.sock")
+
+
+def test_mpirun_ranks_share_a_region(tmp_path):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.fail("this test needs Open MPI's mpirun (apt-get install openmpi-bin)")
+    env = clean_env(tmp_path)
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(RANKS), "-x", "VFABRIC_SOCKET", "-x", "PATH"]
+    if "PYTHONPATH" in env:
+        cmd += ["-x", "PYTHONPATH"]
+    cmd += [sys.executable, str(JOB), str(tmp_path)]
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert done.returncode == 0, f"mpirun failed:\n{done.stdout}"
+    check([done.stdout], tmp_path / "agent.sock")
