@@ -1,7 +1,11 @@
 //! A local client's socket to its agent, blocking: one request and its answer at a time.
 
 use std::os::unix::net::UnixStream;
+use std::os::fd::AsFd;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::spin;
 
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::codec::{read_frame_blocking, write_frame_blocking, DEFAULT_MAX_FRAME};
@@ -11,11 +15,13 @@ use crate::proto::message::Message;
 pub(super) struct Connection {
     stream: Mutex<UnixStream>,
     node: u16,
+    /// How long to poll for an answer before blocking ([`spin`](super::spin)).
+    spin: Duration,
 }
 
 impl Connection {
     pub(super) fn new(stream: UnixStream, node: u16) -> Self {
-        Connection { stream: Mutex::new(stream), node }
+        Connection { stream: Mutex::new(stream), node, spin: spin::budget() }
     }
 
     /// The socket, for a call that sends or takes a payload after its frame.
@@ -27,7 +33,10 @@ impl Connection {
 
     /// One request and its answer.
     pub(super) fn call(&self, msg: &Message) -> Result<Message, FabricError> {
-        exchange(&mut self.lock(), self.node, msg)
+        let mut s = self.lock();
+        send(&mut s, msg)?;
+        spin::until_readable(s.as_fd(), self.spin);
+        answer(&mut s, self.node)
     }
 
     /// One request whose answer is `Done`.

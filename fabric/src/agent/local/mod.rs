@@ -24,6 +24,7 @@ mod mapped_lease;
 mod payload;
 mod server;
 mod session;
+mod spin;
 
 pub use attached::{AllocOptions, AttachedClient};
 pub use client::{default_socket, LocalClient};

@@ -6,6 +6,7 @@
 //! clients: its ranks).
 
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use tokio::runtime::Handle;
 use vfabric_allocator::Location;
 
 use super::session::Session;
+use super::spin;
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
@@ -128,7 +130,11 @@ impl Agent {
             Some(m) => return Err(ProtocolError::NotHello(m.name()).into()),
             None => return Ok(()),
         }
-        while let Some(msg) = read_frame_blocking(s, max)? {
+        let spin = spin::budget();
+        loop {
+            // The next call often follows at once (a release after its acquire): poll a little before sleeping.
+            spin::until_readable(s.as_fd(), spin);
+            let Some(msg) = read_frame_blocking(s, max)? else { break };
             let reply = match msg {
                 Message::Ping { nonce } => Ok(Message::Pong { nonce }),
                 Message::Attach => {
