@@ -11,6 +11,7 @@
 #   VFABRIC_PAGER_NAME, VFABRIC_REMOTE_NAME   names of their result files (default: pager-h200x2, remote-h200x2)
 #   VFABRIC_CONFIG       configuration of the info, demo, migrate and pager steps (default h200x2.toml)
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
+#   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine ptx tests procs python info demo torch nccl migrate
 #                        pager local remote
 set -uo pipefail
@@ -87,7 +88,7 @@ step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:
 # shellcheck disable=SC2086
 step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name "${VFABRIC_PAGER_NAME:-pager-h200x2}"
 # A node's agent and local clients in processes of their own.
-step local "$B/vfabric-bench" local --config "$CONFIG" --out "$OUT" --name "${VFABRIC_LOCAL_NAME:-local-h200x2}"
+step local "$B/vfabric-bench" local --config "${VFABRIC_LOCAL_CONFIG:-cluster-configs/h200x2.toml}" --out "$OUT" --name "${VFABRIC_LOCAL_NAME:-local-h200x2}"
 # Two agents, one per GPU, QUIC on loopback: GPU -> host -> QUIC -> host -> GPU.
 # shellcheck disable=SC2086
 # On a one-GPU machine: VFABRIC_REMOTE_CONFIG=cluster-configs/h200x1-agents.toml VFABRIC_REMOTE_HOME=gpu0.

@@ -43,6 +43,10 @@ pub struct LocalArgs {
     /// emulated device).
     #[arg(long, value_delimiter = ',')]
     pub sizes: Vec<ByteSize>,
+    /// The agent's host tier (every client maps it, and on CUDA registers it, at attach: the attach time grows
+    /// with it).
+    #[arg(long, default_value = "2GiB")]
+    pub host_arena: ByteSize,
     /// Rounds timed per size (the median is reported).
     #[arg(long, default_value_t = 10)]
     pub rounds: usize,
@@ -100,7 +104,9 @@ fn pairs(samples: usize, mut one: impl FnMut() -> Result<(f64, f64), String>) ->
 
 /// A client process's part; prints its JSON line.
 fn client(socket: &Path, part: &str, region: &Region, args: &LocalArgs) -> Result<(), String> {
+    let t = Instant::now();
     let c = AttachedClient::attach(socket).map_err(|e| format!("attach: {e}"))?;
+    let attach_ms = t.elapsed().as_secs_f64() * 1e3;
     let gpu = Location::Gpu(0);
     let out = match part {
         "latency" => {
@@ -117,6 +123,7 @@ fn client(socket: &Path, part: &str, region: &Region, args: &LocalArgs) -> Resul
                 Ok((a, t.elapsed().as_secs_f64()))
             })?;
             v["ping_us"] = us(&mut ping);
+            v["attach_ms"] = json!(attach_ms);
             v
         }
         "write" => {
@@ -143,19 +150,24 @@ fn copy_rounds(c: &AttachedClient, region: &Region, rounds: usize) -> Result<ser
     let src = c.scratch_arena(gpu, region.len).map_err(e)?;
     let mover = c.mover();
     let batch = PageBatch::contiguous(region.page_size, 0, 0, (region.len / region.page_size) as u32);
-    let (mut fabric, mut plain) = (Vec::new(), Vec::new());
+    let (mut fabric, mut plain, mut copy_only) = (Vec::new(), Vec::new(), Vec::new());
+    let mut how = String::new();
     for _ in 0..rounds + 1 {
         let t = Instant::now();
         let l = c.acquire(region, 0..region.len, gpu, Mode::Read).map_err(e)?;
-        l.copy_to(&dst, EngineChoice::Auto).map_err(e)?;
+        let c0 = Instant::now();
+        let report = l.copy_to(&dst, EngineChoice::Auto).map_err(e)?;
+        copy_only.push(c0.elapsed().as_secs_f64());
         c.release(l).map_err(e)?;
         fabric.push(t.elapsed().as_secs_f64());
+        how = format!("{:?}, {} run(s) of {} pages", report.engine, report.runs, report.pages);
         let t = Instant::now();
         mover.submit(&src, &dst, &batch, EngineChoice::Auto).and_then(|x| x.wait()).map_err(|e| e.to_string())?;
         plain.push(t.elapsed().as_secs_f64());
     }
     // The first round maps and warms; the median of the rest is the figure.
     let (f, p) = (percentile(&mut fabric[1..], 0.5), percentile(&mut plain[1..], 0.5));
+    let copy = percentile(&mut copy_only[1..], 0.5);
     // The last copy was the plain one (zeros over the region's bytes): copy the region once more and check it.
     let l = c.acquire(region, 0..region.len, gpu, Mode::Read).map_err(e)?;
     l.copy_to(&dst, EngineChoice::Auto).map_err(e)?;
@@ -166,7 +178,7 @@ fn copy_rounds(c: &AttachedClient, region: &Region, rounds: usize) -> Result<ser
     Ok(json!({
         "bytes": region.len, "fabric_s": f, "plain_s": p,
         "fabric_gb_s": region.len as f64 / f / 1e9, "plain_gb_s": region.len as f64 / p / 1e9,
-        "ratio": p / f, "first_bad_byte": bad,
+        "ratio": p / f, "first_bad_byte": bad, "copy_only_s": copy, "copy": how,
     }))
 }
 
@@ -193,6 +205,7 @@ pub fn run(args: &LocalArgs, command_line: &str) -> Result<(), String> {
     }
     let mut cfg = args.target.load()?;
     cfg.nodes = vec![NodeSection { name: "bench".into(), gpus: Some(vec![0]), address: None }];
+    cfg.memory.host_arena = args.host_arena;
     // Multi-threaded, so the agent serves the clients while this thread measures (a current-thread runtime runs
     // only inside `block_on`).
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
@@ -285,17 +298,25 @@ fn report_results(
         ping["p50"].as_f64().unwrap_or(0.0),
         ping["p99"].as_f64().unwrap_or(0.0)
     );
+    let _ = writeln!(
+        md,
+        "Attaching (the agent's arenas mapped into the client; host tier {}): {:.1} ms.",
+        args.host_arena,
+        local["attach_ms"].as_f64().unwrap_or(0.0)
+    );
     let _ = writeln!(md, "\n## Pages between two processes of GPU 0 (median of {} rounds, wall clock)\n", args.rounds);
-    let _ = writeln!(md, "| bytes | acquire + copy + release | plain copy, same bytes | ratio |");
-    let _ = writeln!(md, "|---|---|---|---|");
+    let _ = writeln!(md, "| bytes | acquire + copy + release | of which the copy | plain copy, same bytes | ratio | the lease's copy |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {:.1} GB/s | {:.1} GB/s | {:.3} |",
+            "| {} | {:.1} GB/s | {:.1} us | {:.1} GB/s | {:.3} | {} |",
             ByteSize(r["bytes"].as_u64().unwrap_or(0)),
             r["fabric_gb_s"].as_f64().unwrap_or(0.0),
+            r["copy_only_s"].as_f64().unwrap_or(0.0) * 1e6,
             r["plain_gb_s"].as_f64().unwrap_or(0.0),
-            r["ratio"].as_f64().unwrap_or(0.0)
+            r["ratio"].as_f64().unwrap_or(0.0),
+            r["copy"].as_str().unwrap_or("")
         );
     }
     let name = args.name.clone().unwrap_or_else(|| format!("local-{}-{stamp}", if emulated { "emulated" } else { "cuda" }));

@@ -330,23 +330,39 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<O
 /// so what follows it (descriptors) stays in the socket. `Ok(None)` on a clean end of stream before the frame.
 pub fn read_frame_blocking<R: io::Read>(r: &mut R, max: usize) -> Result<Option<Message>, CodecError> {
     let mut head = [0u8; FRAME_HEADER_LEN];
-    let mut got = 0;
+    match read_header_blocking(r, &mut head, 0)? {
+        true => read_frame_body(r, &head, max).map(Some),
+        false => Ok(None),
+    }
+}
+
+/// Fills `head` from `got` bytes on; `false` on a clean end of stream before its first byte.
+pub fn read_header_blocking<R: io::Read>(
+    r: &mut R,
+    head: &mut [u8; FRAME_HEADER_LEN],
+    mut got: usize,
+) -> Result<bool, CodecError> {
     while got < FRAME_HEADER_LEN {
         match io::Read::read(r, &mut head[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) if got == 0 => return Ok(false),
             Ok(0) => return Err(CodecError::Truncated { have: got, need: FRAME_HEADER_LEN }),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
     }
-    let len = parse_header(&head, max)?;
+    Ok(true)
+}
+
+/// Checks a frame's header (read by the caller) and reads and decodes its body, exactly.
+pub fn read_frame_body<R: io::Read>(r: &mut R, head: &[u8; FRAME_HEADER_LEN], max: usize) -> Result<Message, CodecError> {
+    let len = parse_header(head, max)?;
     let mut body = Vec::with_capacity(len.min(64 << 10));
     io::Read::read_to_end(&mut io::Read::take(&mut *r, len as u64), &mut body)?;
     if body.len() < len {
         return Err(CodecError::Truncated { have: FRAME_HEADER_LEN + body.len(), need: FRAME_HEADER_LEN + len });
     }
-    decode_body(&body).map(Some)
+    decode_body(&body)
 }
 
 /// Encodes `msg` and writes its frame to a blocking writer (a local client's socket, or the agent's side of it).

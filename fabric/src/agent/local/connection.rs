@@ -1,7 +1,6 @@
 //! A local client's socket to its agent, blocking: one request and its answer at a time.
 
 use std::os::unix::net::UnixStream;
-use std::os::fd::AsFd;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,8 +34,10 @@ impl Connection {
     pub(super) fn call(&self, msg: &Message) -> Result<Message, FabricError> {
         let mut s = self.lock();
         send(&mut s, msg)?;
-        spin::until_readable(s.as_fd(), self.spin);
-        answer(&mut s, self.node)
+        match spin::read_frame(&mut s, DEFAULT_MAX_FRAME, self.spin)? {
+            Some(m) => settle(m, self.node),
+            None => Err(NetworkError::AgentClosed.into()),
+        }
     }
 
     /// One request whose answer is `Done`.
@@ -61,9 +62,16 @@ pub(super) fn send(s: &mut UnixStream, msg: &Message) -> Result<(), FabricError>
 /// The answer to a request: an error the agent reported is the call's error.
 pub(super) fn answer(s: &mut UnixStream, node: u16) -> Result<Message, FabricError> {
     match read_frame_blocking(s, DEFAULT_MAX_FRAME)? {
-        Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
-        Some(m) => Ok(m),
+        Some(m) => settle(m, node),
         None => Err(NetworkError::AgentClosed.into()),
+    }
+}
+
+/// An answer, with an error the agent reported as the call's error.
+fn settle(m: Message, node: u16) -> Result<Message, FabricError> {
+    match m {
+        Message::Error { kind, message } => Err(FabricError::Remote { node, kind, message }),
+        m => Ok(m),
     }
 }
 

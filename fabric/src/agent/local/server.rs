@@ -6,7 +6,6 @@
 //! clients: its ranks).
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -131,10 +130,8 @@ impl Agent {
             None => return Ok(()),
         }
         let spin = spin::budget();
-        loop {
-            // The next call often follows at once (a release after its acquire): poll a little before sleeping.
-            spin::until_readable(s.as_fd(), spin);
-            let Some(msg) = read_frame_blocking(s, max)? else { break };
+        // The next call often follows at once (a release after its acquire): poll a little before sleeping.
+        while let Some(msg) = spin::read_frame(s, max, spin)? {
             let reply = match msg {
                 Message::Ping { nonce } => Ok(Message::Pong { nonce }),
                 Message::Attach => {
