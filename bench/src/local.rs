@@ -151,14 +151,18 @@ fn copy_rounds(c: &AttachedClient, region: &Region, rounds: usize) -> Result<ser
     let mover = c.mover();
     let batch = PageBatch::contiguous(region.page_size, 0, 0, (region.len / region.page_size) as u32);
     let (mut fabric, mut plain, mut copy_only) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut acquire, mut release) = (Vec::new(), Vec::new());
     let mut how = String::new();
     for _ in 0..rounds + 1 {
         let t = Instant::now();
         let l = c.acquire(region, 0..region.len, gpu, Mode::Read).map_err(e)?;
+        acquire.push(t.elapsed().as_secs_f64());
         let c0 = Instant::now();
         let report = l.copy_to(&dst, EngineChoice::Auto).map_err(e)?;
         copy_only.push(c0.elapsed().as_secs_f64());
+        let r0 = Instant::now();
         c.release(l).map_err(e)?;
+        release.push(r0.elapsed().as_secs_f64());
         fabric.push(t.elapsed().as_secs_f64());
         how = format!("{:?}, {} run(s) of {} pages", report.engine, report.runs, report.pages);
         let t = Instant::now();
@@ -179,7 +183,24 @@ fn copy_rounds(c: &AttachedClient, region: &Region, rounds: usize) -> Result<ser
         "bytes": region.len, "fabric_s": f, "plain_s": p,
         "fabric_gb_s": region.len as f64 / f / 1e9, "plain_gb_s": region.len as f64 / p / 1e9,
         "ratio": p / f, "first_bad_byte": bad, "copy_only_s": copy, "copy": how,
+        "acquire_us": percentile(&mut acquire[1..], 0.5) * 1e6, "release_us": percentile(&mut release[1..], 0.5) * 1e6,
     }))
+}
+
+/// The same hand-over in the agent's process: acquire + copy out (by the node's mover) + release, median.
+fn in_process_copy(fabric: &vfabric::Fabric, region: &Region, rounds: usize) -> Result<f64, String> {
+    let e = |e: vfabric::FabricError| e.to_string();
+    let gpu = Location::Gpu(0);
+    let dst = fabric.scratch_arena(gpu, region.len).map_err(e)?;
+    let mut times = Vec::new();
+    for _ in 0..rounds + 1 {
+        let t = Instant::now();
+        let l = fabric.acquire(region, 0..region.len, gpu, Mode::Read).map_err(e)?;
+        l.pages().copy_to(&dst, EngineChoice::Auto).map_err(e)?;
+        fabric.release(l).map_err(e)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(percentile(&mut times[1..], 0.5))
 }
 
 /// Runs part `part` of this benchmark in a process of its own and returns its JSON line.
@@ -261,7 +282,8 @@ fn measure(args: &LocalArgs, agent: &Agent, socket: &Path, command_line: &str) -
         let bytes = bytes.div_ceil(ps) * ps;
         let r = fabric.alloc(bytes, vfabric::Placement::on(gpu)).map_err(e)?;
         run_client(socket, "write", &r, args)?;
-        let row = run_client(socket, "copy", &r, args)?;
+        let mut row = run_client(socket, "copy", &r, args)?;
+        row["in_process_s"] = json!(in_process_copy(fabric, &r, args.rounds)?);
         eprintln!("{} between two processes: {row}", ByteSize(bytes));
         if !row["first_bad_byte"].is_null() {
             return Err(format!("{}: the copied bytes differ from the written ones at {}", ByteSize(bytes), row["first_bad_byte"]));
@@ -305,17 +327,23 @@ fn report_results(
         local["attach_ms"].as_f64().unwrap_or(0.0)
     );
     let _ = writeln!(md, "\n## Pages between two processes of GPU 0 (median of {} rounds, wall clock)\n", args.rounds);
-    let _ = writeln!(md, "| bytes | acquire + copy + release | of which the copy | plain copy, same bytes | ratio | the lease's copy |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| bytes | acquire + copy + release | acquire / copy / release (us) | plain copy, same bytes | ratio | the same in the agent's process | the lease's copy |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {:.1} GB/s | {:.1} us | {:.1} GB/s | {:.3} | {} |",
+            "| {} | {:.1} GB/s | {:.1} / {:.1} / {:.1} | {:.1} GB/s | {:.3} | {:.1} GB/s | {} |",
             ByteSize(r["bytes"].as_u64().unwrap_or(0)),
             r["fabric_gb_s"].as_f64().unwrap_or(0.0),
+            r["acquire_us"].as_f64().unwrap_or(0.0),
             r["copy_only_s"].as_f64().unwrap_or(0.0) * 1e6,
+            r["release_us"].as_f64().unwrap_or(0.0),
             r["plain_gb_s"].as_f64().unwrap_or(0.0),
             r["ratio"].as_f64().unwrap_or(0.0),
+            r["bytes"].as_f64().unwrap_or(0.0) / r["in_process_s"].as_f64().unwrap_or(f64::INFINITY) / 1e9,
             r["copy"].as_str().unwrap_or("")
         );
     }
