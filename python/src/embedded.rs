@@ -5,7 +5,6 @@ use std::ops::Range;
 use vfabric::{ClusterConfig, DeviceKind, Fabric, FabricError, Lease, LeasePtr, Location, Mode, Placement, Region};
 
 use crate::backend::{AllocArgs, Backend, HeldLease};
-use crate::cuda;
 
 /// [`Backend`] over [`vfabric::Fabric`].
 pub struct Embedded {
@@ -82,18 +81,7 @@ impl Backend for Embedded {
     }
 
     fn synchronize(&self, device: Location) -> Result<(), FabricError> {
-        if self.fabric.device_kind() != DeviceKind::Cuda {
-            // The emulated device's copies are waited for by the fabric; nothing else queues work on it.
-            return Ok(());
-        }
-        match device {
-            Location::Gpu(gpu) => Ok(cuda::synchronize(gpu)?),
-            // Pinned host memory is reached by the work of every GPU of the process: wait for all of it.
-            Location::Host => self.fabric.devices().into_iter().try_for_each(|d| match d {
-                Location::Gpu(gpu) => Ok(cuda::synchronize(gpu)?),
-                Location::Host => Ok(()),
-            }),
-        }
+        self.fabric.synchronize(device)
     }
 }
 

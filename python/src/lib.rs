@@ -2,7 +2,7 @@
 //!
 //! The modules, bottom up: `errors` (the exception classes and the mapping from the Rust errors), `args`
 //! (device names, modes, sizes), `buffer` (Python's buffer protocol), `dlpack` (DLPack's C structures and
-//! capsules), `cuda` (waiting for a GPU), `backend` (what a fabric must offer: the trait both kinds implement),
+//! capsules), `backend` (what a fabric must offer: the trait both kinds implement),
 //! `embedded` (the fabric inside this process), `attached` (the node's agent this process is attached to),
 //! `region` (`Region`), `state` (a held lease and the rule that arrays never outlive it), `host_array`
 //! (NumPy arrays over host memory), `view` (`TensorView`), `lease` (`Lease`), `client` (`FabricBase`,
@@ -13,7 +13,6 @@ mod attached;
 mod backend;
 mod buffer;
 mod client;
-mod cuda;
 mod dlpack;
 mod embedded;
 mod errors;

@@ -736,3 +736,44 @@ fn lane_threads_end_with_the_agent() {
         }
     });
 }
+
+#[test]
+fn mapped_leases_reach_other_nodes_regions_through_the_clients_agent() {
+    runtime().block_on(async {
+        let cfg = config(2);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let path = std::env::temp_dir().join(format!("vfabric-mapped-{}.sock", std::process::id()));
+        a[0].serve_local(&path).await.expect("serve the socket");
+        let ps = a[0].fabric().page_size();
+        // A region whose home is n1; the client is attached to n0.
+        let r = a[1].alloc(1, 3 * ps, None).await.expect("alloc at n1");
+        let data = pattern::bytes(41, 0, (3 * ps) as usize);
+        a[1].write(&r, 0, &data).await.expect("write at n1");
+        let socket = path.clone();
+        let (r2, d2) = (r, data.clone());
+        // The client's calls block: off the runtime's threads.
+        tokio::task::spawn_blocking(move || {
+            let c = vfabric::AttachedClient::attach(&socket).expect("attach");
+            let l = c.acquire(&r2, ps..3 * ps, Location::Gpu(0), vfabric::Mode::Read).expect("a mapped lease on n1's region");
+            let mut got = vec![0u8; (2 * ps) as usize];
+            l.read(0, &mut got).expect("read through the mapping");
+            assert!(got == d2[ps as usize..], "n1's bytes, brought to n0's GPU and mapped here");
+            c.release(l).expect("release");
+            let w = c.acquire(&r2, 0..ps, Location::Gpu(0), vfabric::Mode::Write).expect("a write lease");
+            w.write(7, b"mapped").expect("write through the mapping");
+            c.release(w).expect("the release sends the page home");
+        })
+        .await
+        .expect("the client");
+        let mut home = vec![0u8; 16];
+        a[1].read(&r, 0, &mut home).await.expect("read at the home");
+        assert_eq!(&home[7..13], b"mapped", "the home has what the client wrote through its mapping");
+        assert_eq!(&home[..7], &data[..7]);
+        a[1].free(&r).await.expect("free");
+        for x in &a {
+            x.shutdown().await;
+        }
+        let _ = std::fs::remove_file(&path);
+    });
+}

@@ -144,6 +144,12 @@ impl Fabric {
         ptr.checked_sub(base).ok_or(FabricError::Internal("a lease's pointer below its arena"))
     }
 
+    /// Waits until the work this process queued on `location` (its kernels and copies on any stream, PyTorch's
+    /// among them) is done: call it before releasing a lease that such work was using.
+    pub fn synchronize(&self, location: Location) -> Result<(), FabricError> {
+        Ok(self.inner.layer.synchronize(location)?)
+    }
+
     /// One line that says what the device layer is (backend and GPUs), for logs and reports.
     pub fn describe(&self) -> String {
         self.inner.layer.describe()

@@ -152,7 +152,7 @@ impl Agent {
                 }
                 Message::Release { lease } => rt.block_on(self.release_for(session, lease)),
                 Message::Prefetch { region, offset, len, device } => {
-                    self.prefetch_for(rt, Region::from(&region), offset..offset.saturating_add(len), device.into());
+                    self.prefetch_for(session, rt, Region::from(&region), offset..offset.saturating_add(len), device.into());
                     Ok(Message::Done)
                 }
                 Message::Migrate { region, device } => {

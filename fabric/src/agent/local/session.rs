@@ -4,6 +4,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -27,7 +29,13 @@ pub(super) struct Session {
     leases: HashMap<u64, AgentLease>,
     next_lease: u64,
     owned: HashSet<Region>,
+    /// Prefetch hints being carried out for this client.
+    prefetching: Arc<AtomicUsize>,
 }
+
+/// Prefetch hints one client may have in flight; more are dropped (they are hints), so a client cannot pile up
+/// work in the agent.
+const PREFETCHES_IN_FLIGHT: usize = 4;
 
 impl Agent {
     /// Answers `Attach`: the arenas' descriptions, then their descriptors.
@@ -114,10 +122,17 @@ impl Agent {
 
     /// `Prefetch`: a read lease taken and dropped in the background, so the pages are on `device` when the
     /// client asks; answered at once. A prefetch that fails (evicted pages with no room, a freed region) only
-    /// logs: it was a hint.
-    pub(super) fn prefetch_for(&self, rt: &Handle, region: Region, range: Range<u64>, device: Location) {
+    /// logs: it was a hint; so does one beyond [`PREFETCHES_IN_FLIGHT`].
+    pub(super) fn prefetch_for(&self, session: &Session, rt: &Handle, region: Region, range: Range<u64>, device: Location) {
+        let count = Arc::clone(&session.prefetching);
+        if count.fetch_add(1, Ordering::AcqRel) >= PREFETCHES_IN_FLIGHT {
+            count.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!("a prefetch hint dropped: {PREFETCHES_IN_FLIGHT} already in flight for this client");
+            return;
+        }
         let agent = self.clone();
         rt.spawn(async move {
+            let _done = Decrement(count);
             match agent.acquire(&region, range, device, Mode::Read).await {
                 Ok(l) => {
                     if let Err(e) = agent.release(l).await {
@@ -146,5 +161,14 @@ impl Agent {
         if leases + owned > 0 {
             tracing::info!(leases, regions = owned, "a local client left: its leases released, its regions freed");
         }
+    }
+}
+
+/// Counts a prefetch out when its task ends, however it ends.
+struct Decrement(Arc<AtomicUsize>);
+
+impl Drop for Decrement {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
