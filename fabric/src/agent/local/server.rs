@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::UnixListener;
 use tokio::runtime::Handle;
@@ -129,9 +129,13 @@ impl Agent {
             Some(m) => return Err(ProtocolError::NotHello(m.name()).into()),
             None => return Ok(()),
         }
-        let spin = spin::budget();
-        // The next call often follows at once (a release after its acquire): poll a little before sleeping.
-        while let Some(msg) = spin::read_frame(s, max, spin)? {
+        let max_spin = spin::budget();
+        let mut window = spin::MIN_WINDOW.min(max_spin);
+        // The next call often follows soon (a release after its acquire): poll for it before sleeping.
+        loop {
+            let answered = Instant::now();
+            let Some(msg) = spin::read_frame(s, max, window)? else { break };
+            window = spin::window(answered.elapsed(), max_spin);
             let reply = match msg {
                 Message::Ping { nonce } => Ok(Message::Pong { nonce }),
                 Message::Attach => {
