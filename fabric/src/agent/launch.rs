@@ -53,7 +53,14 @@ impl JobRank {
         let local_size = first(&["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"]);
         let (rank, size) = (num(rank)?, num(size)?);
         let local_rank = local.map(num).transpose()?.unwrap_or(0);
-        let local_size = local_size.map(num).transpose()?.unwrap_or(1).max(local_rank + 1);
+        // Slurm says how many nodes, not how many tasks here: a job on one node has them all here.
+        let one_node = get("SLURM_NNODES").is_some_and(|n| n.trim() == "1");
+        let local_size = match local_size.map(num).transpose()? {
+            Some(n) => n,
+            None if one_node => size,
+            None => 1,
+        }
+        .max(local_rank + 1);
         if size == 0 || rank >= size {
             return Err(LaunchError::RankOutOfJob { rank, size }.into());
         }
@@ -215,6 +222,10 @@ mod tests {
         assert_eq!(JobRank::from_vars(vars(&ompi)).ok(), job(2, 4, 1, 2), "local size at least local rank + 1");
         let slurm = [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1")];
         assert_eq!(JobRank::from_vars(vars(&slurm)).ok(), job(5, 8, 1, 2));
+        // A Slurm job on one node: every task is local, local rank 0 included.
+        let one_node = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "0"), ("SLURM_NNODES", "1")];
+        let j = JobRank::from_vars(vars(&one_node)).expect("slurm");
+        assert_eq!((j.local_size, j.single_host()), (4, true));
         let pmi = [("PMI_RANK", "0"), ("PMI_SIZE", "2")];
         assert_eq!(JobRank::from_vars(vars(&pmi)).ok(), job(0, 2, 0, 1));
         let torchrun = [("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "3"), ("LOCAL_WORLD_SIZE", "4")];

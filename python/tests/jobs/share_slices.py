@@ -3,8 +3,8 @@
 Every rank attaches with `vfabric.connect()`: local rank 0 starts the host's agent, the others wait for it.
 Rank 0 allocates a region and leaves its handle in the notes folder (argv[1]); every rank writes its slice on
 its own GPU through its own mapping (a torch kernel on CUDA, numpy on the emulated device), then says so; rank 0
-waits for all of them, reads the whole region back and checks every slice, then leaves last (its process holds
-the agent).
+waits for all of them and checks every slice through its own mapping and through the socket, then leaves last
+(its process holds the agent).
 """
 
 import os
@@ -66,6 +66,21 @@ def main() -> None:
     if rank == 0:
         for r in range(size):
             wait_for(notes / f"done-{r}", f"rank {r}'s slice")
+        # Through this process's own mapping (a torch kernel reading the GPU on CUDA)...
+        with client.acquire(region, 0, size * SLICE, mode="r") as lease:
+            for r in range(size):
+                part = lease.view("uint8", (size, SLICE))
+                if client.device_kind == "cuda":
+                    import torch
+
+                    t = torch.from_dlpack(part)[r]
+                    ok = bool((t == r + 1).all().item())
+                    del t
+                else:
+                    ok = bool((lease.numpy("uint8", (size, SLICE))[r] == r + 1).all())
+                del part
+                assert ok, f"rank {r}'s slice, read through rank 0's mapping"
+        # ...and through the socket.
         data = client.read(region, 0, size * SLICE)
         for r in range(size):
             got = set(data[r * SLICE : (r + 1) * SLICE])
