@@ -68,6 +68,11 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError>;
     /// The backend's own type, for movers that need their backend's handles.
     fn as_any(&self) -> &dyn Any;
+    /// Makes the arena reachable by this process's GPUs (copy engines and kernels) if it is not yet: a local
+    /// client's mapping of the host tier is registered with CUDA only when first needed. Cheap once done.
+    fn prepare_for_devices(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
     /// Describes the arena and hands out new descriptors of its memory, for another process of the node to map
     /// ([`crate::DeviceLayer::import_arena`]). Arenas that cannot be shared say so.
     fn export(&self) -> Result<ExportedArena, DeviceError> {

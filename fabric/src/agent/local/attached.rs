@@ -201,6 +201,8 @@ impl AttachedClient {
         // From here the agent holds the lease for us: a pointer that makes no sense gives it back.
         let lease = LocalLease::new(Arc::clone(&self.inner.conn), id, *region, device, mode, first);
         let arena = self.inner.arena(device)?;
+        // The lease's pointers are for this process's kernels: host pages must be reachable by its GPUs.
+        arena.prepare_for_devices()?;
         let (base, arena_len) = (arena.device_ptr(), arena.len());
         let inside = |off: u64, len: u64| off.checked_add(len).is_some_and(|end| end <= arena_len);
         let ptr = match pages {

@@ -1,7 +1,7 @@
 //! Pinned host memory, mapped for every GPU of the node: private ([`PinnedHostMemory`], for staging buffers)
 //! or shared with the node's other processes ([`RegisteredHostMemory`], the host tier).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
 
@@ -80,23 +80,47 @@ impl Drop for PinnedHostMemory {
 
 /// Shared host memory ([`SharedHostMemory`]: another process of the node may map the same file) page-locked and
 /// mapped for every GPU with `cuMemHostRegister`: to the copy engines and kernels the same as
-/// [`PinnedHostMemory`], and shareable.
+/// [`PinnedHostMemory`], and shareable. The agent registers its host tier at once; a local client registers its
+/// mapping of it only when it first needs the GPUs to reach it (pinning a large tier takes a while, and most
+/// clients lease GPU pages only).
 #[derive(Debug)]
 pub struct RegisteredHostMemory {
     // Unregistered (in `drop`) before the mapping goes.
     mem: SharedHostMemory,
-    device_ptr: u64,
+    /// The device address, once registered.
+    registered: OnceLock<u64>,
+    /// Held while registering, so two threads never register the same range.
+    registering: Mutex<()>,
     ctx: Arc<GpuContext>,
 }
 
 impl RegisteredHostMemory {
-    /// Page-locks and maps `mem` for every GPU of the node.
+    /// Page-locks and maps `mem` for every GPU of the node, now.
     pub fn register(ctx: Arc<GpuContext>, mem: SharedHostMemory) -> Result<Self, DeviceError> {
-        ctx.bind()?;
+        let m = Self::lazy(ctx, mem);
+        m.ensure_registered()?;
+        Ok(m)
+    }
+
+    /// `mem`, to be registered at its first [`RegisteredHostMemory::ensure_registered`].
+    pub fn lazy(ctx: Arc<GpuContext>, mem: SharedHostMemory) -> Self {
+        RegisteredHostMemory { mem, registered: OnceLock::new(), registering: Mutex::new(()), ctx }
+    }
+
+    /// Registers the memory unless it is; returns its device address.
+    pub fn ensure_registered(&self) -> Result<u64, DeviceError> {
+        if let Some(&d) = self.registered.get() {
+            return Ok(d);
+        }
+        let _one = self.registering.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&d) = self.registered.get() {
+            return Ok(d);
+        }
+        self.ctx.bind()?;
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-        let p = mem.as_ptr() as *mut std::ffi::c_void;
+        let p = self.mem.as_ptr() as *mut std::ffi::c_void;
         // SAFETY: `p..p+len` is a live mapping owned by `mem`, which outlives the registration.
-        unsafe { cu!(cuMemHostRegister_v2(p, mem.len() as usize, flags))? };
+        unsafe { cu!(cuMemHostRegister_v2(p, self.mem.len() as usize, flags))? };
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `p` was just registered with DEVICEMAP.
         if let Err(e) = unsafe { cu!(cuMemHostGetDevicePointer_v2(&mut dptr, p, 0)) } {
@@ -106,7 +130,8 @@ impl RegisteredHostMemory {
             }
             return Err(e);
         }
-        Ok(RegisteredHostMemory { mem, device_ptr: dptr, ctx })
+        let _ = self.registered.set(dptr);
+        Ok(dptr)
     }
 
     /// The shared memory underneath.
@@ -119,9 +144,10 @@ impl RegisteredHostMemory {
         self.mem.as_ptr()
     }
 
-    /// The address kernels use (equal to the host address under unified addressing).
+    /// The address kernels use: under unified addressing the host address, which the driver gives back once
+    /// registered.
     pub fn device_ptr(&self) -> u64 {
-        self.device_ptr
+        self.registered.get().copied().unwrap_or(self.mem.as_ptr() as u64)
     }
 
     /// Size in bytes.
@@ -137,8 +163,11 @@ impl RegisteredHostMemory {
 
 impl Drop for RegisteredHostMemory {
     fn drop(&mut self) {
+        if self.registered.get().is_none() {
+            return;
+        }
         let _ = self.ctx.bind();
-        // SAFETY: registered in `register`, unregistered once, before `mem` unmaps.
+        // SAFETY: registered in `ensure_registered`, unregistered once, before `mem` unmaps.
         if let Err(e) = unsafe { cu!(cuMemHostUnregister(self.mem.as_ptr() as *mut std::ffi::c_void)) } {
             tracing::warn!(error = %e, "unregistering shared host memory failed");
         }

@@ -237,6 +237,9 @@ impl Mover for CudaMover {
         engine: EngineChoice,
     ) -> Result<Transfer, MoveError> {
         let (plan, exec) = prepare(src.as_ref(), dst.as_ref(), batch, engine, &self.config, is_cuda_arena)?;
+        // Both ends reachable by the GPUs (a local client's host tier is registered at its first move).
+        src.prepare_for_devices()?;
+        dst.prepare_for_devices()?;
         if usize::from(exec.gpu) >= self.node.gpus.len() {
             return Err(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.node.gpus.len() }.into());
         }

@@ -142,7 +142,8 @@ impl DeviceLayer for CudaNode {
             (Location::Host, ShareKind::HostFile) => {
                 let ctx = Arc::clone(self.inner.context(0)?);
                 let fd = fds.into_iter().next().ok_or_else(|| DeviceError::InvalidArgument("no descriptor".into()))?;
-                let mem = RegisteredHostMemory::register(ctx, SharedHostMemory::map(fd, share.len)?)?;
+                // Registered when first needed (`Arena::prepare_for_devices`): most clients lease GPU pages only.
+                let mem = RegisteredHostMemory::lazy(ctx, SharedHostMemory::map(fd, share.len)?);
                 Ok(Arc::new(HostArena::new(mem)))
             }
             (location, kind) => Err(DeviceError::InvalidArgument(format!("a {location} arena shared as {kind:?}"))),
