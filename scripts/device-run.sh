@@ -13,7 +13,7 @@
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine ptx tests procs python info demo torch nccl migrate
-#                        pager local remote
+#                        pager local trace remote
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -25,7 +25,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine ptx tests procs python info demo torch nccl migrate pager local remote}
+STEPS=${VFABRIC_STEPS:-machine ptx tests procs python info demo torch nccl migrate pager local trace remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the info, demo, migrate and pager steps
 summary=()
 
@@ -89,6 +89,20 @@ step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:
 step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name "${VFABRIC_PAGER_NAME:-pager-h200x2}"
 # A node's agent and local clients in processes of their own.
 step local "$B/vfabric-bench" local --config "${VFABRIC_LOCAL_CONFIG:-cluster-configs/h200x2.toml}" --out "$OUT" --name "${VFABRIC_LOCAL_NAME:-local-h200x2}"
+# PyTorch's allocator traces of a few training steps (its default allocator, and expandable segments), each
+# replayed through the fabric's tensor pool.
+traces() {
+    local conf rc=0
+    for conf in default expandable; do
+        local env_conf=""
+        [ "$conf" = expandable ] && env_conf="expandable_segments:True"
+        PYTORCH_CUDA_ALLOC_CONF=$env_conf python3 "$B/capture_trace.py" --out "$OUT/trace-gpt-$conf.json" || return 1
+        "$B/vfabric-bench" trace "$OUT/trace-gpt-$conf.json" --config cluster-configs/h200x2.toml --out "$OUT" \
+            --name "trace-h200x1-$conf" || rc=1
+    done
+    return $rc
+}
+step trace traces
 # Two agents, one per GPU, QUIC on loopback: GPU -> host -> QUIC -> host -> GPU.
 # shellcheck disable=SC2086
 # On a one-GPU machine: VFABRIC_REMOTE_CONFIG=cluster-configs/h200x1-agents.toml VFABRIC_REMOTE_HOME=gpu0.

@@ -10,6 +10,7 @@ mod remote;
 mod report;
 mod rig;
 mod stats;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -39,6 +40,9 @@ enum Command {
     /// A node's agent and local clients in processes of their own: acquire/release latency of a resident page
     /// and pages handed between two processes of one GPU, beside the same in the agent's process.
     Local(local::LocalArgs),
+    /// A PyTorch allocator trace replayed through the fabric's tensor pool, beside the trace's own caching
+    /// allocator: peak reserved / peak allocated.
+    Trace(trace::TraceArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::Pager(args) => pager::run(args, &command_line),
         Command::Remote(args) => remote::run(args, &command_line),
         Command::Local(args) => local::run(args, &command_line),
+        Command::Trace(args) => trace::run(args, &command_line),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

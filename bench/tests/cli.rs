@@ -129,3 +129,62 @@ fn remote_between_two_agents_verifies_reads_and_moves() {
     );
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// A trace in the format `bench/scripts/capture_trace.py` writes: a training-like pattern (weights that stay,
+/// activations and small tensors that come and go each step), with the caching allocator's segments.
+fn synthetic_trace() -> serde_json::Value {
+    let mut events = Vec::new();
+    let mut next = 0x7f00_0000_0000u64;
+    let mut alloc = |events: &mut Vec<serde_json::Value>, size: u64| {
+        let a = next;
+        next += size.div_ceil(512) * 512 + 512;
+        events.push(serde_json::json!(["alloc", a, size]));
+        (a, size)
+    };
+    events.push(serde_json::json!(["segment_alloc", 0x7e00_0000_0000u64, 256u64 << 20]));
+    let weights: Vec<_> = (0..8).map(|i| alloc(&mut events, (4 << 20) + i * 4096)).collect();
+    for step in 0..5u64 {
+        let acts: Vec<_> = (0..12).map(|i| alloc(&mut events, (1 << 20) * (1 + (i + step) % 5) + 96)).collect();
+        let small: Vec<_> = (0..50).map(|i| alloc(&mut events, 4 + i * 37)).collect();
+        for (a, s) in acts.into_iter().rev().chain(small) {
+            events.push(serde_json::json!(["free_requested", a, s]));
+            events.push(serde_json::json!(["free_completed", a, s]));
+        }
+    }
+    // A free of a block from before the recording began: skipped, and said so.
+    events.push(serde_json::json!(["free_completed", 0x1234u64, 512u64]));
+    for (a, s) in weights {
+        events.push(serde_json::json!(["free_completed", a, s]));
+    }
+    serde_json::json!({ "events": events, "torch": { "note": "synthetic" } })
+}
+
+#[test]
+fn a_trace_replays_through_the_pool_beside_its_own_figures() {
+    let dir = std::env::temp_dir().join(format!("vfabric-bench-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("trace.json");
+    std::fs::write(&file, synthetic_trace().to_string()).expect("trace");
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["trace", "--device", "emulated", "--slab", "8MiB", "--name", "t", "--out"])
+        .arg(&dir)
+        .arg(&file)
+        .output()
+        .expect("run vfabric-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("t.json")).expect("json")).expect("valid json");
+    assert_eq!(json["allocations"], 8 + 5 * 62);
+    assert_eq!((json["frees"].as_u64(), json["skipped_frees"].as_u64()), (Some(8 + 5 * 62), Some(1)));
+    let (pool, torch) = (&json["pool"], &json["torch"]);
+    assert_eq!(pool["peak_allocated"], torch["peak_allocated"], "the replay holds what the trace held");
+    assert_eq!(torch["peak_reserved"], 256 << 20);
+    let r = pool["ratio"].as_f64().unwrap_or(0.0);
+    assert!((1.0..2.0).contains(&r), "the pool reserves at least what it hands out, and not twice: {r}");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"events": [["alloc", 1]]}"#).expect("bad trace");
+    let o = Command::new(env!("CARGO_BIN_EXE_vfabric-bench")).args(["trace", "--device", "emulated"]).arg(&bad).output().expect("run");
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("event 0"), "a clear error");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
