@@ -97,7 +97,7 @@ traces() {
         local env_conf=""
         [ "$conf" = expandable ] && env_conf="expandable_segments:True"
         PYTORCH_CUDA_ALLOC_CONF=$env_conf python3 "$B/capture_trace.py" --out "$OUT/trace-gpt-$conf.json" || return 1
-        "$B/vfabric-bench" trace "$OUT/trace-gpt-$conf.json" --config cluster-configs/h200x2.toml --out "$OUT" \
+        "$B/vfabric-bench" trace "$OUT/trace-gpt-$conf.json" --config cluster-configs/local.toml --out "$OUT" \
             --name "trace-h200x1-$conf" || rc=1
     done
     return $rc
