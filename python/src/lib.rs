@@ -6,7 +6,7 @@
 //! `embedded` (the fabric inside this process), `attached` (the node's agent this process is attached to),
 //! `region` (`Region`), `state` (a held lease and the rule that arrays never outlive it), `host_array`
 //! (NumPy arrays over host memory), `view` (`TensorView`), `lease` (`Lease`), `client` (`FabricBase`,
-//! `Fabric`, `Client`, `connect`).
+//! `Fabric`, `Client`, `connect`), `torch_alloc` (PyTorch's CUDA allocations on the fabric's tensor pools).
 
 mod args;
 mod attached;
@@ -20,6 +20,7 @@ mod host_array;
 mod lease;
 mod region;
 mod state;
+mod torch_alloc;
 mod view;
 
 use pyo3::prelude::*;
@@ -38,6 +39,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyFabricBase>()?;
     m.add_class::<client::PyFabric>()?;
     m.add_class::<client::PyClient>()?;
+    m.add_function(wrap_pyfunction!(torch_alloc::_torch_allocator_start, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_alloc::_torch_allocator_stats, m)?)?;
     m.add_function(wrap_pyfunction!(client::connect, m)?)?;
     Ok(())
 }

@@ -290,3 +290,10 @@ def connect(socket: Optional[Union[str, "os.PathLike[str]"]] = None) -> Client:
     """Attaches to the node's agent serving `socket` (default: $VFABRIC_SOCKET, else the job's socket) and maps
     its memory here. Under a launcher (mpirun, Slurm, torchrun), local rank 0 of a job on one host starts the
     agent in its own process when none runs, and the other ranks wait for it."""
+
+def _torch_allocator_start(config: Optional[Union[str, "os.PathLike[str]"]] = None, budget: Optional[int] = None) -> str:
+    """Starts the embedded fabric PyTorch's allocator takes memory from (use `vfabric.torch.use_as_allocator`);
+    returns its device kind."""
+
+def _torch_allocator_stats() -> str:
+    """The allocator's figures as JSON ("null" before it starts; use `vfabric.torch.memory_stats`)."""

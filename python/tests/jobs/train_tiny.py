@@ -1,0 +1,31 @@
+"""A few training steps of a small transformer, on PyTorch's own allocator (argv[1] == "torch") or on the fabric
+(argv[1] == "vfabric"); prints the losses (and the fabric's figures) as one JSON line."""
+
+import json
+import sys
+
+mode = sys.argv[1]
+if mode == "vfabric":
+    import vfabric.torch
+
+    vfabric.torch.use_as_allocator(budget="8GiB")
+
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+torch.backends.cuda.matmul.allow_tf32 = False
+layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, dropout=0.0)
+model = nn.Sequential(nn.Embedding(1000, 512), nn.TransformerEncoder(layer, 4), nn.Linear(512, 1000)).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.randint(0, 1000, (8, 129), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+losses = []
+for _ in range(8):
+    logits = model(data[:, :-1])
+    loss = nn.functional.cross_entropy(logits.reshape(-1, 1000), data[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    losses.append(loss.item())
+stats = vfabric.torch.memory_stats() if mode == "vfabric" else None
+print(json.dumps({"losses": losses, "stats": stats, "max_allocated": torch.cuda.max_memory_allocated()}))
