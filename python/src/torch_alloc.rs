@@ -82,9 +82,13 @@ impl Allocator {
 }
 
 /// `CUDAPluggableAllocator`'s allocation: a block of `size` bytes on GPU `device`, or null (PyTorch then raises
-/// its out-of-memory error).
+/// its out-of-memory error; for 0 bytes, null is the empty tensor's pointer).
 #[no_mangle]
 pub extern "C" fn vfabric_torch_malloc(size: usize, device: i32, _stream: *mut c_void) -> *mut c_void {
+    if size == 0 {
+        // An empty tensor: PyTorch keeps a null pointer for it, as its own allocator gives.
+        return std::ptr::null_mut();
+    }
     let got = std::panic::catch_unwind(|| {
         let mut guard = lock();
         let a = guard.as_mut()?;
@@ -115,6 +119,9 @@ pub extern "C" fn vfabric_torch_malloc(size: usize, device: i32, _stream: *mut c
 /// it before the free.
 #[no_mangle]
 pub extern "C" fn vfabric_torch_free(ptr: *mut c_void, _size: usize, device: i32, stream: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
         let mut guard = lock();
         let Some(a) = guard.as_mut() else { return };

@@ -41,6 +41,8 @@ def test_the_allocators_c_functions_pack_blocks_and_give_them_back(tmp_path):
         assert all(p % 512 == 0 for p in small)
         during = vfabric.torch.memory_stats()["pools"]["gpu0"]
         too_big = lib.vfabric_torch_malloc(1 << 40, 0, None)
+        assert lib.vfabric_torch_malloc(0, 0, None) is None, "an empty tensor's null pointer, not a failure"
+        lib.vfabric_torch_free(None, 0, 0, None)
         for p in small + large:
             lib.vfabric_torch_free(p, 0, 0, None)
         after = vfabric.torch.memory_stats()
@@ -79,6 +81,11 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def stats_ok(runs: dict) -> bool:
+    pool = runs["vfabric"]["stats"]["pools"]["gpu0"]
+    return 0.5 * runs["torch"]["max_allocated"] <= pool["peak_allocated"] <= 2 * runs["torch"]["max_allocated"]
+
+
 @pytest.mark.skipif(not cuda_available(), reason="needs torch and a GPU")
 def test_a_training_loop_on_the_fabric_matches_pytorchs_own_allocator():
     runs = {}
@@ -86,6 +93,9 @@ def test_a_training_loop_on_the_fabric_matches_pytorchs_own_allocator():
         out = run(open(JOBS / "train_tiny.py").read(), mode)
         runs[mode] = json.loads(out.strip().splitlines()[-1])
     assert runs["torch"]["losses"] == pytest.approx(runs["vfabric"]["losses"], rel=1e-3), runs
+    assert runs["vfabric"]["losses"][-1] < runs["vfabric"]["losses"][0], "the model learns"
+    # The pool held about what PyTorch's own allocator reported as allocated at its peak.
+    assert stats_ok(runs)
     stats = runs["vfabric"]["stats"]["pools"]["gpu0"]
     assert stats["allocations"] > 100 and stats["peak_allocated"] > 0, stats
     assert runs["vfabric"]["stats"]["failed_allocations"] == 0
