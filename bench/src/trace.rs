@@ -139,7 +139,15 @@ pub fn run(args: &TraceArgs, command_line: &str) -> Result<(), String> {
         events.len(),
         seconds * 1e6 / (allocs + frees).max(1) as f64
     );
-    let _ = writeln!(md, "- pool: slabs of {}, regions of their own from {}, {}-byte alignment, page {}\n", ByteSize(pcfg.slab_bytes), ByteSize(pcfg.large_bytes), pcfg.align, ByteSize(fabric.page_size()));
+    let _ = writeln!(
+        md,
+        "- pool: slabs of {}, regions of their own from {}, {}-byte alignment, page {}; {} large allocations served by a kept region\n",
+        ByteSize(pcfg.slab_bytes),
+        ByteSize(pcfg.large_bytes),
+        pcfg.align,
+        ByteSize(fabric.page_size()),
+        s.cache_hits
+    );
     let _ = writeln!(md, "| allocator | peak allocated | peak reserved | reserved / allocated |");
     let _ = writeln!(md, "|---|---|---|---|");
     let _ = writeln!(md, "| PyTorch's caching allocator (the trace) | {} | {} | {:.3} |", ByteSize(torch_alloc), ByteSize(torch_reserved), ratio(torch_reserved, torch_alloc));
@@ -151,7 +159,8 @@ pub fn run(args: &TraceArgs, command_line: &str) -> Result<(), String> {
         "skipped_frees": skipped, "us_per_call": seconds * 1e6 / (allocs + frees).max(1) as f64,
         "torch": { "peak_allocated": torch_alloc, "peak_reserved": torch_reserved, "ratio": ratio(torch_reserved, torch_alloc), "reported": torch },
         "pool": { "peak_allocated": s.peak_allocated, "peak_reserved": s.peak_reserved, "ratio": ratio(s.peak_reserved, s.peak_allocated),
-                  "slab_bytes": pcfg.slab_bytes, "large_bytes": pcfg.large_bytes, "page_size": fabric.page_size() },
+                  "slab_bytes": pcfg.slab_bytes, "large_bytes": pcfg.large_bytes, "page_size": fabric.page_size(),
+                  "cache_bytes": pcfg.cache_bytes, "cache_hits": s.cache_hits },
     });
     let (j, m) = report::write(&args.out, &name, &doc, &md).map_err(|e| format!("writing results: {e}"))?;
     println!("{md}");

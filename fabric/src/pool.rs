@@ -8,7 +8,11 @@
 //! `large_bytes` or more gets a region of its own, rounded to whole pages. Each slab and large region is held
 //! under a write lease for as long as it is in the pool, which keeps its pages on the device at fixed
 //! addresses (what a caller of a CUDA allocator expects); a slab that empties is given back at once, except one
-//! kept for the next allocation.
+//! kept for the next allocation. A freed large region is kept too, up to `cache_bytes` of them (and a fortieth of
+//! the bytes allocated), for the next
+//! allocation of the same rounded size (a training step frees and asks again for the same activations): taking
+//! and giving back a region costs tens of microseconds, reusing one nothing. The kept regions go back when an
+//! allocation would otherwise find the device full.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -30,15 +34,17 @@ pub struct PoolConfig {
     pub large_bytes: u64,
     /// Alignment (and rounding) of allocations inside slabs: a power of two.
     pub align: u64,
+    /// Bytes of freed large regions kept for reuse.
+    pub cache_bytes: u64,
 }
 
 impl PoolConfig {
     /// Slabs of 32 MiB (or 16 pages, if more), allocations of a quarter slab or more in regions of their own,
-    /// 512-byte alignment (what PyTorch's caching allocator rounds to).
+    /// 512-byte alignment (what PyTorch's caching allocator rounds to), up to 512 MiB of freed large regions kept.
     pub fn new(fabric: &Fabric, device: Location) -> Self {
         let ps = fabric.page_size();
         let slab_bytes = (32u64 << 20).max(16 * ps).div_ceil(ps) * ps;
-        PoolConfig { device, slab_bytes, large_bytes: slab_bytes / 4, align: 512 }
+        PoolConfig { device, slab_bytes, large_bytes: slab_bytes / 4, align: 512, cache_bytes: 512 << 20 }
     }
 }
 
@@ -59,6 +65,12 @@ pub struct PoolStats {
     pub large: usize,
     /// Allocations made since the pool began.
     pub allocations: u64,
+    /// Large regions kept after their blocks were freed, and their bytes (part of `reserved`).
+    pub cached: usize,
+    /// Bytes of the kept large regions.
+    pub cached_bytes: u64,
+    /// Large allocations served by a kept region.
+    pub cache_hits: u64,
 }
 
 /// A region held under a write lease, at a fixed device pointer.
@@ -82,6 +94,8 @@ pub struct TensorPool {
     slabs: BTreeMap<u64, Slab>,
     /// Large regions by their device address.
     large: HashMap<u64, Held>,
+    /// Freed large regions kept for reuse, by size.
+    cache: BTreeMap<u64, Vec<Held>>,
     /// The bytes asked for by each live allocation, by its address.
     sizes: HashMap<u64, u64>,
     stats: PoolStats,
@@ -96,7 +110,15 @@ impl TensorPool {
                 "a pool needs slabs of whole pages of {ps} bytes and a power-of-two alignment: {config:?}"
             )));
         }
-        Ok(TensorPool { fabric, config, slabs: BTreeMap::new(), large: HashMap::new(), sizes: HashMap::new(), stats: PoolStats::default() })
+        Ok(TensorPool {
+            fabric,
+            config,
+            slabs: BTreeMap::new(),
+            large: HashMap::new(),
+            cache: BTreeMap::new(),
+            sizes: HashMap::new(),
+            stats: PoolStats::default(),
+        })
     }
 
     /// The pool's figures.
@@ -126,6 +148,16 @@ impl TensorPool {
         self.stats.allocated -= size;
         if let Some(held) = self.large.remove(&ptr) {
             self.stats.large -= 1;
+            let len = held.region.len;
+            // Kept within the configured bytes and a fortieth of what is allocated, so the pool holds at most
+            // 2.5% more than its blocks need for them.
+            let room = self.config.cache_bytes.min(self.stats.allocated / 40);
+            if self.stats.cached_bytes + len <= room {
+                self.cache.entry(len).or_default().push(held);
+                self.stats.cached += 1;
+                self.stats.cached_bytes += len;
+                return Ok(());
+            }
             return self.give_back(held);
         }
         let (&base, slab) = self.slabs.range_mut(..=ptr).next_back().ok_or(FabricError::Internal("a pool block outside its slabs"))?;
@@ -162,15 +194,44 @@ impl TensorPool {
 
     fn alloc_large(&mut self, size: u64) -> Result<u64, FabricError> {
         let ps = self.fabric.page_size();
-        let held = self.hold(size.div_ceil(ps) * ps)?;
+        let bytes = size.div_ceil(ps) * ps;
+        let kept = self.cache.get_mut(&bytes).and_then(Vec::pop);
+        let held = match kept {
+            Some(h) => {
+                self.stats.cached -= 1;
+                self.stats.cached_bytes -= bytes;
+                self.stats.cache_hits += 1;
+                h
+            }
+            None => self.hold(bytes)?,
+        };
         let ptr = held.ptr;
         self.large.insert(ptr, held);
         self.stats.large += 1;
         Ok(ptr)
     }
 
-    /// A region of `bytes` on the device under a write lease, in one run of frames.
+    /// A region of `bytes` on the device under a write lease, in one run of frames; when the device is full,
+    /// the kept large regions go back first and it tries again.
     fn hold(&mut self, bytes: u64) -> Result<Held, FabricError> {
+        match self.take_region(bytes) {
+            Err(FabricError::OutOfMemory { .. }) if !self.cache.is_empty() => {
+                self.drop_cache()?;
+                self.take_region(bytes)
+            }
+            other => other,
+        }
+    }
+
+    /// Gives every kept large region back.
+    fn drop_cache(&mut self) -> Result<(), FabricError> {
+        let kept: Vec<Held> = std::mem::take(&mut self.cache).into_values().flatten().collect();
+        self.stats.cached = 0;
+        self.stats.cached_bytes = 0;
+        kept.into_iter().try_for_each(|h| self.give_back(h))
+    }
+
+    fn take_region(&mut self, bytes: u64) -> Result<Held, FabricError> {
         let region = self.fabric.alloc(bytes, Placement::on(self.config.device))?;
         let lease = match self.fabric.acquire(&region, 0..bytes, self.config.device, Mode::Write) {
             Ok(l) => l,
@@ -201,8 +262,14 @@ impl TensorPool {
 
 impl Drop for TensorPool {
     fn drop(&mut self) {
-        let held: Vec<Held> =
-            self.slabs.split_off(&0).into_values().map(|s| s.held).chain(self.large.drain().map(|(_, h)| h)).collect();
+        let held: Vec<Held> = self
+            .slabs
+            .split_off(&0)
+            .into_values()
+            .map(|s| s.held)
+            .chain(self.large.drain().map(|(_, h)| h))
+            .chain(std::mem::take(&mut self.cache).into_values().flatten())
+            .collect();
         for h in held {
             if let Err(e) = self.give_back(h) {
                 tracing::warn!(error = %e, "giving a pool's region back failed");
@@ -233,6 +300,7 @@ mod tests {
         let mut cfg = PoolConfig::new(&f, g);
         cfg.slab_bytes = 1 << 20;
         cfg.large_bytes = 256 << 10;
+        cfg.cache_bytes = 0;
         let mut p = TensorPool::new(f.clone(), cfg).expect("pool");
         let small: Vec<u64> = (0..100).map(|i| p.alloc(4 + i * 100).expect("small")).collect();
         let s = p.stats();
@@ -277,5 +345,36 @@ mod tests {
         p.free(b).expect("free b");
         assert_eq!((p.stats().slabs, p.stats().reserved), (1, 1 << 20), "the second empty one goes");
         assert_eq!(p.stats().peak_reserved, 2 << 20);
+    }
+
+    #[test]
+    fn freed_large_regions_are_kept_for_the_same_size_and_given_back_when_the_device_is_full() {
+        let mut c = ClusterConfig::embedded_local();
+        c.device.backend = Backend::Emulated;
+        c.memory.page_size = ByteSize(64 << 10);
+        c.memory.gpu_budget = Some(ByteSize(512 << 20));
+        let f = Fabric::embedded(&c).expect("fabric");
+        let mut cfg = PoolConfig::new(&f, Location::Gpu(0));
+        cfg.slab_bytes = 1 << 20;
+        cfg.large_bytes = 1 << 20;
+        cfg.cache_bytes = 40 << 20;
+        let mut p = TensorPool::new(f.clone(), cfg).expect("pool");
+        // 360 MiB live: up to a fortieth of it (9 MiB) may be kept.
+        let live = p.alloc(360 << 20).expect("live");
+        let a = p.alloc(8 << 20).expect("a");
+        p.free(a).expect("free a");
+        assert_eq!((p.stats().cached, p.stats().reserved), (1, 368 << 20), "kept, still reserved");
+        let b = p.alloc((8 << 20) - 100).expect("b: the same rounded size");
+        assert_eq!((b, p.stats().cache_hits, p.stats().cached), (a, 1, 0), "the kept region, reused");
+        p.free(b).expect("free b");
+        assert_eq!(p.stats().cached, 1);
+        // 360 + 8 kept + 70 MiB is more than the arena's 435 MiB outside its headroom: the kept region goes.
+        let big = p.alloc(70 << 20).expect("room made by giving the kept region back");
+        assert_eq!((p.stats().cached, p.stats().cached_bytes), (0, 0));
+        p.free(big).expect("free big");
+        assert_eq!(p.stats().cached, 0, "more than a fortieth of what is allocated: given back");
+        p.free(live).expect("free live");
+        drop(p);
+        assert_eq!(f.stats().directory.regions, 0, "every region went back");
     }
 }
