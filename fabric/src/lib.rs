@@ -41,7 +41,7 @@ pub use config::{ClusterConfig, ConfigError};
 pub use directory::{DirectoryError, Mode, Placement, Priority};
 pub use error::{FabricError, LaunchError, NetworkError};
 pub use fabric::{Fabric, Lease, LeasePtr, LeasedPages, Region, Stats, Traffic};
-pub use pool::{PoolConfig, PoolStats, TensorPool};
+pub use pool::{PoolConfig, PoolSource, PoolStats, TensorPool};
 pub use units::ByteSize;
 pub use vfabric_allocator::{GlobalAddr, Location, NodeId, PageSize, TenantId, Tier};
 pub use vfabric_transport::{Arena, Backend, DeviceError, DeviceKind, EngineChoice, MoveError, TransferReport};

@@ -1,6 +1,7 @@
 //! A pool of one device's memory for many allocations of any size, as a tensor allocator needs: small ones
 //! packed inside slabs of pages, large ones in regions of their own, every block at a device pointer that stays
-//! put while it lives.
+//! put while it lives. The regions come from a [`PoolSource`]: the fabric in this process, or (through an
+//! attached client) the node's agent.
 //!
 //! A region takes whole pages (64 KiB to 2 MiB), so a region per tensor would hold a 2 MiB page for a 4-byte
 //! tensor. The pool instead takes regions of `slab_bytes` and hands out ranges of them (512-byte aligned,
@@ -22,6 +23,61 @@ use vfabric_allocator::{AllocError, Fit, Location, RangeAllocator};
 use crate::directory::{Mode, Placement};
 use crate::error::FabricError;
 use crate::fabric::{Fabric, Lease, LeasePtr, Region};
+use crate::proto::message::ErrorKind;
+
+/// Where a pool takes its regions: the fabric in this process, or the node's agent through an attached client
+/// (so the ranks of a node allocate from the memory their agent owns).
+pub trait PoolSource {
+    /// What holds a region's pages at their addresses.
+    type Lease;
+    /// The page size of the regions.
+    fn page_size(&self) -> u64;
+    /// A region of `bytes` on `device` under a write lease, and the device address of its first byte in this
+    /// process (its pages in one run of frames).
+    fn take(&self, bytes: u64, device: Location) -> Result<(Region, Self::Lease, u64), FabricError>;
+    /// Releases the lease and frees the region.
+    fn give_back(&self, region: Region, lease: Self::Lease) -> Result<(), FabricError>;
+}
+
+/// Whether `e` says the device is full, here or as the agent answered.
+pub fn is_out_of_memory(e: &FabricError) -> bool {
+    matches!(e, FabricError::OutOfMemory { .. } | FabricError::Remote { kind: ErrorKind::OutOfMemory, .. })
+}
+
+impl PoolSource for Fabric {
+    type Lease = Lease;
+
+    fn page_size(&self) -> u64 {
+        Fabric::page_size(self)
+    }
+
+    fn take(&self, bytes: u64, device: Location) -> Result<(Region, Lease, u64), FabricError> {
+        let region = self.alloc(bytes, Placement::on(device))?;
+        let lease = match self.acquire(&region, 0..bytes, device, Mode::Write) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = self.free(&region);
+                return Err(e);
+            }
+        };
+        match lease.ptr() {
+            LeasePtr::Contiguous { ptr, .. } => {
+                let ptr = *ptr;
+                Ok((region, lease, ptr))
+            }
+            LeasePtr::Pages(_) => {
+                let _ = self.release(lease);
+                let _ = self.free(&region);
+                Err(FabricError::OutOfMemory { location: device, needed: bytes, available: 0 })
+            }
+        }
+    }
+
+    fn give_back(&self, region: Region, lease: Lease) -> Result<(), FabricError> {
+        self.release(lease)?;
+        self.free(&region)
+    }
+}
 
 /// How a [`TensorPool`] takes memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +97,8 @@ pub struct PoolConfig {
 impl PoolConfig {
     /// Slabs of 32 MiB (or 16 pages, if more), allocations of a quarter slab or more in regions of their own,
     /// 512-byte alignment (what PyTorch's caching allocator rounds to), up to 512 MiB of freed large regions kept.
-    pub fn new(fabric: &Fabric, device: Location) -> Self {
-        let ps = fabric.page_size();
+    pub fn new(source: &impl PoolSource, device: Location) -> Self {
+        let ps = source.page_size();
         let slab_bytes = (32u64 << 20).max(16 * ps).div_ceil(ps) * ps;
         PoolConfig { device, slab_bytes, large_bytes: slab_bytes / 4, align: 512, cache_bytes: 512 << 20 }
     }
@@ -74,44 +130,44 @@ pub struct PoolStats {
 }
 
 /// A region held under a write lease, at a fixed device pointer.
-struct Held {
+struct Held<L> {
     region: Region,
-    lease: Lease,
+    lease: L,
     ptr: u64,
 }
 
-struct Slab {
-    held: Held,
+struct Slab<L> {
+    held: Held<L>,
     ranges: RangeAllocator,
 }
 
 /// One device's memory for many allocations; see the module's docs. Not thread-safe by itself: callers from
 /// several threads put it behind a lock.
-pub struct TensorPool {
-    fabric: Fabric,
+pub struct TensorPool<S: PoolSource = Fabric> {
+    source: S,
     config: PoolConfig,
     /// Slabs by their first device address.
-    slabs: BTreeMap<u64, Slab>,
+    slabs: BTreeMap<u64, Slab<S::Lease>>,
     /// Large regions by their device address.
-    large: HashMap<u64, Held>,
+    large: HashMap<u64, Held<S::Lease>>,
     /// Freed large regions kept for reuse, by size.
-    cache: BTreeMap<u64, Vec<Held>>,
+    cache: BTreeMap<u64, Vec<Held<S::Lease>>>,
     /// The bytes asked for by each live allocation, by its address.
     sizes: HashMap<u64, u64>,
     stats: PoolStats,
 }
 
-impl TensorPool {
-    /// A pool on `fabric` as `config` says; it takes no memory until the first allocation.
-    pub fn new(fabric: Fabric, config: PoolConfig) -> Result<TensorPool, FabricError> {
-        let ps = fabric.page_size();
+impl<S: PoolSource> TensorPool<S> {
+    /// A pool on `source` as `config` says; it takes no memory until the first allocation.
+    pub fn new(source: S, config: PoolConfig) -> Result<TensorPool<S>, FabricError> {
+        let ps = source.page_size();
         if config.slab_bytes == 0 || config.slab_bytes % ps != 0 || !config.align.is_power_of_two() {
             return Err(FabricError::InvalidAddress(format!(
                 "a pool needs slabs of whole pages of {ps} bytes and a power-of-two alignment: {config:?}"
             )));
         }
         Ok(TensorPool {
-            fabric,
+            source,
             config,
             slabs: BTreeMap::new(),
             large: HashMap::new(),
@@ -193,7 +249,7 @@ impl TensorPool {
     }
 
     fn alloc_large(&mut self, size: u64) -> Result<u64, FabricError> {
-        let ps = self.fabric.page_size();
+        let ps = self.source.page_size();
         let bytes = size.div_ceil(ps) * ps;
         let kept = self.cache.get_mut(&bytes).and_then(Vec::pop);
         let held = match kept {
@@ -213,9 +269,9 @@ impl TensorPool {
 
     /// A region of `bytes` on the device under a write lease, in one run of frames; when the device is full,
     /// the kept large regions go back first and it tries again.
-    fn hold(&mut self, bytes: u64) -> Result<Held, FabricError> {
+    fn hold(&mut self, bytes: u64) -> Result<Held<S::Lease>, FabricError> {
         match self.take_region(bytes) {
-            Err(FabricError::OutOfMemory { .. }) if !self.cache.is_empty() => {
+            Err(e) if is_out_of_memory(&e) && !self.cache.is_empty() => {
                 self.drop_cache()?;
                 self.take_region(bytes)
             }
@@ -225,44 +281,28 @@ impl TensorPool {
 
     /// Gives every kept large region back.
     fn drop_cache(&mut self) -> Result<(), FabricError> {
-        let kept: Vec<Held> = std::mem::take(&mut self.cache).into_values().flatten().collect();
+        let kept: Vec<Held<S::Lease>> = std::mem::take(&mut self.cache).into_values().flatten().collect();
         self.stats.cached = 0;
         self.stats.cached_bytes = 0;
         kept.into_iter().try_for_each(|h| self.give_back(h))
     }
 
-    fn take_region(&mut self, bytes: u64) -> Result<Held, FabricError> {
-        let region = self.fabric.alloc(bytes, Placement::on(self.config.device))?;
-        let lease = match self.fabric.acquire(&region, 0..bytes, self.config.device, Mode::Write) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = self.fabric.free(&region);
-                return Err(e);
-            }
-        };
-        let ptr = match lease.ptr() {
-            LeasePtr::Contiguous { ptr, .. } => *ptr,
-            LeasePtr::Pages(_) => {
-                let _ = self.fabric.release(lease);
-                let _ = self.fabric.free(&region);
-                return Err(FabricError::OutOfMemory { location: self.config.device, needed: bytes, available: 0 });
-            }
-        };
+    fn take_region(&mut self, bytes: u64) -> Result<Held<S::Lease>, FabricError> {
+        let (region, lease, ptr) = self.source.take(bytes, self.config.device)?;
         self.stats.reserved += bytes;
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
         Ok(Held { region, lease, ptr })
     }
 
-    fn give_back(&mut self, held: Held) -> Result<(), FabricError> {
+    fn give_back(&mut self, held: Held<S::Lease>) -> Result<(), FabricError> {
         self.stats.reserved -= held.region.len;
-        self.fabric.release(held.lease)?;
-        self.fabric.free(&held.region)
+        self.source.give_back(held.region, held.lease)
     }
 }
 
-impl Drop for TensorPool {
+impl<S: PoolSource> Drop for TensorPool<S> {
     fn drop(&mut self) {
-        let held: Vec<Held> = self
+        let held: Vec<Held<S::Lease>> = self
             .slabs
             .split_off(&0)
             .into_values()

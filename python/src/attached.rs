@@ -49,6 +49,10 @@ impl Backend for Attached {
         self.client.device_kind()
     }
 
+    fn attached(&self) -> Option<AttachedClient> {
+        Some(self.client.clone())
+    }
+
     fn default_device(&self) -> Location {
         let first = self.devices().into_iter().find(|d| matches!(d, Location::Gpu(_))).unwrap_or(Location::Host);
         self.client.default_device().unwrap_or(first)

@@ -58,6 +58,10 @@ pub trait Backend: Send + Sync {
     fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError>;
     /// The fabric's figures, as JSON.
     fn stats_json(&self) -> Result<String, FabricError>;
+    /// The attachment to the node's agent, for a client (the PyTorch allocator takes its regions there).
+    fn attached(&self) -> Option<vfabric::AttachedClient> {
+        None
+    }
     /// Waits until the work queued on `device` by this process (kernels reading or writing leased pages) is done.
     fn synchronize(&self, device: Location) -> Result<(), FabricError>;
 }

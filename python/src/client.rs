@@ -32,6 +32,11 @@ pub struct PyFabricBase {
 }
 
 impl PyFabricBase {
+    /// The attachment to the node's agent, for a `Client`.
+    pub fn attached(&self) -> Option<vfabric::AttachedClient> {
+        self.backend.attached()
+    }
+
     /// A base over `backend`.
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         PyFabricBase { backend }

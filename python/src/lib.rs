@@ -41,6 +41,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_function(wrap_pyfunction!(torch_alloc::_torch_allocator_start, m)?)?;
     m.add_function(wrap_pyfunction!(torch_alloc::_torch_allocator_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_alloc::_torch_allocator_attach, m)?)?;
     m.add_function(wrap_pyfunction!(client::connect, m)?)?;
     Ok(())
 }

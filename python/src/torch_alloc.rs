@@ -1,6 +1,7 @@
 //! PyTorch's CUDA allocations on the fabric: the two C functions `torch.cuda.memory.CUDAPluggableAllocator`
 //! calls (`vfabric_torch_malloc`, `vfabric_torch_free`, exported by this module's shared library), over a
-//! [`TensorPool`] per GPU of an embedded fabric that `vfabric.torch.use_as_allocator()` starts.
+//! [`TensorPool`] per GPU of an embedded fabric that `vfabric.torch.use_as_allocator()` starts, or of the node's
+//! agent that a `vfabric.Client` is attached to (`use_as_allocator(client)`).
 //!
 //! A block PyTorch frees may still be read or written by kernels it queued on the free's stream, so it is not
 //! given back to the pool at once: an event is recorded on that stream, and the block goes back once the event
@@ -13,14 +14,53 @@ use std::sync::Mutex;
 
 use cudarc::driver::{result, sys};
 use pyo3::prelude::*;
-use vfabric::{ByteSize, ClusterConfig, DeviceKind, Fabric, FabricError, Location, PoolConfig, TensorPool};
+use vfabric::{ByteSize, ClusterConfig, DeviceKind, Fabric, FabricError, Location, PoolConfig, PoolSource, PoolStats, TensorPool};
 
 use crate::errors::to_py;
 
-/// The fabric and its pools, once started.
+/// A pool per GPU over one source of regions (the embedded fabric, or the node's agent).
+struct Pools<S: PoolSource + Clone> {
+    source: S,
+    pools: HashMap<i32, TensorPool<S>>,
+}
+
+/// What the allocator needs of its pools, whatever their source.
+trait DevicePools: Send {
+    fn alloc(&mut self, device: i32, size: u64) -> Result<u64, FabricError>;
+    fn free(&mut self, device: i32, ptr: u64) -> Result<(), FabricError>;
+    fn stats(&self) -> HashMap<String, PoolStats>;
+}
+
+impl<S: PoolSource + Clone + Send> DevicePools for Pools<S>
+where
+    S::Lease: Send,
+{
+    fn alloc(&mut self, device: i32, size: u64) -> Result<u64, FabricError> {
+        if !self.pools.contains_key(&device) {
+            let gpu = u16::try_from(device).map_err(|_| FabricError::DeviceUnavailable(Location::Host))?;
+            let config = PoolConfig::new(&self.source, Location::Gpu(gpu));
+            self.pools.insert(device, TensorPool::new(self.source.clone(), config)?);
+        }
+        self.pools.get_mut(&device).ok_or(FabricError::Internal("a pool just made is gone"))?.alloc(size)
+    }
+
+    fn free(&mut self, device: i32, ptr: u64) -> Result<(), FabricError> {
+        match self.pools.get_mut(&device) {
+            Some(p) => p.free(ptr),
+            None => Err(FabricError::InvalidAddress(format!("no pool on GPU {device}"))),
+        }
+    }
+
+    fn stats(&self) -> HashMap<String, PoolStats> {
+        self.pools.iter().map(|(d, p)| (format!("gpu{d}"), p.stats())).collect()
+    }
+}
+
+/// The pools, once started.
 struct Allocator {
-    fabric: Fabric,
-    pools: HashMap<i32, TensorPool>,
+    pools: Box<dyn DevicePools>,
+    /// Whether blocks live on real GPUs (frees then wait for their streams).
+    cuda: bool,
     /// Blocks freed by PyTorch whose stream may still use them, oldest first.
     pending: VecDeque<Pending>,
     failures: u64,
@@ -43,15 +83,6 @@ fn lock() -> std::sync::MutexGuard<'static, Option<Allocator>> {
 }
 
 impl Allocator {
-    fn pool(&mut self, device: i32) -> Result<&mut TensorPool, FabricError> {
-        if !self.pools.contains_key(&device) {
-            let gpu = u16::try_from(device).map_err(|_| FabricError::DeviceUnavailable(Location::Host))?;
-            let pool = TensorPool::new(self.fabric.clone(), PoolConfig::new(&self.fabric, Location::Gpu(gpu)))?;
-            self.pools.insert(device, pool);
-        }
-        self.pools.get_mut(&device).ok_or(FabricError::Internal("a pool just made is gone"))
-    }
-
     /// Gives back the pending blocks whose streams have passed their frees; with `wait`, all of them.
     fn reclaim(&mut self, wait: bool) {
         let mut keep = VecDeque::new();
@@ -71,10 +102,8 @@ impl Allocator {
                 // SAFETY: created by `free`, destroyed once.
                 let _ = unsafe { result::event::destroy(e) };
             }
-            if let Some(pool) = self.pools.get_mut(&p.device) {
-                if let Err(e) = pool.free(p.ptr) {
-                    tracing::warn!(error = %e, "giving a freed tensor's block back failed");
-                }
+            if let Err(e) = self.pools.free(p.device, p.ptr) {
+                tracing::warn!(error = %e, "giving a freed tensor's block back failed");
             }
         }
         self.pending = keep;
@@ -93,13 +122,13 @@ pub extern "C" fn vfabric_torch_malloc(size: usize, device: i32, _stream: *mut c
         let mut guard = lock();
         let a = guard.as_mut()?;
         a.reclaim(false);
-        let first = a.pool(device).and_then(|p| p.alloc(size as u64));
+        let first = a.pools.alloc(device, size as u64);
         let ptr = match first {
             Ok(p) => Ok(p),
             // Full: wait for the blocks still in flight, then try once more.
             Err(_) if !a.pending.is_empty() => {
                 a.reclaim(true);
-                a.pool(device).and_then(|p| p.alloc(size as u64))
+                a.pools.alloc(device, size as u64)
             }
             Err(e) => Err(e),
         };
@@ -125,9 +154,9 @@ pub extern "C" fn vfabric_torch_free(ptr: *mut c_void, _size: usize, device: i32
     let _ = std::panic::catch_unwind(|| {
         let mut guard = lock();
         let Some(a) = guard.as_mut() else { return };
-        let event = match a.fabric.device_kind() {
-            DeviceKind::Emulated => None,
-            DeviceKind::Cuda => {
+        let event = match a.cuda {
+            false => None,
+            true => {
                 match result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING) {
                     // SAFETY: `stream` is PyTorch's stream of the freed block (null: the default stream), live for
                     // the call; the event was just made in the current context (PyTorch's, the GPU's primary one).
@@ -175,9 +204,25 @@ pub fn _torch_allocator_start(py: Python<'_>, config: Option<std::path::PathBuf>
             Fabric::embedded(&cfg)
         })
         .map_err(to_py)?;
-    let kind = fabric.device_kind().to_string();
-    *guard = Some(Allocator { fabric, pools: HashMap::new(), pending: VecDeque::new(), failures: 0 });
-    Ok(kind)
+    let kind = fabric.device_kind();
+    let pools = Box::new(Pools { source: fabric, pools: HashMap::new() });
+    *guard = Some(Allocator { pools, cuda: kind == DeviceKind::Cuda, pending: VecDeque::new(), failures: 0 });
+    Ok(kind.to_string())
+}
+
+/// Starts the allocator over the node's agent that `client` is attached to: its pools' regions are the agent's,
+/// leased into this process's mapping (and freed if it dies). Fails if the allocator already runs.
+#[pyfunction]
+pub fn _torch_allocator_attach(client: PyRef<'_, crate::client::PyClient>) -> PyResult<String> {
+    let mut guard = lock();
+    if guard.is_some() {
+        return Err(crate::errors::ConfigError::err("the fabric's PyTorch allocator is already in use".to_string()));
+    }
+    let attached = client.as_super().attached().ok_or(FabricError::Internal("a Client without its attachment")).map_err(to_py)?;
+    let kind = attached.device_kind();
+    let pools = Box::new(Pools { source: attached, pools: HashMap::new() });
+    *guard = Some(Allocator { pools, cuda: kind == DeviceKind::Cuda, pending: VecDeque::new(), failures: 0 });
+    Ok(kind.to_string())
 }
 
 /// The allocator's figures as JSON: per GPU its pool's, and the blocks still waiting for their streams.
@@ -187,7 +232,6 @@ pub fn _torch_allocator_stats() -> PyResult<String> {
     let Some(a) = guard.as_ref() else {
         return Ok("null".into());
     };
-    let pools: HashMap<String, _> = a.pools.iter().map(|(d, p)| (format!("gpu{d}"), p.stats())).collect();
-    let doc = serde_json::json!({ "pools": pools, "pending_frees": a.pending.len(), "failed_allocations": a.failures });
+    let doc = serde_json::json!({ "pools": a.pools.stats(), "pending_frees": a.pending.len(), "failed_allocations": a.failures });
     Ok(doc.to_string())
 }

@@ -65,6 +65,38 @@ def test_the_allocators_c_functions_pack_blocks_and_give_them_back(tmp_path):
     assert r["twice"] == "refused"
 
 
+def test_the_allocator_over_a_client_takes_the_agents_memory(tmp_path, monkeypatch):
+    cfg = tmp_path / "emulated.toml"
+    cfg.write_text('[cluster]\nname = "t"\n[device]\nbackend = "emulated"\n[memory]\npage_size = "2MiB"\n[[node]]\nname = "t"\n')
+    out = run(
+        """
+        import ctypes, json, os, sys
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", VFABRIC_CONFIG=sys.argv[1])
+        os.environ["VFABRIC_SOCKET"] = sys.argv[2]
+        import vfabric, vfabric.torch
+        from vfabric import _native
+        client = vfabric.connect()  # local rank 0: starts the agent in this process
+        assert _native._torch_allocator_attach(client) == "emulated"
+        lib = ctypes.CDLL(_native.__file__)
+        lib.vfabric_torch_malloc.restype = ctypes.c_void_p
+        lib.vfabric_torch_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.vfabric_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        blocks = [lib.vfabric_torch_malloc(1000 + i, 0, None) for i in range(20)] + [lib.vfabric_torch_malloc(12 << 20, 0, None)]
+        assert all(blocks)
+        at_agent = client.stats()["directory"]["regions"]
+        for p in blocks:
+            lib.vfabric_torch_free(p, 0, 0, None)
+        print(json.dumps({"at_agent": at_agent, "stats": vfabric.torch.memory_stats()}))
+        """,
+        str(cfg),
+        str(tmp_path / "agent.sock"),
+    )
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["at_agent"] == 2, "a slab and a large region, allocated at the agent"
+    pool = r["stats"]["pools"]["gpu0"]
+    assert (pool["slabs"], pool["allocated"], pool["allocations"]) == (1, 0, 21), pool
+
+
 def test_sizes_are_read_or_refused():
     from vfabric.torch import _bytes
 
@@ -89,10 +121,12 @@ def stats_ok(runs: dict) -> bool:
 @pytest.mark.skipif(not cuda_available(), reason="needs torch and a GPU")
 def test_a_training_loop_on_the_fabric_matches_pytorchs_own_allocator():
     runs = {}
-    for mode in ("torch", "vfabric"):
+    for mode in ("torch", "vfabric", "vfabric-client"):
         out = run(open(JOBS / "train_tiny.py").read(), mode)
         runs[mode] = json.loads(out.strip().splitlines()[-1])
     assert runs["torch"]["losses"] == pytest.approx(runs["vfabric"]["losses"], rel=1e-3), runs
+    assert runs["torch"]["losses"] == pytest.approx(runs["vfabric-client"]["losses"], rel=1e-3), runs
+    assert runs["vfabric-client"]["stats"]["failed_allocations"] == 0
     assert runs["vfabric"]["losses"][-1] < runs["vfabric"]["losses"][0], "the model learns"
     # The pool held about what PyTorch's own allocator reported as allocated at its peak.
     assert stats_ok(runs)

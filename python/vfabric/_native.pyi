@@ -295,5 +295,8 @@ def _torch_allocator_start(config: Optional[Union[str, "os.PathLike[str]"]] = No
     """Starts the embedded fabric PyTorch's allocator takes memory from (use `vfabric.torch.use_as_allocator`);
     returns its device kind."""
 
+def _torch_allocator_attach(client: Client) -> str:
+    """Starts PyTorch's allocator over the node's agent `client` is attached to; returns its device kind."""
+
 def _torch_allocator_stats() -> str:
     """The allocator's figures as JSON ("null" before it starts; use `vfabric.torch.memory_stats`)."""

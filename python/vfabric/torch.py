@@ -29,16 +29,23 @@ def _bytes(size: Union[int, str, None]) -> Optional[int]:
     return int(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
 
 
-def use_as_allocator(config: Optional[str] = None, budget: Union[int, str, None] = None) -> None:
+def use_as_allocator(
+    config: Optional[str] = None, budget: Union[int, str, None] = None, client: Optional[Any] = None
+) -> None:
     """Makes the fabric PyTorch's CUDA allocator in this process (before any CUDA tensor exists).
 
-    `config` is a cluster configuration file (default: the built-in one); `budget` the memory of each GPU the
-    fabric takes (bytes, or "20GiB"; default the configuration's). Raises `vfabric.ConfigError` when the fabric
-    is not on CUDA or already serves as the allocator, and PyTorch's error when its allocator is already in use.
+    With `client` (from `vfabric.connect()`), the memory is the node's agent's: the ranks of a node then share
+    the fabric its agent runs. Otherwise an embedded fabric starts in this process: `config` is a cluster
+    configuration file (default: the built-in one), `budget` the memory of each GPU it takes (bytes, or "20GiB";
+    default the configuration's). Raises `vfabric.ConfigError` when the fabric is not on CUDA or already serves
+    as the allocator, and PyTorch's error when its allocator is already in use.
     """
     import torch
 
-    kind = _native._torch_allocator_start(config, _bytes(budget))
+    if client is not None:
+        kind = _native._torch_allocator_attach(client)
+    else:
+        kind = _native._torch_allocator_start(config, _bytes(budget))
     if kind != "cuda":
         raise _native.ConfigError(f"the fabric runs on the {kind} device: PyTorch's CUDA allocator needs CUDA")
     allocator = torch.cuda.memory.CUDAPluggableAllocator(_native.__file__, "vfabric_torch_malloc", "vfabric_torch_free")

@@ -777,3 +777,40 @@ fn mapped_leases_reach_other_nodes_regions_through_the_clients_agent() {
         let _ = std::fs::remove_file(&path);
     });
 }
+
+#[test]
+fn a_local_clients_tensor_pool_takes_its_regions_from_the_agent() {
+    runtime().block_on(async {
+        let cfg = config(1);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let path = std::env::temp_dir().join(format!("vfabric-pool-{}.sock", std::process::id()));
+        a[0].serve_local(&path).await.expect("serve the socket");
+        let socket = path.clone();
+        let stats = tokio::task::spawn_blocking(move || {
+            let c = vfabric::AttachedClient::attach(&socket).expect("attach");
+            let mut cfg = vfabric::PoolConfig::new(&c, Location::Gpu(0));
+            cfg.slab_bytes = 2 << 20;
+            cfg.large_bytes = 1 << 20;
+            let mut pool = vfabric::TensorPool::new(c, cfg).expect("pool");
+            let small: Vec<u64> = (0..50).map(|i| pool.alloc(100 + i).expect("small")).collect();
+            let large = pool.alloc(3 << 20).expect("large");
+            let during = pool.stats();
+            for p in small {
+                pool.free(p).expect("free");
+            }
+            pool.free(large).expect("free large");
+            during
+        })
+        .await
+        .expect("the client");
+        assert_eq!((stats.slabs, stats.large), (1, 1), "{stats:?}");
+        // The pool is gone with its client: every region it took at the agent was given back.
+        assert_eq!(a[0].fabric().stats().directory.regions, 0);
+        assert_eq!(a[0].fabric().stats().directory.leases, 0);
+        for x in &a {
+            x.shutdown().await;
+        }
+        let _ = std::fs::remove_file(&path);
+    });
+}

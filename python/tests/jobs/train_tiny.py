@@ -1,7 +1,10 @@
-"""A few training steps of a small transformer, on PyTorch's own allocator (argv[1] == "torch") or on the fabric
-(argv[1] == "vfabric"); prints the losses (and the fabric's figures) as one JSON line."""
+"""A few training steps of a small transformer, on PyTorch's own allocator (argv[1] == "torch"), on an embedded
+fabric (argv[1] == "vfabric") or on the node's agent through a client (argv[1] == "vfabric-client": this process
+is local rank 0 of a one-rank job, so it starts the agent); prints the losses (and the fabric's figures) as one
+JSON line."""
 
 import json
+import os
 import sys
 
 mode = sys.argv[1]
@@ -9,6 +12,20 @@ if mode == "vfabric":
     import vfabric.torch
 
     vfabric.torch.use_as_allocator(budget="8GiB")
+elif mode == "vfabric-client":
+    import tempfile
+
+    import vfabric
+    import vfabric.torch
+
+    folder = tempfile.mkdtemp()
+    config = os.path.join(folder, "agent.toml")
+    with open(config, "w") as f:
+        f.write('[cluster]\nname = "t"\n[memory]\ngpu_budget = "8GiB"\nhost_arena = "1GiB"\n[[node]]\nname = "t"\n')
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", VFABRIC_CONFIG=config)
+    os.environ["VFABRIC_SOCKET"] = os.path.join(folder, "agent.sock")
+    client = vfabric.connect()
+    vfabric.torch.use_as_allocator(client=client)
 
 import torch
 import torch.nn as nn
@@ -28,7 +45,7 @@ for _ in range(8):
     opt.zero_grad(set_to_none=True)
     losses.append(loss.item())
 # PyTorch keeps no figures of its own for a pluggable allocator: the fabric's stand in.
-if mode == "vfabric":
+if mode != "torch":
     stats, peak = vfabric.torch.memory_stats(), None
 else:
     stats, peak = None, torch.cuda.max_memory_allocated()

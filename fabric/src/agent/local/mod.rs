@@ -6,7 +6,8 @@
 //! Two clients:
 //! - [`AttachedClient`] (`attached`, `mapped_lease`, `connection`): blocking; maps the node's arenas at attach (descriptors
 //!   passed with `SCM_RIGHTS`, [`crate::proto::mapped`]), so its leases ([`LocalLease`]) are pointers in its
-//!   own address space and no page bytes cross the socket on that path;
+//!   own address space and no page bytes cross the socket on that path; it is a `PoolSource` too
+//!   (`pool_source`), so a process's tensor pool takes its regions from the agent;
 //! - [`LocalClient`] (`client`): async; bytes through the socket as checksummed chunks
 //!   ([`crate::proto::chunk`]), for processes that do not map the node's memory.
 //!
@@ -22,6 +23,7 @@ mod host_agent;
 mod join;
 mod mapped_lease;
 mod payload;
+mod pool_source;
 mod server;
 mod session;
 mod spin;
