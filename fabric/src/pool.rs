@@ -26,17 +26,53 @@ use crate::fabric::{Fabric, Lease, LeasePtr, Region};
 use crate::proto::message::ErrorKind;
 
 /// Where a pool takes its regions: the fabric in this process, or the node's agent through an attached client
-/// (so the ranks of a node allocate from the memory their agent owns).
+/// (so the ranks of a node allocate from the memory their agent owns). A source offers the four calls below;
+/// taking a region under a write lease in one run of frames, and giving it back, are written once on top.
 pub trait PoolSource {
     /// What holds a region's pages at their addresses.
     type Lease;
     /// The page size of the regions.
     fn page_size(&self) -> u64;
+    /// A new region of `bytes` placed on `device`.
+    fn alloc_region(&self, bytes: u64, device: Location) -> Result<Region, FabricError>;
+    /// A write lease on the whole region on `device`.
+    fn lease_region(&self, region: &Region, device: Location) -> Result<Self::Lease, FabricError>;
+    /// Where the lease's pages are, in this process.
+    fn lease_ptr(lease: &Self::Lease) -> &LeasePtr;
+    /// Releases a lease.
+    fn release_lease(&self, lease: Self::Lease) -> Result<(), FabricError>;
+    /// Frees a region.
+    fn free_region(&self, region: &Region) -> Result<(), FabricError>;
+
     /// A region of `bytes` on `device` under a write lease, and the device address of its first byte in this
-    /// process (its pages in one run of frames).
-    fn take(&self, bytes: u64, device: Location) -> Result<(Region, Self::Lease, u64), FabricError>;
+    /// process (its pages in one run of frames; a device too fragmented for one is full for the pool).
+    fn take(&self, bytes: u64, device: Location) -> Result<(Region, Self::Lease, u64), FabricError> {
+        let region = self.alloc_region(bytes, device)?;
+        let lease = match self.lease_region(&region, device) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = self.free_region(&region);
+                return Err(e);
+            }
+        };
+        match Self::lease_ptr(&lease) {
+            LeasePtr::Contiguous { ptr, .. } => {
+                let ptr = *ptr;
+                Ok((region, lease, ptr))
+            }
+            LeasePtr::Pages(_) => {
+                let _ = self.release_lease(lease);
+                let _ = self.free_region(&region);
+                Err(FabricError::OutOfMemory { location: device, needed: bytes, available: 0 })
+            }
+        }
+    }
+
     /// Releases the lease and frees the region.
-    fn give_back(&self, region: Region, lease: Self::Lease) -> Result<(), FabricError>;
+    fn give_back(&self, region: Region, lease: Self::Lease) -> Result<(), FabricError> {
+        self.release_lease(lease)?;
+        self.free_region(&region)
+    }
 }
 
 /// Whether `e` says the device is full, here or as the agent answered.
@@ -51,31 +87,24 @@ impl PoolSource for Fabric {
         Fabric::page_size(self)
     }
 
-    fn take(&self, bytes: u64, device: Location) -> Result<(Region, Lease, u64), FabricError> {
-        let region = self.alloc(bytes, Placement::on(device))?;
-        let lease = match self.acquire(&region, 0..bytes, device, Mode::Write) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = self.free(&region);
-                return Err(e);
-            }
-        };
-        match lease.ptr() {
-            LeasePtr::Contiguous { ptr, .. } => {
-                let ptr = *ptr;
-                Ok((region, lease, ptr))
-            }
-            LeasePtr::Pages(_) => {
-                let _ = self.release(lease);
-                let _ = self.free(&region);
-                Err(FabricError::OutOfMemory { location: device, needed: bytes, available: 0 })
-            }
-        }
+    fn alloc_region(&self, bytes: u64, device: Location) -> Result<Region, FabricError> {
+        self.alloc(bytes, Placement::on(device))
     }
 
-    fn give_back(&self, region: Region, lease: Lease) -> Result<(), FabricError> {
-        self.release(lease)?;
-        self.free(&region)
+    fn lease_region(&self, region: &Region, device: Location) -> Result<Lease, FabricError> {
+        self.acquire(region, 0..region.len, device, Mode::Write)
+    }
+
+    fn lease_ptr(lease: &Lease) -> &LeasePtr {
+        lease.ptr()
+    }
+
+    fn release_lease(&self, lease: Lease) -> Result<(), FabricError> {
+        self.release(lease)
+    }
+
+    fn free_region(&self, region: &Region) -> Result<(), FabricError> {
+        self.free(region)
     }
 }
 

@@ -17,30 +17,23 @@ impl PoolSource for AttachedClient {
         AttachedClient::page_size(self)
     }
 
-    fn take(&self, bytes: u64, device: Location) -> Result<(Region, LocalLease, u64), FabricError> {
-        let region = self.alloc(bytes, &AllocOptions { device: Some(device), ..AllocOptions::default() })?;
-        let lease = match self.acquire(&region, 0..bytes, device, Mode::Write) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = self.free(&region);
-                return Err(e);
-            }
-        };
-        match lease.ptr() {
-            LeasePtr::Contiguous { ptr, .. } => {
-                let ptr = *ptr;
-                Ok((region, lease, ptr))
-            }
-            LeasePtr::Pages(_) => {
-                let _ = self.release(lease);
-                let _ = self.free(&region);
-                Err(FabricError::OutOfMemory { location: device, needed: bytes, available: 0 })
-            }
-        }
+    fn alloc_region(&self, bytes: u64, device: Location) -> Result<Region, FabricError> {
+        self.alloc(bytes, &AllocOptions { device: Some(device), ..AllocOptions::default() })
     }
 
-    fn give_back(&self, region: Region, lease: LocalLease) -> Result<(), FabricError> {
-        self.release(lease)?;
-        self.free(&region)
+    fn lease_region(&self, region: &Region, device: Location) -> Result<LocalLease, FabricError> {
+        self.acquire(region, 0..region.len, device, Mode::Write)
+    }
+
+    fn lease_ptr(lease: &LocalLease) -> &LeasePtr {
+        lease.ptr()
+    }
+
+    fn release_lease(&self, lease: LocalLease) -> Result<(), FabricError> {
+        self.release(lease)
+    }
+
+    fn free_region(&self, region: &Region) -> Result<(), FabricError> {
+        self.free(region)
     }
 }
