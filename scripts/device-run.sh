@@ -13,7 +13,7 @@
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine ptx tests procs python info demo torch nccl migrate
-#                        pager local trace remote
+#                        pager local trace train remote
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -25,7 +25,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine ptx tests procs python info demo torch nccl migrate pager local trace remote}
+STEPS=${VFABRIC_STEPS:-machine ptx tests procs python info demo torch nccl migrate pager local trace train remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the info, demo, migrate and pager steps
 summary=()
 
@@ -71,10 +71,12 @@ step tests "$B/gpu-tests" --test-threads=1
 # Local clients in processes of their own on the GPU (the test binary runs itself again as the clients).
 step procs "$B/local-tests" --test-threads=1
 # The Python package from its wheel, with its tests (CUDA tensors through DLPack among them).
+wheel() {
+    [ -d "$W/py/vfabric" ] || python3 -m pip install --quiet --no-deps --no-index --target "$W/py" "$B"/wheels/*.whl
+}
 python_tests() {
-    local py="$W/py"
-    python3 -m pip install --quiet --no-deps --no-index --target "$py" "$B"/wheels/*.whl || return 1
-    PYTHONPATH="$py" python3 -m pytest -q -rs python/tests
+    wheel || return 1
+    PYTHONPATH="$W/py" python3 -m pytest -q -rs python/tests
 }
 step python python_tests
 step info "$B/vfabric" info --config "$CONFIG"
@@ -103,6 +105,14 @@ traces() {
     return $rc
 }
 step trace traces
+# The training benchmark (bench/scripts/train_bench.sh; VFABRIC_TRAIN_RUNS picks runs, VFABRIC_TRAIN_BUDGET_S
+# bounds them).
+train() {
+    wheel || return 1
+    PYTHONPATH="$W/py" OUT="$OUT" RUNS="${VFABRIC_TRAIN_RUNS:-}" BUDGET_S="${VFABRIC_TRAIN_BUDGET_S:-540}" \
+        bash bench/scripts/train_bench.sh
+}
+step train train
 # Two agents, one per GPU, QUIC on loopback: GPU -> host -> QUIC -> host -> GPU.
 # shellcheck disable=SC2086
 # On a one-GPU machine: VFABRIC_REMOTE_CONFIG=cluster-configs/h200x1-agents.toml VFABRIC_REMOTE_HOME=gpu0.

@@ -3,7 +3,7 @@
 //! token per frame) and some stages failing, checked against a plain reference model. Acquires that walk a
 //! region in order leave a prefetch in flight across the operations that follow, its copies made either when it
 //! starts or when it is settled (both are what a device may do), so an operation that disturbs its pages
-//! without waiting for it shows up as wrong bytes. Checked:
+//! without waiting for it shows up as wrong bytes; a caller's prefetch and write-back hints do the same. Checked:
 //! - every read (host read, or the bytes under a lease) sees the last released write;
 //! - no page is lost (every page of every live region reads back right after every operation);
 //! - no leased page is ever moved or evicted (a lease's frames keep its bytes until it is released);
@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use proptest::prelude::*;
 use vfabric::directory::{
     AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseGrant, Mode, Placement, ReadSource, RegionHandle,
-    Stage, StageKind, Step, PREFETCH_DEPTH,
+    Stage, StageKind, Step, HINT_DEPTH, PREFETCH_DEPTH,
 };
 use vfabric_allocator::PageSize;
 use vfabric_transport::Location;
@@ -68,6 +68,14 @@ enum Op {
         device: usize,
         steps: u32,
     },
+    /// A caller's hint: prefetch a range to a GPU, or write back what only that GPU holds of it.
+    Hint {
+        region: usize,
+        page: u32,
+        pages: u32,
+        device: usize,
+        write_back: bool,
+    },
     /// The prefetch in flight completes.
     Settle,
 }
@@ -85,6 +93,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..2, 1u32..6).prop_map(|(device, frames)| Op::Compact { device, frames }),
         2 => (0usize..8, 0u32..6, 1u32..3, 0usize..2, 2u32..6)
             .prop_map(|(region, page, pages, device, steps)| Op::Walk { region, page, pages, device, steps }),
+        2 => (0usize..8, 0u32..6, 1u32..4, 0usize..2, any::<bool>())
+            .prop_map(|(region, page, pages, device, write_back)| Op::Hint { region, page, pages, device, write_back }),
         1 => Just(Op::Settle),
     ]
 }
@@ -127,6 +137,8 @@ struct Sim {
     prefetch: VecDeque<(Stage, bool, bool)>,
     /// Fetch stages run (an acquire's own), and pages prefetched.
     fetches: u64,
+    /// Pages copied by eviction stages (the only copy of a page going to host memory).
+    evicted: u64,
     prefetched: u64,
 }
 
@@ -142,6 +154,9 @@ impl Sim {
         self.copy(&stage, fail);
         if stage.kind == StageKind::Fetch {
             self.fetches += 1;
+        }
+        if stage.kind == StageKind::Evict {
+            self.evicted += stage.pages() as u64;
         }
         if fail {
             self.dir.abort(stage);
@@ -179,13 +194,7 @@ impl Sim {
             match self.drive(|d| d.step_prefetch(h, device)) {
                 Ok(Some(stage)) => {
                     assert!(self.prefetch.len() < PREFETCH_DEPTH, "more prefetches in flight than allowed");
-                    let fail = self.next_fails();
-                    let late = self.stages % 2 == 0;
-                    self.prefetched += stage.pages() as u64;
-                    if !late {
-                        self.copy(&stage, fail);
-                    }
-                    self.prefetch.push_back((stage, fail, late));
+                    self.start(stage);
                 }
                 Ok(None) | Err(SimError::Dir(DirectoryError::OutOfMemory { .. })) => return,
                 Err(SimError::CopyFailed) => return,
@@ -194,9 +203,46 @@ impl Sim {
         }
     }
 
-    /// The oldest prefetch in flight completes (or fails).
+    /// Starts a stage that stays in flight: its copies are made now or when it settles, and may fail.
+    fn start(&mut self, stage: Stage) {
+        let fail = self.next_fails();
+        let late = self.stages % 2 == 0;
+        self.prefetched += stage.pages() as u64;
+        if !late {
+            self.copy(&stage, fail);
+        }
+        self.prefetch.push_back((stage, fail, late));
+    }
+
+    /// A caller's prefetch or write-back hint on pages `page..page + pages` (clipped to the region).
+    fn hint(&mut self, h: RegionHandle, page: u32, pages: u32, device: usize, write_back: bool) {
+        let n = (h.len / PAGE) as u32;
+        let (page, pages) = (page % n, pages.min(n - page % n));
+        let (at, len, loc) = (u64::from(page) * PAGE, u64::from(pages) * PAGE, DEVICES[device].0);
+        let step = if write_back {
+            self.drive(|d| d.step_write_back(&h, at, len, loc))
+        } else {
+            self.drive(|d| d.step_prefetch_range(&h, at, len, loc))
+        };
+        match step {
+            Ok(Some(stage)) => {
+                assert!(self.prefetch.len() < HINT_DEPTH, "more stages in flight than allowed");
+                assert_eq!(stage.kind, if write_back { StageKind::WriteBack } else { StageKind::Prefetch });
+                self.start(stage);
+            }
+            Ok(None) | Err(SimError::Dir(DirectoryError::OutOfMemory { .. })) | Err(SimError::CopyFailed) => {}
+            Err(e) => panic!("hint: {e}"),
+        }
+    }
+
+    /// A stage in flight completes (or fails): not always the oldest, as the fabric commits whichever lands
+    /// first.
     fn settle(&mut self) {
-        let Some((stage, fail, late)) = self.prefetch.pop_front() else { return };
+        if self.prefetch.is_empty() {
+            return;
+        }
+        let i = (self.stages as usize * 7 + self.next_token as usize) % self.prefetch.len();
+        let Some((stage, fail, late)) = self.prefetch.remove(i) else { return };
         if late {
             self.copy(&stage, fail);
         }
@@ -320,6 +366,10 @@ impl Sim {
                         self.dir.release(grant.id).expect("release");
                     }
                 }
+            }
+            Op::Hint { region, page, pages, device, write_back } => {
+                let Some(i) = pick(region, self.regions.len()) else { return };
+                self.hint(self.regions[i], page, pages, device, write_back);
             }
             Op::Settle => self.settle(),
             Op::Release { lease } => {
@@ -457,6 +507,7 @@ fn sim_with(fail_every: u64, high: u8, low: u8) -> Sim {
         fail_every,
         prefetch: VecDeque::new(),
         fetches: 0,
+        evicted: 0,
         prefetched: 0,
     }
 }
@@ -721,4 +772,41 @@ fn prefetch_moves_scattered_pages_into_runs() {
         s.settle();
         s.check(&Settle);
     }
+}
+
+#[test]
+fn written_back_pages_leave_a_full_gpu_without_a_copy() {
+    let mut s = sim(0);
+    s.apply(&Op::Alloc { pages: 4, device: 0 });
+    s.apply(&Op::Acquire { region: 0, page: 0, pages: 4, device: 0, write: true });
+    s.apply(&Op::Release { lease: 0 });
+    let h = s.regions[0];
+    assert!(s.dir.region(&h).unwrap().pages.iter().all(|p| p.dirty()), "written on the GPU: its only copy");
+    // A write-back of the whole region: one stage in flight, the GPU copies pinned meanwhile.
+    s.apply(&Op::Hint { region: 0, page: 0, pages: 4, device: 0, write_back: true });
+    assert_eq!(s.prefetch.len(), 1);
+    assert_eq!((s.prefetch[0].0.kind, s.prefetch[0].0.pages()), (StageKind::WriteBack, 4));
+    s.check(&Op::Settle);
+    // An acquire of the pages waits for it, and finds them in place, with a host copy beside each.
+    s.apply(&Op::Acquire { region: 0, page: 0, pages: 4, device: 0, write: false });
+    assert!(s.prefetch.is_empty());
+    s.apply(&Op::Release { lease: 0 });
+    assert!(s.dir.region(&h).unwrap().pages.iter().all(|p| p.copies().count() == 2 && !p.dirty()));
+    // Nothing left to write back.
+    s.apply(&Op::Hint { region: 0, page: 0, pages: 4, device: 0, write_back: true });
+    assert!(s.prefetch.is_empty());
+    // Another region fills GPU 0: region 0's pages leave it by dropping the GPU copies, no copy made.
+    s.apply(&Op::Alloc { pages: 7, device: 0 });
+    s.apply(&Op::Acquire { region: 1, page: 0, pages: 7, device: 0, write: true });
+    assert_eq!(s.leases.len(), 1, "the acquire was granted");
+    assert_eq!(s.evicted, 0, "written-back pages are dropped, not copied");
+    s.check(&Op::Settle);
+    // Then a range prefetch brings region 0 back to GPU 1 in one stage, and the acquire finds it in one run.
+    s.apply(&Op::Hint { region: 0, page: 0, pages: 4, device: 1, write_back: false });
+    assert_eq!((s.prefetch[0].0.kind, s.prefetch[0].0.pages()), (StageKind::Prefetch, 4));
+    let fetches = s.fetches;
+    s.apply(&Op::Acquire { region: 0, page: 0, pages: 4, device: 1, write: false });
+    assert_eq!(s.fetches, fetches, "no fetch of its own");
+    assert!(matches!(s.leases[1].0.frames, vfabric::directory::LeaseFrames::Run { len: 4, .. }));
+    s.check(&Op::Settle);
 }

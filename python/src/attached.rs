@@ -91,6 +91,10 @@ impl Backend for Attached {
         self.client.prefetch(region, range, device)
     }
 
+    fn write_back(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
+        self.client.write_back(region, range, device)
+    }
+
     fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {
         self.client.migrate(region, device)
     }

@@ -54,6 +54,9 @@ pub trait Backend: Send + Sync {
     ) -> Result<Box<dyn HeldLease>, FabricError>;
     /// Brings the pages covering `range` to `device` ahead of their use.
     fn prefetch(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError>;
+    /// Starts copying the pages of `range` that only `device` holds to host memory, so that evicting them later
+    /// costs no copy.
+    fn write_back(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError>;
     /// Moves a region to `device`.
     fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError>;
     /// The fabric's figures, as JSON.

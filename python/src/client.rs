@@ -144,13 +144,25 @@ impl PyFabricBase {
         Ok(PyLease::new(Arc::clone(&self.backend), lease, region, offset, length))
     }
 
-    /// Brings bytes `offset .. offset + length` of the region to `device` ahead of their use.
+    /// Starts bringing bytes `offset .. offset + length` of the region to `device` ahead of their use, and
+    /// returns: an acquire of them there later finds them in place (or waits for the copies still running).
     fn prefetch(&self, py: Python<'_>, region: PyRegion, offset: i64, length: i64, device: &str) -> PyResult<()> {
         let offset = args::non_negative(offset, "offset")?;
         let length = args::non_negative(length, "length")?;
         check_range(&region.region, offset, length)?;
         let location = args::location(device)?;
         py.detach(|| self.backend.prefetch(&region.region, offset..offset + length, location)).map_err(to_py)
+    }
+
+    /// Starts copying the pages of bytes `offset .. offset + length` that only `device` holds (written there
+    /// under a write lease) to host memory, and returns: evicting them from `device` later is then a drop, not
+    /// a copy in someone's acquire. Call it after releasing the lease that wrote them.
+    fn write_back(&self, py: Python<'_>, region: PyRegion, offset: i64, length: i64, device: &str) -> PyResult<()> {
+        let offset = args::non_negative(offset, "offset")?;
+        let length = args::non_negative(length, "length")?;
+        check_range(&region.region, offset, length)?;
+        let location = args::location(device)?;
+        py.detach(|| self.backend.write_back(&region.region, offset..offset + length, location)).map_err(to_py)
     }
 
     /// Moves the region to `device`: new pages go there, and its pages on other GPUs move there. Refused while
@@ -268,7 +280,10 @@ pub fn connect(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Py<PyClient>
     let attached = py.detach(|| Attached::join(socket)).map_err(to_py)?;
     let (node, hosts_agent) = (attached.node(), attached.hosts_agent());
     let default_device = args::location_name(attached.default_device());
-    let init = PyClassInitializer::from(PyFabricBase::new(Arc::new(attached)))
-        .add_subclass(PyClient { node, default_device, hosts_agent });
+    let init = PyClassInitializer::from(PyFabricBase::new(Arc::new(attached))).add_subclass(PyClient {
+        node,
+        default_device,
+        hosts_agent,
+    });
     Py::new(py, init)
 }

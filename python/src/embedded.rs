@@ -68,8 +68,11 @@ impl Backend for Embedded {
     /// The embedded fabric prefetches on its own when acquires walk a region in order; asked for a range, it
     /// brings the pages there as a read lease would, and lets them go (they stay on the device until evicted).
     fn prefetch(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
-        let lease = self.fabric.acquire(region, range, device, Mode::Read)?;
-        self.fabric.release(lease)
+        self.fabric.prefetch(region, range, device)
+    }
+
+    fn write_back(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
+        self.fabric.write_back(region, range, device)
     }
 
     fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {

@@ -101,9 +101,12 @@ impl PyLease {
     /// Releases the lease: a write lease's changes become the region's bytes, and its pages may move again.
     ///
     /// Raises `LeaseInUse` (and keeps the lease) while arrays or tensors made from it are alive, and
-    /// `UnknownLease` if it was already released. On a GPU, waits first for the work queued there.
-    fn release(&self, py: Python<'_>) -> PyResult<()> {
-        match py.detach(|| self.state.release()) {
+    /// `UnknownLease` if it was already released. On a GPU, waits first for the work queued there, unless
+    /// `wait=False`: then the caller vouches that no queued work uses its pages any more (it waited for a CUDA
+    /// event recorded after the last kernel that did), and the GPU's other queued work goes on undisturbed.
+    #[pyo3(signature = (wait=true))]
+    fn release(&self, py: Python<'_>, wait: bool) -> PyResult<()> {
+        match py.detach(|| self.state.release(wait)) {
             Ok(()) => Ok(()),
             Err(ReleaseError::Released) => Err(UnknownLease::err("the lease was already released")),
             Err(ReleaseError::InUse(n)) => Err(LeaseInUse::err(format!(
@@ -127,7 +130,7 @@ impl PyLease {
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         if self.state.is_held() {
-            self.release(py)?;
+            self.release(py, true)?;
         }
         Ok(false)
     }

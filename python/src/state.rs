@@ -72,8 +72,9 @@ impl LeaseState {
         self.held().lease.is_some()
     }
 
-    /// Releases the lease unless tensors made from it are alive. Blocks (call it without the GIL).
-    pub fn release(&self) -> Result<(), ReleaseError> {
+    /// Releases the lease unless tensors made from it are alive, first waiting for the work queued on its
+    /// device when `wait` (the caller otherwise knows that work is done). Blocks (call it without the GIL).
+    pub fn release(&self, wait: bool) -> Result<(), ReleaseError> {
         let lease = {
             let mut held = self.held();
             if held.views > 0 {
@@ -82,7 +83,7 @@ impl LeaseState {
             held.lease.take().ok_or(ReleaseError::Released)?
         };
         // No tensor can be made from it any more (it is taken); kernels queued on its pages finish first.
-        if let Err(e) = self.backend.synchronize(lease.device()) {
+        if let Err(e) = if wait { self.backend.synchronize(lease.device()) } else { Ok(()) } {
             self.held().lease = Some(lease);
             return Err(ReleaseError::Fabric(e));
         }

@@ -170,8 +170,10 @@ class Lease:
     Arrays made from a lease must be deleted before it is released.
     """
 
-    def release(self) -> None:
-        """Releases the lease. Raises `LeaseInUse` (keeping it) while arrays made from it are alive."""
+    def release(self, wait: bool = True) -> None:
+        """Releases the lease. Raises `LeaseInUse` (keeping it) while arrays made from it are alive. On a GPU it
+        first waits for the work queued there, unless `wait=False` (the caller waited for an event recorded
+        after the last kernel that used the pages)."""
     def __enter__(self) -> "Lease": ...
     def __exit__(
         self,
@@ -249,7 +251,10 @@ class FabricBase:
         """Leases bytes `offset .. offset + length` (default: to the end) of the region on `device` (default: this
         process's GPU: a rank's local GPU under a launcher, else the first GPU)."""
     def prefetch(self, region: Region, offset: int, length: int, device: _Device) -> None:
-        """Brings bytes `offset .. offset + length` of the region to `device` ahead of their use."""
+        """Starts bringing bytes `offset .. offset + length` of the region to `device` ahead of their use."""
+    def write_back(self, region: Region, offset: int, length: int, device: _Device) -> None:
+        """Starts copying the pages of the range that only `device` holds to host memory, so that evicting
+        them later costs no copy (call it after releasing the lease that wrote them)."""
     def migrate(self, region: Region, device: _Device) -> None:
         """Moves the region to `device` (refused while any of its pages is leased)."""
     def stats(self) -> Dict[str, Any]:

@@ -1,4 +1,19 @@
-"""PyTorch on the fabric.
+"""PyTorch on the fabric, two ways.
+
+`stream()` puts the parameters, gradients and AdamW states of a model's layers in fabric regions and streams them
+through the GPU: each layer's weights come to the GPU just before it runs (the next layers' already on their way),
+its optimizer step runs on the GPU right after its backward, and its states go back to host memory while the next
+layers compute. The model stays as it is; the training loop changes in a few lines:
+
+    fabric = vfabric.Fabric("cluster.toml")              # its GPU budget bounds what the layers take
+    layers = vfabric.torch.stream(model.blocks, fabric, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = torch.optim.AdamW(layers.other_parameters(model), lr=3e-4, fused=True)  # embeddings, head
+    for batch in data:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(batch)
+        loss.backward()                                   # the streamed layers step here
+        opt.step()
+        opt.zero_grad()
 
 `use_as_allocator()` makes the fabric PyTorch's CUDA allocator for this process: an unchanged training loop then
 allocates every CUDA tensor from the fabric's tensor pools (small tensors packed inside pages, large ones in
@@ -13,7 +28,7 @@ anything allocates CUDA memory:
 
 import json
 import re
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from vfabric import _native
 
@@ -57,3 +72,47 @@ def memory_stats() -> Optional[Dict[str, Any]]:
     regions, allocations), the blocks freed by PyTorch still waiting for their streams, failed allocations.
     None before `use_as_allocator()`."""
     return json.loads(_native._torch_allocator_stats())
+
+
+def stream(
+    layers: Any,
+    fabric: Any = None,
+    device: Optional[str] = None,
+    lr: float = 1e-3,
+    betas: Tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    compute_dtype: Any = None,
+    lookahead: int = 2,
+    host_layers: int = 0,
+) -> Any:
+    """Streams `layers` (an iterable of modules, e.g. a model's `nn.ModuleList` of blocks, run in order) through
+    the GPU `device` of `fabric` (default: a new embedded fabric, and its first GPU), with AdamW (`lr`, `betas`,
+    `eps`, `weight_decay`, as `torch.optim.AdamW`) run on each layer right after its backward. Each layer's
+    parameters move into the fabric (their modules keep placeholders); its matrices compute in `compute_dtype`
+    (default bfloat16), its vectors in float32. A layer's first argument is its input; only layer inputs are
+    kept for the backward pass, which recomputes each layer. The last `host_layers` layers (those the backward
+    pass reaches first) take their AdamW step on the CPU beside the GPU, their states kept in host memory: the
+    GPU's link then carries a fifth of their bytes. Returns the `StreamedLayers`: set `accumulating` for the
+    micro-batches of a step but the last, and give `other_parameters(model)` to your own optimizer."""
+    import torch
+
+    import vfabric
+    from vfabric._torch_stream import StreamedLayers
+
+    streamed = StreamedLayers(
+        fabric if fabric is not None else vfabric.Fabric(),
+        device,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        compute_dtype=compute_dtype if compute_dtype is not None else torch.bfloat16,
+        lookahead=lookahead,
+    )
+    layers = list(layers)
+    if not 0 <= host_layers <= len(layers):
+        raise ValueError(f"host_layers must be between 0 and the {len(layers)} layers")
+    for i, layer in enumerate(layers):
+        streamed.adopt(layer, on_host=i >= len(layers) - host_layers)
+    return streamed

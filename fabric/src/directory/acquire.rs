@@ -54,10 +54,6 @@ impl Directory {
                 }
             }
         }
-        if req.mode == Mode::Write && !self.in_flight.is_empty() {
-            // A write lease drops the other copies, one of which may be the prefetch's source.
-            return Ok(Step::Wait);
-        }
         let total = self.devs[usize::from(dev)].frames.frames();
         if n > total {
             return Err(DirectoryError::OutOfMemory {
@@ -74,7 +70,8 @@ impl Directory {
             req.contiguous = false;
         }
         if self.in_flight.iter().any(|f| f.slot == slot && f.pages.start < first + n && first < f.pages.end) {
-            // Pages of the request are on their way, or moving into a run: their frames change at commit.
+            // Pages of the request are on their way, moving into a run, or being written back: their frames
+            // change at commit, and a write lease would drop the copies the stage reads.
             return Ok(Step::Wait);
         }
         let all_here = cur.iter().all(Option::is_some);

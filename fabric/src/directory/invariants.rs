@@ -42,7 +42,10 @@ impl Directory {
                         return Err(broken(format!("frame {:?} does not point back to {page:?}", (c.dev, c.frame))));
                     }
                     if d.frames.state(c.frame) == Some(FrameState::Free) {
-                        return Err(broken(format!("frame {:?} of {page:?} is free in the allocator", (c.dev, c.frame))));
+                        return Err(broken(format!(
+                            "frame {:?} of {page:?} is free in the allocator",
+                            (c.dev, c.frame)
+                        )));
                     }
                     let pinned = d.frames.lease_count(c.frame) > 0;
                     if pinned == d.lru.contains(c.frame) {
@@ -61,8 +64,11 @@ impl Directory {
             let Some(r) = self.regions.get(f.slot as usize).and_then(|r| r.as_ref()) else {
                 return Err(broken(format!("a prefetch is in flight for freed region slot {}", f.slot)));
             };
+            let pinned = |c: Copy| self.devs[usize::from(c.dev)].frames.lease_count(c.frame) > 0;
+            if let Some(c) = f.sources.iter().find(|c| !pinned(**c)) {
+                return Err(broken(format!("frame {:?} read by a stage in flight is not pinned", (c.dev, c.frame))));
+            }
             for &(page, new, old) in &f.moves {
-                let pinned = |c: Copy| self.devs[usize::from(c.dev)].frames.lease_count(c.frame) > 0;
                 if !pinned(new) || old.is_some_and(|o| !pinned(o)) {
                     return Err(broken(format!("page {page}'s frames in flight are not pinned")));
                 }
@@ -70,7 +76,10 @@ impl Directory {
                     return Err(broken(format!("a prefetch is in flight for page {page} past its region's end")));
                 };
                 if p.copy_on(new.dev) != old || self.devs[usize::from(new.dev)].users[new.frame as usize].is_some() {
-                    return Err(broken(format!("prefetch of page {page} into frame {:?} collides with a copy", new.frame)));
+                    return Err(broken(format!(
+                        "prefetch of page {page} into frame {:?} collides with a copy",
+                        new.frame
+                    )));
                 }
             }
         }
@@ -97,7 +106,10 @@ impl Directory {
             for (f, u) in d.users.iter().enumerate() {
                 if let Some(p) = u {
                     if !seen.contains_key(&(di as DevIdx, f as u32)) {
-                        return Err(broken(format!("{}: frame {f} points to {p:?}, which has no copy there", d.location)));
+                        return Err(broken(format!(
+                            "{}: frame {f} points to {p:?}, which has no copy there",
+                            d.location
+                        )));
                     }
                 }
             }

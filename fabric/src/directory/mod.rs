@@ -23,7 +23,8 @@
 //! - `alloc`: allocating, freeing and looking up regions, checking ranges;
 //! - `residency`: taking, freeing and pinning frames, the eviction order (`lru`);
 //! - `evict`: watermarks and eviction stages;
-//! - `acquire`, `prefetch`, `host_io`, `migrate`, `compact`: the calls that plan stages;
+//! - `acquire`, `prefetch`, `hints`, `host_io`, `migrate`, `compact`: the calls that plan stages (`hints`: a
+//!   caller's own prefetches and write-backs);
 //! - `commit`: committing or aborting a stage;
 //! - `stats`, `invariants`: figures, and the consistency checks tests run;
 //! - `error`: [`DirectoryError`].
@@ -35,6 +36,7 @@ mod compact;
 mod config;
 mod error;
 mod evict;
+mod hints;
 mod host_io;
 mod invariants;
 mod lease;
@@ -51,6 +53,7 @@ mod stats;
 pub use acquire::AcquireRequest;
 pub use config::DirectoryConfig;
 pub use error::{DirectoryError, LeaseHeld};
+pub use hints::HINT_DEPTH;
 pub use host_io::{ReadPiece, ReadSource, WriteTarget};
 pub use invariants::InvariantError;
 pub use lease::{LeaseFrames, LeaseGrant, Mode};

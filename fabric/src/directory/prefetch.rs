@@ -1,10 +1,12 @@
 //! Prefetch: keeping a walk of a region in order ahead of itself, with at most [`PREFETCH_DEPTH`] stages in
 //! flight across later calls.
 
+use std::ops::Range;
+
 use vfabric_allocator::{AllocClass, Location};
 
 use super::error::DirectoryError;
-use super::page::{Copy, PageRef};
+use super::page::{Copy, DevIdx, PageRef};
 use super::region::RegionHandle;
 use super::stage::{Stage, StageKind, Step, Update};
 use super::state::{Directory, InFlight};
@@ -45,7 +47,6 @@ impl Directory {
         // Walks of one page a step take pages wherever they are; longer steps want each chunk in one run, so
         // pages already here but elsewhere move into the chunk's run with the rest.
         let runs = st.len > 1;
-        let frames = &self.devs[usize::from(dev)].frames;
         let in_flight = |i: u32| self.in_flight.iter().any(|f| f.slot == slot && f.pages.contains(&i));
         let in_place = |from: u32, to: u32| {
             let here: Vec<Option<u32>> =
@@ -66,6 +67,23 @@ impl Directory {
             }
             from = to;
         };
+        self.prefetch_chunk(slot, dev, from..to, runs, st.next..end)
+    }
+
+    /// Plans copying pages `pages` of region `slot` to `dev` ahead of use (into one run of frames when `runs`),
+    /// as a [`StageKind::Prefetch`] stage recorded in flight; `Stage` first when room must be made (never by
+    /// evicting pages of `keep`), `Done(None)` when nothing needs to come or no frames can be had.
+    pub(super) fn prefetch_chunk(
+        &mut self,
+        slot: u32,
+        dev: DevIdx,
+        pages: Range<u32>,
+        runs: bool,
+        keep: Range<u32>,
+    ) -> Result<Step<Option<Stage>>, DirectoryError> {
+        let (from, to) = (pages.start, pages.end);
+        let Some(r) = self.regions.get(slot as usize).and_then(|r| r.as_ref()) else { return Ok(Step::Done(None)) };
+        let frames = &self.devs[usize::from(dev)].frames;
         // The pages to copy, in order, up to one that cannot come (leased for writing, pinned where it is, or
         // never written).
         let mut wanted: Vec<(PageRef, Option<Copy>, Copy)> = Vec::new();
@@ -98,8 +116,7 @@ impl Directory {
         }
         if evict > 0 {
             // The walk's own pages ahead stay; those behind it are the least recently used anyway.
-            let (lo, hi) = (st.next, end);
-            let keep = |p: PageRef| p.slot == slot && p.page >= lo && p.page < hi;
+            let keep = |p: PageRef| p.slot == slot && keep.contains(&p.page);
             let stage = self.plan_evict(dev, evict, &keep)?;
             if !stage.updates.is_empty() {
                 return Ok(Step::Stage(stage));
@@ -141,7 +158,7 @@ impl Directory {
                 self.pin(old);
             }
         }
-        self.in_flight.push_back(InFlight { slot, pages: from..to, moves });
+        self.in_flight.push_back(InFlight { slot, pages: from..to, moves, sources: Vec::new() });
         Ok(Step::Done(Some(stage)))
     }
 
@@ -152,7 +169,7 @@ impl Directory {
 
     /// Drops the record of a prefetch stage that is being committed or aborted.
     pub(super) fn forget_in_flight(&mut self, stage: &Stage) {
-        if stage.kind != StageKind::Prefetch {
+        if !matches!(stage.kind, StageKind::Prefetch | StageKind::WriteBack) {
             return;
         }
         let first = stage.taken.first().copied();
@@ -163,6 +180,9 @@ impl Directory {
                     if let Some(old) = old {
                         self.unpin(old);
                     }
+                }
+                for c in f.sources {
+                    self.unpin(c);
                 }
             }
         }

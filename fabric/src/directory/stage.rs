@@ -32,6 +32,9 @@ pub enum StageKind {
     /// Pages a walk in order will want next, copied to its device while the caller works: the stage stays in
     /// flight across later calls (see [`Directory::step_prefetch`](super::state::Directory::step_prefetch)).
     Prefetch,
+    /// Copies of pages that exist only on a GPU, written to host memory while the caller works so that evicting
+    /// them later costs nothing (see [`Directory::step_write_back`](super::state::Directory::step_write_back)).
+    WriteBack,
 }
 
 /// Copies the directory needs before it can go on: the caller performs every batch and zero-fill, then calls

@@ -29,7 +29,7 @@ impl DeviceState {
     }
 }
 
-/// A prefetch stage in flight. Every frame it names is pinned until it commits or aborts, so that no
+/// A stage in flight across later calls: a prefetch or a write-back. Every frame it names is pinned until it commits or aborts, so that no
 /// compaction moves them: the frames it took (no page points to them yet) and the copies it moves into them.
 #[derive(Debug, Clone)]
 pub(super) struct InFlight {
@@ -39,6 +39,8 @@ pub(super) struct InFlight {
     /// Per page copied: the page, the frame it took, and the page's copy on the device that moves there (into
     /// the run), if it had one.
     pub(super) moves: Vec<(u32, Copy, Option<Copy>)>,
+    /// Copies the stage reads that must stay where they are until it lands (a write-back's device copies).
+    pub(super) sources: Vec<Copy>,
 }
 
 /// The directory of one node.
@@ -53,7 +55,7 @@ pub struct Directory {
     pub(super) quotas: QuotaBook,
     pub(super) leases: HashMap<u64, LeaseRecord>,
     pub(super) next_lease: u64,
-    /// Prefetch stages in flight, oldest first (at most `PREFETCH_DEPTH`: see `prefetch.rs`).
+    /// Stages in flight across calls, oldest first: prefetches (`prefetch.rs`) and write-backs (`hints.rs`).
     pub(super) in_flight: VecDeque<InFlight>,
 }
 

@@ -281,17 +281,13 @@ impl Fabric {
         device: Location,
         mode: Mode,
     ) -> Result<Lease, FabricError> {
-        let len = range.end.checked_sub(range.start).ok_or(FabricError::OutOfBounds {
-            offset: range.start,
-            len: 0,
-            region_len: region.len,
-        })?;
+        let len = self.range_len(region, &range)?;
         let mut req = AcquireRequest::new(*region, range.start, len, device, mode);
         let mut st = lock(&self.inner.state);
         self.settle_if_done(&mut st);
         let grant = self.drive(&mut st, |d| d.step_acquire(&mut req))?;
         let dev = st.dir.dev(device)?;
-        self.prefetch(&mut st, region, device);
+        self.prefetch_walk(&mut st, region, device);
         drop(st);
         let base = self.inner.arenas[usize::from(dev)].device_ptr();
         let ps = self.inner.page_size;
@@ -312,6 +308,49 @@ impl Fabric {
             frames,
             ptr,
             released: false,
+        })
+    }
+
+    /// Starts bringing bytes `range` of a region to `device` and returns: an acquire of the range there later
+    /// finds its pages in place, in one run (or waits for the copies still running). For callers that know
+    /// what they will want next (a layer's weights while the layer before computes); walks in order are
+    /// prefetched without asking. Pages in place, on their way, leased for writing or never written are left
+    /// as they are. Room is made as an acquire makes it (evictions run before this returns), never by evicting
+    /// the range's own pages; when there is no room, nothing starts. At most 128 prefetches and write-backs are
+    /// in flight: past that, this waits for one to land.
+    pub fn prefetch(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
+        let len = self.range_len(region, &range)?;
+        let mut st = lock(&self.inner.state);
+        self.settle_if_done(&mut st);
+        match self.drive(&mut st, |d| d.step_prefetch_range(region, range.start, len, device))? {
+            Some(stage) => self.launch(&mut st, stage),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts copying the pages of bytes `range` of a region whose only copy is on `device` to host memory, and
+    /// returns: once the copies land, evicting those pages from the device is a drop instead of a copy in
+    /// someone's acquire. For callers that have finished writing pages they will not need again soon (a
+    /// layer's optimizer states after its step). The device copies stay, and are the ones leases get; the
+    /// GPU work that wrote them must be complete (a lease's release is the point). Pages under a write lease
+    /// are skipped. A later acquire or free of the range waits for the copies. At most 128 prefetches
+    /// and write-backs are in flight: past that, this waits for one to land.
+    pub fn write_back(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
+        let len = self.range_len(region, &range)?;
+        let mut st = lock(&self.inner.state);
+        self.settle_if_done(&mut st);
+        match self.drive(&mut st, |d| d.step_write_back(region, range.start, len, device))? {
+            Some(stage) => self.launch(&mut st, stage),
+            None => Ok(()),
+        }
+    }
+
+    /// The length of `range`, or the error for a range that ends before it starts.
+    fn range_len(&self, region: &Region, range: &Range<u64>) -> Result<u64, FabricError> {
+        range.end.checked_sub(range.start).ok_or(FabricError::OutOfBounds {
+            offset: range.start,
+            len: 0,
+            region_len: region.len,
         })
     }
 
@@ -387,7 +426,7 @@ impl Fabric {
                             "the directory waits for a prefetch the fabric does not have",
                         ));
                     }
-                    self.settle(st);
+                    self.settle_some(st);
                 }
             }
         }
@@ -396,7 +435,7 @@ impl Fabric {
 
     /// Starts the prefetches the directory asks for after an acquire of `region` on `device`, if any. Failures
     /// only cost the prefetch: the acquire that wants the pages later fetches them itself.
-    fn prefetch(&self, st: &mut State, region: &Region, device: Location) {
+    fn prefetch_walk(&self, st: &mut State, region: &Region, device: Location) {
         for _ in 0..PREFETCH_DEPTH {
             let stage = match self.drive(st, |d| d.step_prefetch(region, device)) {
                 Ok(Some(stage)) => stage,
@@ -406,21 +445,32 @@ impl Fabric {
                     return;
                 }
             };
-            match self.start(&st.dir, &stage) {
-                Ok(copies) => st.prefetch.push_back(InFlight { stage, copies }),
-                Err(e) => {
-                    tracing::warn!(%region, %device, error = %e, "starting a prefetch failed");
-                    st.dir.abort(stage);
-                    return;
-                }
+            if let Err(e) = self.launch(st, stage) {
+                tracing::warn!(%region, %device, error = %e, "starting a prefetch failed");
+                return;
             }
         }
     }
 
-    /// Waits for the oldest prefetch in flight, if any, and commits it (or, when a copy failed, aborts it: its
+    /// Starts a stage that stays in flight across calls (a prefetch or a write-back); aborts it if a copy
+    /// cannot start.
+    fn launch(&self, st: &mut State, stage: Stage) -> Result<(), FabricError> {
+        match self.start(&st.dir, &stage) {
+            Ok(copies) => {
+                st.prefetch.push_back(InFlight { stage, copies });
+                Ok(())
+            }
+            Err(e) => {
+                st.dir.abort(stage);
+                Err(e)
+            }
+        }
+    }
+
+    /// Commits the stage in flight at `i` once its copies have arrived (or, when a copy failed, aborts it: its
     /// pages stay where they were).
-    fn settle(&self, st: &mut State) {
-        let Some(p) = st.prefetch.pop_front() else { return };
+    fn settle(&self, st: &mut State, i: usize) {
+        let Some(p) = st.prefetch.remove(i) else { return };
         match self.finish(&p.stage, p.copies) {
             Ok(()) => st.dir.commit(p.stage),
             Err(e) => {
@@ -430,13 +480,28 @@ impl Fabric {
         }
     }
 
-    /// Commits the prefetches whose copies have all arrived, oldest first (without blocking).
-    fn settle_if_done(&self, st: &mut State) {
-        while let Some(p) = st.prefetch.front_mut() {
-            if p.copies.iter_mut().any(|t| matches!(t.is_complete(), Ok(false))) {
-                return;
+    /// Commits every stage in flight whose copies have all arrived (or failed), without blocking; returns how
+    /// many. Stages in flight never share a page or a frame, so they commit in any order: a write-back still
+    /// running does not hold up the prefetch an acquire waits for.
+    fn settle_if_done(&self, st: &mut State) -> usize {
+        let mut settled = 0;
+        let mut i = 0;
+        while i < st.prefetch.len() {
+            if st.prefetch[i].copies.iter_mut().any(|t| matches!(t.is_complete(), Ok(false))) {
+                i += 1;
+            } else {
+                self.settle(st, i);
+                settled += 1;
             }
-            self.settle(st);
+        }
+        settled
+    }
+
+    /// Blocks until at least one stage in flight has landed, and commits every one that has: what a call the
+    /// directory told to wait needs. Polls (the copies run on the device; a poll is one query per transfer).
+    fn settle_some(&self, st: &mut State) {
+        while !st.prefetch.is_empty() && self.settle_if_done(st) == 0 {
+            std::thread::sleep(std::time::Duration::from_micros(20));
         }
     }
 
@@ -475,6 +540,7 @@ impl Fabric {
             StageKind::Compact => &c.compacted,
             StageKind::Fetch | StageKind::Prefetch => &c.fetched,
             StageKind::Migrate => &c.migrated,
+            StageKind::WriteBack => &c.written_back,
         };
         for (t, b) in copies.into_iter().zip(&stage.batches) {
             let bytes = t.wait()?.bytes;

@@ -39,7 +39,11 @@ pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 
 impl Inner {
     /// The arena of `location`.
-    pub(crate) fn arena(&self, dir: &Directory, location: vfabric_allocator::Location) -> Result<&Arc<dyn Arena>, crate::error::FabricError> {
+    pub(crate) fn arena(
+        &self,
+        dir: &Directory,
+        location: vfabric_allocator::Location,
+    ) -> Result<&Arc<dyn Arena>, crate::error::FabricError> {
         let i = dir.dev(location)?;
         Ok(&self.arenas[usize::from(i)])
     }

@@ -11,6 +11,8 @@ pub struct Traffic {
     pub prefetched: u64,
     /// Pages sent to host memory to make room.
     pub evicted: u64,
+    /// Pages copied to host memory ahead of their eviction, on a caller's hint (write-back).
+    pub written_back: u64,
     /// Pages moved within a device to make a run of frames (compaction, or pages gathered into a lease's run).
     pub compacted: u64,
     /// Pages moved by migrations.
@@ -28,6 +30,7 @@ impl Traffic {
             fetched: self.fetched - earlier.fetched,
             prefetched: self.prefetched - earlier.prefetched,
             evicted: self.evicted - earlier.evicted,
+            written_back: self.written_back - earlier.written_back,
             compacted: self.compacted - earlier.compacted,
             migrated: self.migrated - earlier.migrated,
             host_io: self.host_io - earlier.host_io,
@@ -41,6 +44,7 @@ pub(crate) struct Counters {
     pub(crate) fetched: AtomicU64,
     pub(crate) prefetched: AtomicU64,
     pub(crate) evicted: AtomicU64,
+    pub(crate) written_back: AtomicU64,
     pub(crate) compacted: AtomicU64,
     pub(crate) migrated: AtomicU64,
     pub(crate) host_io: AtomicU64,
@@ -54,6 +58,7 @@ impl Counters {
             fetched: l(&self.fetched),
             prefetched: l(&self.prefetched),
             evicted: l(&self.evicted),
+            written_back: l(&self.written_back),
             compacted: l(&self.compacted),
             migrated: l(&self.migrated),
             host_io: l(&self.host_io),

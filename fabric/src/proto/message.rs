@@ -347,6 +347,18 @@ pub enum Message {
         /// The figures.
         json: String,
     },
+    /// A hint: copy the pages of a range that only `device` holds to host memory now, so that evicting them
+    /// later costs no copy. Answered with [`Message::Done`] once the copies have started.
+    WriteBack {
+        /// The region.
+        region: WireRegion,
+        /// The first byte of the range.
+        offset: u64,
+        /// The length of the range in bytes.
+        len: u64,
+        /// The device whose copies go to host memory.
+        device: WireLocation,
+    },
 }
 
 impl Message {
@@ -370,6 +382,7 @@ impl Message {
             | Message::AllocWith { .. }
             | Message::AcquireMapped { .. }
             | Message::Prefetch { .. }
+            | Message::WriteBack { .. }
             | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
@@ -416,6 +429,7 @@ impl Message {
             Message::Prefetch { .. } => "prefetch",
             Message::Stats => "stats",
             Message::Figures { .. } => "figures",
+            Message::WriteBack { .. } => "writeback",
         }
     }
 }
@@ -468,6 +482,7 @@ mod tests {
             Message::Prefetch { region, offset: 0, len: 1, device: WireLocation::Gpu(0) },
             Message::Stats,
             Message::Figures { json: "{}".into() },
+            Message::WriteBack { region, offset: 0, len: 1, device: WireLocation::Gpu(0) },
         ]
     }
 

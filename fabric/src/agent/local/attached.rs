@@ -228,6 +228,15 @@ impl AttachedClient {
         self.inner.conn.done(&msg)
     }
 
+    /// Starts copying the pages of a range that only `device` holds to host memory (see
+    /// [`Fabric::write_back`](crate::Fabric::write_back)); returns once the agent has started the copies.
+    pub fn write_back(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
+        let len = range.end.saturating_sub(range.start);
+        let msg =
+            Message::WriteBack { region: WireRegion::from(region), offset: range.start, len, device: device.into() };
+        self.inner.conn.done(&msg)
+    }
+
     /// Moves a region to `device` of its home node.
     pub fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {
         self.inner.conn.done(&Message::Migrate { region: WireRegion::from(region), device: device.into() })

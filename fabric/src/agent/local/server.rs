@@ -156,8 +156,17 @@ impl Agent {
                 }
                 Message::Release { lease } => rt.block_on(self.release_for(session, lease)),
                 Message::Prefetch { region, offset, len, device } => {
-                    self.prefetch_for(session, rt, Region::from(&region), offset..offset.saturating_add(len), device.into());
+                    self.prefetch_for(
+                        session,
+                        rt,
+                        Region::from(&region),
+                        offset..offset.saturating_add(len),
+                        device.into(),
+                    );
                     Ok(Message::Done)
+                }
+                Message::WriteBack { region, offset, len, device } => {
+                    self.write_back_for(&Region::from(&region), offset..offset.saturating_add(len), device.into())
                 }
                 Message::Migrate { region, device } => {
                     rt.block_on(self.migrate(&Region::from(&region), device.into())).map(|()| Message::Done)
@@ -165,7 +174,9 @@ impl Agent {
                 Message::Stats => serde_json::to_string(&self.fabric().stats())
                     .map(|json| Message::Figures { json })
                     .map_err(|_| FabricError::Internal("the fabric's figures could not be written as JSON")),
-                Message::Write { region, offset, len } => self.take_write(s, rt, &Region::from(&region), offset, len)?,
+                Message::Write { region, offset, len } => {
+                    self.take_write(s, rt, &Region::from(&region), offset, len)?
+                }
                 Message::Read { region, offset, len } => {
                     self.answer_read(s, rt, &Region::from(&region), offset, len)?;
                     continue;

@@ -14,11 +14,11 @@ use tokio::runtime::Handle;
 use vfabric_allocator::Location;
 
 use crate::agent::remote_lease::AgentLease;
-use crate::proto::codec::write_frame_blocking as send;
 use crate::agent::shared::{in_place, Agent};
 use crate::directory::{Mode, Placement, Priority, RegionHandle as Region};
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::fabric::LeasePtr;
+use crate::proto::codec::write_frame_blocking as send;
 use crate::proto::mapped::{send_fds, FDS_PER_MESSAGE};
 use crate::proto::message::{Message, WireArena, WirePages, WireRegion};
 use vfabric_allocator::TenantId;
@@ -120,10 +120,40 @@ impl Agent {
         Ok(Message::Done)
     }
 
-    /// `Prefetch`: a read lease taken and dropped in the background, so the pages are on `device` when the
-    /// client asks; answered at once. A prefetch that fails (evicted pages with no room, a freed region) only
+    /// `WriteBack`: the copies to host memory of the pages only `device` holds, started on the node's fabric
+    /// for a region that lives here. A region of another node keeps its pages on its home, which writes them
+    /// back as it evicts: the hint has nothing to do here.
+    pub(super) fn write_back_for(
+        &self,
+        region: &Region,
+        range: Range<u64>,
+        device: Location,
+    ) -> Result<Message, FabricError> {
+        if !self.is_me(region.addr.node().0) {
+            return Ok(Message::Done);
+        }
+        self.fabric().write_back(region, range, device).map(|()| Message::Done)
+    }
+
+    /// `Prefetch`: for a region that lives here, the fabric's own prefetch of the range (copies started, not
+    /// waited for); for another node's, a read lease taken and dropped in the background. Either way the pages
+    /// are on `device` when the client asks; answered at once. A prefetch that fails (evicted pages with no room, a freed region) only
     /// logs: it was a hint; so does one beyond [`PREFETCHES_IN_FLIGHT`].
-    pub(super) fn prefetch_for(&self, session: &Session, rt: &Handle, region: Region, range: Range<u64>, device: Location) {
+    pub(super) fn prefetch_for(
+        &self,
+        session: &Session,
+        rt: &Handle,
+        region: Region,
+        range: Range<u64>,
+        device: Location,
+    ) {
+        if self.is_me(region.addr.node().0) {
+            // Here the fabric starts the copies itself and returns: no lease, no thread.
+            if let Err(e) = self.fabric().prefetch(&region, range, device) {
+                tracing::debug!(error = %e, "a prefetch hint was not taken");
+            }
+            return;
+        }
         let count = Arc::clone(&session.prefetching);
         if count.fetch_add(1, Ordering::AcqRel) >= PREFETCHES_IN_FLIGHT {
             count.fetch_sub(1, Ordering::AcqRel);

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The training benchmark on the GPU machine: train_offload.py's runs, one process each, in the order given, each
+# under its own timeout, skipping what the overall budget leaves no time for. Results: $OUT/train.jsonl (one
+# JSON line per run) and $OUT/train.log. bench/scripts/train_report.py makes the table and the plot from them.
+#
+#   RUNS="small_resident small_vfabric" BUDGET_S=570 OUT=/tmp/out bash bench/scripts/train_bench.sh
+#
+# The vfabric and allocator runs import the Python package: PYTHONPATH must find the wheel's vfabric (device-run.sh
+# installs it). The sizes are the anchors': small = 1.07 B parameters (batch 8), large = 4.16 B (batch 4), seq 2048.
+set -uo pipefail
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/train-out}
+mkdir -p "$OUT"
+BUDGET_S=${BUDGET_S:-570}
+T0=$(date +%s)
+here=$(dirname "$0")
+SMALL="--layers 20 --d 2048 --heads 16 --vocab 32768 --seq 2048 --batch 8"
+LARGE="--layers 20 --d 4096 --heads 32 --vocab 32768 --seq 2048 --batch 4"
+# The fabric's GPU budget: a third of the model's parameters + gradients + AdamW states or less (small: 16 GiB of
+# state, large: 62 GiB), PyTorch's own activations and embedding beside it.
+SMALL_FABRIC=${SMALL_FABRIC:-5GiB}
+LARGE_FABRIC=${LARGE_FABRIC:-10GiB}
+# Blocks whose AdamW step runs on the CPU beside the GPU (the last ones): *_vfabric runs; *_vfabric_gpu runs none.
+SMALL_HOST=${SMALL_HOST:-8}
+LARGE_HOST=${LARGE_HOST:-10}
+declare -A ARGS TMO
+ARGS[small_resident]="$SMALL --mode resident";                                        TMO[small_resident]=90
+ARGS[small_fsdp]="$SMALL --mode fsdp";                                                TMO[small_fsdp]=150
+ARGS[small_stream]="$SMALL --mode stream --act keep --opt gpu";                       TMO[small_stream]=120
+ARGS[small_stream_recompute]="$SMALL --mode stream --act recompute --opt gpu";        TMO[small_stream_recompute]=120
+ARGS[small_vfabric]="$SMALL --mode vfabric --fabric-budget $SMALL_FABRIC --host-layers $SMALL_HOST"; TMO[small_vfabric]=150
+ARGS[small_vfabric_gpu]="$SMALL --mode vfabric --fabric-budget $SMALL_FABRIC";        TMO[small_vfabric_gpu]=150
+ARGS[small_allocator]="$SMALL --mode allocator";                                      TMO[small_allocator]=90
+ARGS[large_resident]="$LARGE --mode resident --steps 8 --warmup 2";                   TMO[large_resident]=120
+ARGS[large_fsdp]="$LARGE --mode fsdp --steps 6 --warmup 2";                           TMO[large_fsdp]=220
+ARGS[large_stream_recompute]="$LARGE --mode stream --act recompute --opt gpu --steps 8 --warmup 2"; TMO[large_stream_recompute]=180
+ARGS[large_vfabric]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 8 --warmup 2"; TMO[large_vfabric]=240
+ARGS[large_vfabric_gpu]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --steps 8 --warmup 2"; TMO[large_vfabric_gpu]=240
+ARGS[large_allocator]="$LARGE --mode allocator --steps 8 --warmup 2";                 TMO[large_allocator]=120
+ARGS[large_resident_accum16]="$LARGE --mode resident --accum 16 --steps 4 --warmup 1"; TMO[large_resident_accum16]=150
+ARGS[large_vfabric_accum16]="$LARGE --mode vfabric --accum 16 --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16]=300
+RUNS=${RUNS:-"small_resident small_vfabric small_vfabric_gpu small_stream small_stream_recompute small_fsdp small_allocator large_resident large_vfabric large_vfabric_gpu large_stream_recompute large_fsdp large_allocator large_resident_accum16 large_vfabric_accum16"}
+for r in $RUNS; do
+    if [ -z "${ARGS[$r]:-}" ]; then
+        echo "unknown run $r (known: ${!ARGS[*]})" | tee -a "$OUT/train.log"
+        continue
+    fi
+    left=$((BUDGET_S - ($(date +%s) - T0)))
+    if [ $left -lt 45 ]; then
+        echo "SKIP $r: only $left s left" | tee -a "$OUT/train.log"
+        continue
+    fi
+    t=${TMO[$r]}
+    [ "$t" -gt "$left" ] && t=$left
+    echo "=== $r (timeout $t s, at $(($(date +%s) - T0)) s)" | tee -a "$OUT/train.log"
+    # shellcheck disable=SC2086
+    timeout -s INT "$t" python3 "$here/train_offload.py" ${ARGS[$r]} --tag "$r" --json "$OUT/train.jsonl" \
+        >> "$OUT/train.log" 2>&1
+    rc=$?
+    echo "=== $r rc=$rc at $(($(date +%s) - T0)) s" | tee -a "$OUT/train.log"
+    grep "^RESULT" "$OUT/train.log" | tail -1 | grep "\"$r\"" | cut -c1-400 || tail -5 "$OUT/train.log"
+done
+echo "train: done at $(($(date +%s) - T0)) s"

@@ -1,0 +1,258 @@
+"""The layer stream (vfabric.streaming) on NumPy arrays and the emulated device: a small residual MLP trained with
+its layers' state in the fabric, on a GPU too small to hold it, against the same model held in NumPy arrays.
+The schedule, the sub-arrays of each layer's regions, the optimizer's bookkeeping and gradient accumulation
+must give the resident model's numbers bit for bit; the fabric must have prefetched and written back."""
+
+import numpy as np
+import pytest
+
+import vfabric
+from vfabric.streaming import AdamW, LayerStream, ParamSpec
+
+D, H, LAYERS, ROWS = 64, 256, 6, 32
+OPT = AdamW(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+# One emulated GPU of 32 frames of 64 KiB: a layer takes 9 (2 of fp16 matrices and 1 of vectors, 7 of fp32 states,
+# in 3 pieces) and 3 more of gradient sums, so six layers (54, or 72) do not fit and every step evicts and fetches,
+# from a device too fragmented for one run of a whole layer's states.
+TIGHT = """
+[cluster]
+name = "stream"
+[device]
+backend = "emulated"
+emulated_gpus = 1
+emulated_gpu_memory = "64MiB"
+[memory]
+page_size = "64KiB"
+gpu_budget = "2MiB"
+host_arena = "16MiB"
+headroom_percent = 0
+readahead = "0"
+high_watermark_percent = 100
+low_watermark_percent = 100
+[[node]]
+name = "local"
+"""
+
+
+class NumpyOps:
+    """The stream's array operations on NumPy (the emulated device's memory is host memory)."""
+
+    def flat(self, lease):
+        return lease.numpy()
+
+    def view(self, flat, offset, dtype, shape):
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        return flat[offset : offset + n].view(dt).reshape(shape)
+
+    def buffer(self, nbytes):
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def copy(self, dst, src):
+        np.copyto(dst, src, casting="unsafe")
+
+    def add(self, dst, src):
+        dst += src
+
+    def adamw(self, p, g, m, v, step, opt):
+        adamw(p, g, m, v, step, opt)
+
+    def event(self):
+        return Done()
+
+
+class Done:
+    def wait(self):
+        pass
+
+
+def adamw(p, g, m, v, step, opt):
+    """AdamW as torch.optim.AdamW computes it, in place, in fp32."""
+    b1, b2 = opt.betas
+    p *= np.float32(1 - opt.lr * opt.weight_decay)
+    m *= np.float32(b1)
+    m += np.float32(1 - b1) * g
+    v *= np.float32(b2)
+    v += np.float32(1 - b2) * g * g
+    denom = np.sqrt(v) / np.float32(np.sqrt(1 - b2**step)) + np.float32(opt.eps)
+    p -= np.float32(opt.lr / (1 - b1**step)) * m / denom
+
+
+def specs():
+    return [ParamSpec("a", (D, H), "float16"), ParamSpec("b", (H, D), "float16"), ParamSpec("bias", (D,), "float32")]
+
+
+def init(i):
+    r = np.random.default_rng(100 + i)
+    return {
+        "a": (r.standard_normal((D, H)) * 0.1).astype(np.float32),
+        "b": (r.standard_normal((H, D)) * 0.1).astype(np.float32),
+        "bias": np.zeros(D, dtype=np.float32),
+    }
+
+
+def forward(x, w):
+    """y = x + relu(x a) b + bias, computed in fp32 from the compute copy; returns y and what backward needs."""
+    a, b = w["a"].astype(np.float32), w["b"].astype(np.float32)
+    h = x @ a
+    r = np.maximum(h, 0)
+    return x + r @ b + w["bias"], (h, r, a, b)
+
+
+def backward(x, gy, saved):
+    h, r, a, b = saved
+    dr = gy @ b.T
+    dh = dr * (h > 0)
+    return gy + dh @ a.T, {"a": x.T @ dh, "b": r.T @ gy, "bias": gy.sum(0)}
+
+
+def batch(step):
+    r = np.random.default_rng(7 + step)
+    return r.standard_normal((ROWS, D)).astype(np.float32), r.standard_normal((ROWS, D)).astype(np.float32)
+
+
+def loss_and_grad(y, t):
+    diff = y - t
+    return float(0.5 * np.sum(diff * diff) / ROWS), diff / np.float32(ROWS)
+
+
+class Resident:
+    """The reference: fp32 master weights, moments and a compute copy in NumPy arrays."""
+
+    def __init__(self):
+        self.master = [init(i) for i in range(LAYERS)]
+        self.m = [{k: np.zeros_like(v) for k, v in p.items()} for p in self.master]
+        self.v = [{k: np.zeros_like(v) for k, v in p.items()} for p in self.master]
+        self.steps = 0
+        self.acc = None
+
+    def compute(self, i):
+        return {"a": self.master[i]["a"].astype(np.float16), "b": self.master[i]["b"].astype(np.float16), "bias": self.master[i]["bias"].copy()}
+
+    def micro(self, x, t, step_now):
+        xs, saved = [], []
+        for i in range(LAYERS):
+            xs.append(x)
+            x, s = forward(x, self.compute(i))
+            saved.append(s)
+        loss, g = loss_and_grad(x, t)
+        grads = [None] * LAYERS
+        for i in reversed(range(LAYERS)):
+            g, grads[i] = backward(xs[i], g, saved[i])
+        grads = [{k: v.astype(np.float32) for k, v in gr.items()} for gr in grads]
+        if self.acc is None:
+            self.acc = grads
+        else:
+            # The stream adds the new micro-batch's gradient to the sum so far, in that order.
+            self.acc = [{k: gr[k] + ac[k] for k in gr} for gr, ac in zip(grads, self.acc)]
+        if step_now:
+            self.steps += 1
+            for i in range(LAYERS):
+                for k in self.master[i]:
+                    adamw(self.master[i][k], self.acc[i][k], self.m[i][k], self.v[i][k], self.steps, OPT)
+            self.acc = None
+        return loss
+
+
+class Streamed:
+    """The same model with its layers' state in the fabric, run through a LayerStream; the last `on_host` layers
+    take their optimizer step on the CPU."""
+
+    def __init__(self, fabric, on_host=0):
+        # Pieces of 3 pages of states (16384 parameters): a layer's states come in 3 pieces.
+        self.stream = LayerStream(fabric, "gpu0", NumpyOps(), OPT, lookahead=1, host_ops=NumpyOps(), piece_bytes=192 << 10)
+        for i in range(LAYERS):
+            values = init(i)
+            self.stream.add_layer(specs(), lambda name, v=values: v[name].reshape(-1), on_host=i >= LAYERS - on_host)
+
+    def micro(self, x, t, step_now):
+        s = self.stream
+        s.accumulating = not step_now
+        xs = []
+        for i in range(LAYERS):
+            xs.append(x)
+            w = s.forward_weights(i)
+            x, _ = forward(x, w)
+            del w
+            s.forward_done(i)
+        loss, g = loss_and_grad(x, t)
+        for i in reversed(range(LAYERS)):
+            w = s.backward_weights(i)
+            _, saved = forward(xs[i], w)  # recomputed from the layer's input
+            g, grads = backward(xs[i], g, saved)
+            del w, saved
+            s.backward_done(i, grads)
+            del grads
+        return loss
+
+
+def master_of(stream, i):
+    raw = stream.master_weights(i)
+    return {k: np.frombuffer(v, dtype=np.float32) for k, v in raw.items()}
+
+
+@pytest.fixture
+def tight(tmp_path):
+    path = tmp_path / "tight.toml"
+    path.write_text(TIGHT)
+    return vfabric.Fabric(str(path))
+
+
+@pytest.mark.parametrize("micro_batches,on_host", [(1, 0), (3, 0), (1, 3), (3, 2)])
+def test_streamed_layers_train_as_the_resident_model_does(tight, micro_batches, on_host):
+    ref, run = Resident(), Streamed(tight, on_host)
+    for step in range(4):
+        for k in range(micro_batches):
+            x, t = batch(10 * step + k)
+            last = k == micro_batches - 1
+            want, got = ref.micro(x, t, last), run.micro(x, t, last)
+            assert got == want, f"step {step} micro-batch {k}: loss {got} != {want}"
+    run.stream.flush()
+    for i in range(LAYERS):
+        assert run.stream.steps(i) == 4
+        got = master_of(run.stream, i)
+        for k, v in ref.master[i].items():
+            assert np.array_equal(got[k], v.reshape(-1)), f"layer {i} {k}"
+    stats = tight.stats()
+    traffic = stats["traffic"]
+    assert stats["directory"]["leases"] == 0, "every lease released"
+    assert traffic["written_back"] > 0 and traffic["prefetched"] > 0, traffic
+    # Every step fetched the states of layers the GPU could not keep.
+    assert traffic["fetched"] >= 4 * 7 * (64 << 10), traffic
+    run.stream.close()
+    assert tight.stats()["directory"]["regions"] == 0
+
+
+def test_a_view_kept_past_its_layer_stops_the_stream_with_lease_in_use(tight):
+    run = Streamed(tight)
+    s = run.stream
+    kept = s.forward_weights(0)["a"]
+    s.forward_done(0)
+    s.forward_weights(1)
+    with pytest.raises(vfabric.LeaseInUse):
+        s.forward_done(1)  # retires layer 0, whose compute copy `kept` still points into
+    del kept
+    s.flush()
+    assert tight.stats()["directory"]["leases"] == 0
+
+
+def test_layouts_put_parts_on_pages_and_refuse_what_they_cannot_hold():
+    from vfabric.stream_layout import LayerLayout, Part, Piece
+
+    page = 64 << 10
+    lay = LayerLayout(specs(), page, piece_bytes=192 << 10)
+    # Matrices a page-aligned part each, the vector in the last part.
+    assert lay.parts == [Part(0, D * H * 2), Part(page, H * D * 2), Part(2 * page, 512)]  # vectors 512-byte aligned
+    assert lay.compute == [(0, 0), (1, 0), (2, 0)] and lay.compute_bytes == 3 * page
+    assert lay.flat == [0, D * H, 2 * D * H] and lay.numel == 2 * D * H + D
+    # Pieces of 16384 parameters: 3 pages of states, 1 of gradients, each starting on a page.
+    assert lay.pieces == [Piece(0, 16384), Piece(16384, 16384), Piece(32768, 64)]
+    assert [lay.state_part(k) for k in range(3)] == [Part(0, 3 * page), Part(3 * page, 3 * page), Part(6 * page, 768)]
+    assert lay.grad_part(2) == Part(2 * page, 256)
+    assert lay.overlaps(1) == [(1, 0, 16384)] and lay.overlaps(2) == [(2, 0, 64)]
+    assert LayerLayout(specs(), page, piece_bytes=1).piece_numel == page // 4, "at least a page of gradients"
+    with pytest.raises(ValueError, match="compute dtype"):
+        LayerLayout([ParamSpec("x", (3,), "int8")], page)
+    with pytest.raises(ValueError, match="at least one"):
+        LayerLayout([], page)

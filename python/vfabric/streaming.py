@@ -1,0 +1,486 @@
+"""Layers streamed through one device: each layer's state lives in fabric regions, and comes to the device
+just before the layer runs and leaves after, while the next layers' pages are already on their way.
+
+This module is the schedule, written once for any array library: `vfabric.torch` runs it on PyTorch tensors
+(CUDA), and the tests run it on NumPy arrays (the emulated device, where a GPU's memory is host memory). What
+an array library must provide is `Ops` (`vfabric.stream_layout`, which also says where each byte sits).
+
+Per layer, regions leased in page-aligned parts, each needing a run of frames of its own on the device:
+
+- the **compute copy** (`weights`): every parameter in the dtype the layer computes in (bf16 for matrices,
+  fp32 for vectors by default). High priority: the fabric evicts it last, so as many layers as the device's
+  budget allows stay there between steps.
+- the **optimizer states** (`states`): fp32 master weights, Adam's first and second moments, in pieces of at
+  most 96 MiB. Low priority: they come for the layer's optimizer step and go.
+- the **gradient sums** (`grads`, fp32, same pieces), only while gradients add up over micro-batches or wait
+  for a step on the CPU.
+
+A forward pass leases each layer's compute copy for reading and prefetches the next `lookahead` layers'. A
+backward pass (which recomputes the layer's forward from its input: only layer inputs are kept) leases the
+compute copy for writing and prefetches the previous layers'. Once the layer's gradients exist, the stream
+leases its states (prefetched meanwhile), queues its AdamW step on the device (gradients never leave it) and
+the new compute copy, and once the previous layer's work is done asks the fabric to write that layer's regions
+back to host memory while the next layers compute: evicting them later is then a drop, not a copy.
+
+With gradient accumulation (`accumulating = True` for every micro-batch of a step but the last), each layer's
+gradients add up in its gradient sums instead, and the step runs in the last micro-batch's backward.
+
+A layer may take its optimizer step on the CPU instead (`add_layer(..., on_host=True)`): its states never leave
+host memory; its backward writes its gradient sums, which go to host memory, and a worker thread runs AdamW
+there over host leases and writes the new compute copy there (the fabric's coherence drops the device's old
+copy). The device's link then carries 6 bytes a parameter for such a layer instead of 28, and the CPU works
+beside the device: giving it the layers the backward pass reaches first (the last ones) leaves it the rest of
+the step to finish before the next forward pass needs them.
+
+Leases are released one layer late: after the next layer's work is queued, the stream waits for an event
+recorded after the layer's last kernel, then releases without a device-wide synchronisation (the device keeps
+computing).
+"""
+
+import atexit
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from vfabric.stream_layout import ITEMSIZE, PIECE_BYTES, AdamW, Array, Event, LayerLayout, Ops, ParamSpec, Part
+
+__all__ = ["AdamW", "LayerLayout", "LayerStream", "Ops", "ParamSpec"]
+
+Key = Tuple[str, int]
+"""One lease of a layer: its region's role ("weights", "states", "grads") and the part of it."""
+
+
+class _Layer:
+    def __init__(self, layout: LayerLayout, weights: Any, states: Any, on_host: bool):
+        self.layout = layout
+        self.weights = weights
+        self.states = states
+        self.on_host = on_host
+        """Whether its optimizer step runs on the CPU (its states stay in host memory)."""
+        self.grads: Optional[Any] = None
+        self.steps = 0
+        self.accumulated = 0
+        """Micro-batches whose gradients the gradient sums hold."""
+        self.leases: Dict[Key, Any] = {}
+        self.flats: Dict[Key, Array] = {}
+        """The uint8 arrays over the held leases (dropped before the leases are released)."""
+        self.host_step = threading.Event()
+        """Set while no step of it is pending on the CPU."""
+        self.host_step.set()
+        self.host_error: Optional[BaseException] = None
+
+    def region(self, role: str) -> Any:
+        return {"weights": self.weights, "states": self.states, "grads": self.grads}[role]
+
+    def parts(self, role: str) -> List[Part]:
+        lay = self.layout
+        if role == "weights":
+            return lay.parts
+        part = lay.state_part if role == "states" else lay.grad_part
+        return [part(k) for k in range(len(lay.pieces))]
+
+
+class _Pending(NamedTuple):
+    layer: int
+    event: Optional[Event]
+    write_back: List[str]
+    free: List[Any]
+    host_step: bool
+
+
+class LayerStream:
+    """Streams layers' state through `device` of `fabric` (see the module's docs).
+
+    `lookahead` is how many layers ahead the stream prefetches compute copies in each pass. `host_ops` are the
+    operations on host arrays, for layers whose optimizer step runs on the CPU. `piece_bytes` bounds the pieces
+    optimizer states are leased in. The caller runs the layers; the stream gives each its parameters
+    (`forward_weights`, `backward_weights`) and takes its gradients (`backward_done`). `waited` adds up the
+    seconds the caller spent waiting on the stream, by why.
+    """
+
+    def __init__(
+        self,
+        fabric: Any,
+        device: str,
+        ops: Ops,
+        optimizer: AdamW,
+        lookahead: int = 2,
+        host_ops: Optional[Ops] = None,
+        piece_bytes: int = PIECE_BYTES,
+    ):
+        self.fabric = fabric
+        self.device = device
+        self.ops = ops
+        self.host_ops = host_ops
+        self.optimizer = optimizer
+        self.lookahead = max(0, lookahead)
+        self.piece_bytes = piece_bytes
+        self.accumulating = False
+        """Whether backward passes only add gradients up (every micro-batch of a step but the last)."""
+        self.waited = {"acquire": 0.0, "retire": 0.0, "hints": 0.0, "host_steps": 0.0}
+        self.flushed_for_runs = 0
+        """Times a part found no run of frames until the pending layers let theirs go."""
+        self._layers: List[_Layer] = []
+        self._pending: Deque[_Pending] = deque()
+        self._work: Optional[Array] = None
+        self._work_bytes = 0
+        self._host_queue: "Optional[queue.Queue[Optional[Tuple[int, Any]]]]" = None
+        self._host_thread: Optional[threading.Thread] = None
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def layout(self, i: int) -> LayerLayout:
+        """Layer `i`'s layout."""
+        return self._layers[i].layout
+
+    def steps(self, i: int) -> int:
+        """Optimizer steps layer `i` has taken."""
+        self._wait_host_step(self._layers[i])
+        return self._layers[i].steps
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def add_layer(self, specs: Sequence[ParamSpec], values: Callable[[str], Array], on_host: bool = False) -> int:
+        """Adds a layer: its regions, its master weights (`values(name)` is a parameter's values as a 1-D array
+        the ops can copy from), zero moments, and the compute copy made from the master weights. With
+        `on_host`, its optimizer step runs on the CPU and its states live in host memory. Returns its index."""
+        if on_host and self.host_ops is None:
+            raise ValueError("a layer stepped on the host needs the stream's host_ops")
+        layout = LayerLayout(specs, self.fabric.page_size, self.piece_bytes)
+        weights = self.fabric.alloc(layout.compute_bytes, device=self.device, priority="high")
+        try:
+            states = self.fabric.alloc(layout.state_bytes, device="host" if on_host else self.device, priority="low")
+        except BaseException:
+            self.fabric.free(weights)
+            raise
+        layer = _Layer(layout, weights, states, on_host)
+        self._layers.append(layer)
+        i = len(self._layers) - 1
+        where, ops = ("host", self.host_ops) if on_host else (self.device, self.ops)
+        assert ops is not None
+        # Pages never written read as zeros: the moments start at zero without a byte written.
+        self._lease(layer, "states", "w", where, ops)
+        self._lease(layer, "weights", "w", where, ops)
+        for k in range(len(layout.pieces)):
+            for j, first, n in layout.overlaps(k):
+                ops.copy(self._master(layer, ops, k, j, first, n), values(layout.specs[j].name)[first : first + n])
+        self._write_compute_copy(layer, ops)
+        self._pend(i, write_back=[] if on_host else ["weights", "states"])
+        self.flush()
+        return i
+
+    def master_weights(self, i: int) -> Dict[str, bytes]:
+        """Layer `i`'s fp32 master weights, read from the fabric: per parameter, its bytes (little-endian)."""
+        self._retire_layer(i)
+        layer = self._layers[i]
+        self._wait_host_step(layer)
+        lay = layer.layout
+        out = {s.name: bytearray(4 * s.numel) for s in lay.specs}
+        for k, piece in enumerate(lay.pieces):
+            raw = self.fabric.read(layer.states, 12 * piece.start, 4 * piece.numel)
+            for j, first, n in lay.overlaps(k):
+                at = 4 * (lay.flat[j] + first - piece.start)
+                out[lay.specs[j].name][4 * first : 4 * (first + n)] = raw[at : at + 4 * n]
+        return {name: bytes(b) for name, b in out.items()}
+
+    def flush(self) -> None:
+        """Waits for the queued work of every layer (the CPU's steps included) and releases its leases."""
+        while self._pending:
+            self._retire()
+        for layer in self._layers:
+            self._wait_host_step(layer)
+
+    def close(self) -> None:
+        """Releases every lease, stops the CPU's worker and frees every region of the stream."""
+        self.flush()
+        self._stop_worker()
+        for layer in self._layers:
+            for r in (layer.weights, layer.states, layer.grads):
+                if r is not None:
+                    self.fabric.free(r)
+        self._layers.clear()
+        self._work = None
+
+    # ------------------------------------------------------------------------------------------------ passes
+    def forward_weights(self, i: int) -> Dict[str, Array]:
+        """Layer `i`'s parameters for its forward pass (its compute copy, leased for reading), prefetching the
+        next layers'. Valid until `forward_done(i)`: the caller drops them by then."""
+        layer = self._layers[i]
+        self._retire_layer(i)
+        self._wait_host_step(layer)
+        self._lease(layer, "weights", "r")
+        for j in range(i + 1, min(i + 1 + self.lookahead, len(self._layers))):
+            if self._layers[j].host_step.is_set():  # else its new weights are still being made
+                self._prefetch(self._layers[j], "weights")
+        if i == len(self._layers) - 1 and self._steps_here(layer):
+            self._prefetch(layer, "states")  # the backward pass starts with this layer's step
+        return self._compute_views(layer)
+
+    def forward_done(self, i: int) -> None:
+        """Layer `i`'s forward work is queued: its lease ends once the device is past it."""
+        self._pend(i)
+
+    def backward_weights(self, i: int) -> Dict[str, Array]:
+        """Layer `i`'s parameters for its backward pass, prefetching the previous layers'. Valid until
+        `backward_done(i)`."""
+        layer = self._layers[i]
+        self._retire_layer(i)
+        self._wait_host_step(layer)
+        self._lease(layer, "weights", "w" if self._steps_here(layer) else "r")
+        for j in range(i - 1, max(i - 1 - self.lookahead, -1), -1):
+            self._prefetch(self._layers[j], "weights")
+        return self._compute_views(layer)
+
+    def backward_done(self, i: int, grads: Mapping[str, Array]) -> None:
+        """Layer `i`'s gradients (one array per parameter, any float dtype): added to the layer's gradient sums,
+        or, when this pass steps, the layer's AdamW step (queued on the device now, or handed to the CPU once
+        the sums are in host memory)."""
+        layer = self._layers[i]
+        lay = layer.layout
+        ops = self.ops
+        g = self._work_buffer(lay.numel)
+        for spec, off in zip(lay.specs, lay.flat):
+            grad = grads.get(spec.name)
+            if grad is None:
+                raise ValueError(f"layer {i}: no gradient for {spec.name}")
+            ops.copy(ops.view(g, 4 * off, "float32", spec.shape), grad)
+        write_back: List[str] = []
+        free: List[Any] = []
+        host_step = False
+        if not self._steps_here(layer):
+            # Add up in the gradient sums (zero-filled pages at a step's first micro-batch: copy instead).
+            if layer.grads is None:
+                layer.grads = self.fabric.alloc(lay.grad_bytes, device=self.device, priority="low")
+            self._lease(layer, "grads", "w")
+            for k, piece in enumerate(lay.pieces):
+                acc = ops.view(layer.flats[("grads", k)], 0, "float32", (piece.numel,))
+                part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
+                ops.copy(acc, part) if layer.accumulated == 0 else ops.add(acc, part)
+            layer.accumulated += 1
+            write_back.append("grads")
+            host_step = not self.accumulating
+            if host_step:
+                layer.host_step.clear()
+        else:
+            sums = layer.grads is not None and layer.accumulated > 0
+            if sums:
+                self._lease(layer, "grads", "r")
+            self._lease(layer, "states", "w")
+            layer.steps += 1
+            for k, piece in enumerate(lay.pieces):
+                part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
+                if sums:
+                    ops.add(part, ops.view(layer.flats[("grads", k)], 0, "float32", (piece.numel,)))
+                p, m, v = (self._state(layer, ops, k, which) for which in range(3))
+                ops.adamw(p, part, m, v, layer.steps, self.optimizer)
+            if layer.grads is not None:
+                # Consumed: the next step's first micro-batch starts from fresh (zero-filled) pages.
+                free.append(layer.grads)
+                layer.grads = None
+                layer.accumulated = 0
+            self._write_compute_copy(layer, ops)
+            write_back += ["weights", "states"]
+        self._pend(i, write_back=write_back, free=free, host_step=host_step)
+        # The previous layer's states (or sums) come while this layer's step runs.
+        if i > 0:
+            prev = self._layers[i - 1]
+            if self._steps_here(prev):
+                self._prefetch(prev, "states")
+            if prev.grads is not None:
+                self._prefetch(prev, "grads")
+
+    # ------------------------------------------------------------------------------------------------ the CPU
+    def _step_on_host(self, i: int, grads: Any) -> None:
+        """The CPU's worker: layer `i`'s AdamW step over host leases of its gradient sums (region `grads`, freed
+        after), its states and its compute copy (whose write lease there drops the device's old copy)."""
+        layer = self._layers[i]
+        ops = self.host_ops
+        assert ops is not None
+        lay = layer.layout
+        held: List[Any] = []
+        try:
+            flats: Dict[Key, Array] = {}
+            for role, region, mode in (("grads", grads, "r"), ("states", layer.states, "w"), ("weights", layer.weights, "w")):
+                for k, part in enumerate(layer.parts(role)):
+                    held.append(self.fabric.acquire(region, part.offset, part.nbytes, device="host", mode=mode))
+                    flats[(role, k)] = ops.flat(held[-1])
+            for k, piece in enumerate(lay.pieces):
+                p, m, v = (ops.view(flats[("states", k)], 4 * piece.numel * w, "float32", (piece.numel,)) for w in range(3))
+                ops.adamw(p, ops.view(flats[("grads", k)], 0, "float32", (piece.numel,)), m, v, layer.steps, self.optimizer)
+                del p, m, v
+            _copy_compute(ops, lay, flats)
+            flats.clear()
+            for lease in held:
+                lease.release(wait=False)  # the CPU's work is done when its calls return
+            held.clear()
+            self.fabric.free(grads)
+        except BaseException as e:  # handed to the caller when it next needs the layer
+            layer.host_error = e
+            for lease in held:
+                try:
+                    lease.release(wait=False)
+                except BaseException:
+                    pass
+        finally:
+            layer.host_step.set()
+
+    def _host_worker(self) -> None:
+        q = self._host_queue
+        assert q is not None
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            self._step_on_host(*job)
+
+    def _queue_host_step(self, i: int) -> None:
+        layer = self._layers[i]
+        layer.steps += 1
+        layer.accumulated = 0
+        grads, layer.grads = layer.grads, None  # the step frees them
+        if self._host_thread is None:
+            self._host_queue = queue.Queue()
+            self._host_thread = threading.Thread(target=self._host_worker, name="vfabric-host-steps", daemon=True)
+            self._host_thread.start()
+            # A worker still running when the interpreter exits would die inside the array library's threads:
+            # stop it first (the stream itself may be collected before: the hook then does nothing).
+            atexit.register(_stop_worker, weakref.ref(self))
+        assert self._host_queue is not None
+        self._host_queue.put((i, grads))
+
+    def _stop_worker(self) -> None:
+        if self._host_thread is not None and self._host_queue is not None:
+            self._host_queue.put(None)
+            self._host_thread.join()
+            self._host_thread = self._host_queue = None
+
+    def _wait_host_step(self, layer: _Layer) -> None:
+        if not layer.host_step.is_set():
+            t = time.perf_counter()
+            layer.host_step.wait()
+            self.waited["host_steps"] += time.perf_counter() - t
+        if layer.host_error is not None:
+            e, layer.host_error = layer.host_error, None
+            raise e
+
+    # ------------------------------------------------------------------------------------------------ inside
+    def _steps_here(self, layer: _Layer) -> bool:
+        """Whether this backward pass runs the layer's step on the device."""
+        return not self.accumulating and not layer.on_host
+
+    def _lease(self, layer: _Layer, role: str, mode: str, device: Optional[str] = None, ops: Optional[Ops] = None) -> None:
+        """Leases every part of one of the layer's regions."""
+        region = layer.region(role)
+        t = time.perf_counter()
+        for k, part in enumerate(layer.parts(role)):
+            at = device or self.device
+            lease = self.fabric.acquire(region, part.offset, part.nbytes, device=at, mode=mode)
+            if not lease.contiguous:
+                # The device had no run of free frames for the part and could not make one: the frames the
+                # pending layers hold are in the way. Let them go (waiting for their work) and try once more;
+                # a second failure is the caller's NotContiguous (a budget too small for a layer's parts).
+                lease.release(wait=False)
+                self.flush()
+                self.flushed_for_runs += 1
+                lease = self.fabric.acquire(region, part.offset, part.nbytes, device=at, mode=mode)
+            layer.leases[(role, k)] = lease
+            layer.flats[(role, k)] = (ops or self.ops).flat(lease)
+        self.waited["acquire"] += time.perf_counter() - t
+
+    def _prefetch(self, layer: _Layer, role: str) -> None:
+        region = layer.region(role)
+        if region is None or (role, 0) in layer.leases:
+            return
+        t = time.perf_counter()
+        for part in layer.parts(role):
+            self.fabric.prefetch(region, part.offset, part.nbytes, self.device)
+        self.waited["hints"] += time.perf_counter() - t
+
+    def _compute_views(self, layer: _Layer) -> Dict[str, Array]:
+        lay = layer.layout
+        return {
+            s.name: self.ops.view(layer.flats[("weights", part)], at, s.dtype, s.shape)
+            for s, (part, at) in zip(lay.specs, lay.compute)
+        }
+
+    def _state(self, layer: _Layer, ops: Ops, k: int, which: int) -> Array:
+        """Piece `k`'s master weights (0), first moments (1) or second moments (2)."""
+        n = layer.layout.pieces[k].numel
+        return ops.view(layer.flats[("states", k)], 4 * n * which, "float32", (n,))
+
+    def _master(self, layer: _Layer, ops: Ops, k: int, j: int, first: int, n: int) -> Array:
+        """The master weights of elements `first .. first + n` of parameter `j`, inside piece `k`."""
+        lay = layer.layout
+        at = lay.flat[j] + first - lay.pieces[k].start
+        return ops.view(layer.flats[("states", k)], 4 * at, "float32", (n,))
+
+    def _write_compute_copy(self, layer: _Layer, ops: Ops) -> None:
+        """The compute copy from the master weights (both leased for writing)."""
+        _copy_compute(ops, layer.layout, layer.flats)
+
+    def _work_buffer(self, numel: int) -> Array:
+        """The gradients' fp32 work space on the device, as bytes (grown to the largest layer)."""
+        if self._work is None or self._work_bytes < 4 * numel:
+            self._work = None
+            self._work = self.ops.buffer(4 * numel)
+            self._work_bytes = 4 * numel
+        return self._work
+
+    def _pend(self, i: int, write_back: Optional[List[str]] = None, free: Optional[List[Any]] = None, host_step: bool = False) -> None:
+        """Layer `i`'s work is queued: its leases end once the device is past the event recorded now, after
+        the next layer's work is queued too (see `_retire`)."""
+        self._pending.append(_Pending(i, self.ops.event(), write_back or [], free or [], host_step))
+        while len(self._pending) > 1:
+            self._retire()
+
+    def _retire_layer(self, i: int) -> None:
+        """Retires pending work up to and including layer `i`'s (its leases must end before new ones)."""
+        while any(p.layer == i for p in self._pending):
+            self._retire()
+
+    def _retire(self) -> None:
+        """The oldest pending layer: waits for its event, releases its leases without a device-wide wait,
+        starts its write-backs, frees what it consumed, and hands its step to the CPU if it has one."""
+        p = self._pending[0]
+        t = time.perf_counter()
+        if p.event is not None:
+            p.event.wait()
+        self.waited["retire"] += time.perf_counter() - t
+        layer = self._layers[p.layer]
+        layer.flats.clear()
+        for key, lease in list(layer.leases.items()):
+            # A view of it still alive raises LeaseInUse here: the lease and this pending work stay, for a
+            # later retire once the caller has dropped the view.
+            lease.release(wait=False)
+            del layer.leases[key]
+        self._pending.popleft()
+        t = time.perf_counter()
+        for role in p.write_back:
+            region = layer.region(role)
+            for part in layer.parts(role):
+                self.fabric.write_back(region, part.offset, part.nbytes, self.device)
+        self.waited["hints"] += time.perf_counter() - t
+        for region in p.free:
+            self.fabric.free(region)
+        if p.host_step:
+            self._queue_host_step(p.layer)
+
+
+def _copy_compute(ops: Ops, lay: LayerLayout, flats: Mapping[Key, Array]) -> None:
+    """Writes the compute copy (`("weights", part)` arrays) from the master weights (`("states", piece)`)."""
+    for k, piece in enumerate(lay.pieces):
+        for j, first, n in lay.overlaps(k):
+            spec = lay.specs[j]
+            part, at = lay.compute[j]
+            dst = ops.view(flats[("weights", part)], at + first * ITEMSIZE[spec.dtype], spec.dtype, (n,))
+            src = ops.view(flats[("states", k)], 4 * (lay.flat[j] + first - piece.start), "float32", (n,))
+            ops.copy(dst, src)
+
+
+def _stop_worker(ref: "weakref.ref[LayerStream]") -> None:
+    stream = ref()
+    if stream is not None:
+        stream._stop_worker()
