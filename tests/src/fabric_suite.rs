@@ -128,6 +128,54 @@ pub fn sequential_walks_prefetch_every_byte(cfg: &ClusterConfig) {
     f.free(&r).expect("free");
 }
 
+/// A caller's hints: a write-back copies what a kernel wrote on the GPU to host memory while the caller goes on,
+/// so evicting those pages later copies nothing and loses nothing; a prefetch of a range brings it back in one
+/// run before the acquire that wants it, which finds the pages in place. Bytes checked through host reads and
+/// lease pointers.
+pub fn hints_write_back_and_prefetch_every_byte(cfg: &ClusterConfig) {
+    let f = fabric(cfg);
+    let g = gpus(&f)[0];
+    let ps = f.page_size();
+    let a = f.alloc(4 * ps, Placement::on(g)).expect("alloc");
+    write_pattern(&f, &a, 47);
+    let lease = f.acquire(&a, 0..4 * ps, g, Mode::Write).expect("write lease");
+    let LeasePtr::Contiguous { ptr, .. } = *lease.ptr() else { panic!("four pages on an empty GPU are one run") };
+    f.fill_device(g, ptr, 4 * ps, 0x6B).expect("the kernel's write");
+    f.release(lease).expect("release");
+    let t = f.traffic();
+    f.write_back(&a, 0..4 * ps, g).expect("write back");
+    // An acquire of the pages waits for the copies; the pages stay on the GPU.
+    let lease = f.acquire(&a, 0..4 * ps, g, Mode::Read).expect("acquire after the write-back");
+    assert!(read_through_lease(&f, &lease).iter().all(|&b| b == 0x6B), "the GPU copy after the write-back");
+    f.release(lease).expect("release");
+    let t2 = f.traffic().since(&t);
+    assert_eq!((t2.written_back, t2.fetched), (4 * ps, 0), "written back once, nothing fetched: {t2:?}");
+    // Host reads take the host copy: the kernel's bytes are there.
+    let mut buf = vec![0u8; (4 * ps) as usize];
+    f.read(&a, 0, &mut buf).expect("read");
+    assert!(buf.iter().all(|&b| b == 0x6B), "the host copy holds what the kernel wrote");
+    // Another region takes the whole GPU: the written-back pages leave it without a copy.
+    let usable = f.stats().directory.devices.iter().find(|d| d.location == g).map(|d| d.frames).unwrap() as u64;
+    let b = f.alloc(usable * ps, Placement::on(g)).expect("alloc");
+    let t = f.traffic();
+    let lease = (1..=usable).rev().find_map(|n| f.acquire(&b, 0..n * ps, g, Mode::Write).ok()).expect("a write lease");
+    assert!(lease.len() >= 4 * ps, "the lease took the written-back pages' frames");
+    f.release(lease).expect("release");
+    let t2 = f.traffic().since(&t);
+    assert_eq!(t2.evicted, 0, "clean pages are dropped, not copied: {t2:?}");
+    f.free(&b).expect("free");
+    // A prefetch brings them back; the acquire finds them in place, in one run, with the kernel's bytes.
+    let t = f.traffic();
+    f.prefetch(&a, 0..4 * ps, g).expect("prefetch");
+    let lease = f.acquire(&a, 0..4 * ps, g, Mode::Read).expect("acquire after the prefetch");
+    assert!(matches!(lease.ptr(), LeasePtr::Contiguous { .. }), "one run");
+    assert!(read_through_lease(&f, &lease).iter().all(|&b| b == 0x6B), "the prefetched copy");
+    f.release(lease).expect("release");
+    let t2 = f.traffic().since(&t);
+    assert_eq!((t2.prefetched, t2.fetched), (4 * ps, 4 * ps), "fetched once, by the prefetch: {t2:?}");
+    f.free(&a).expect("free");
+}
+
 /// A fragmented GPU is compacted so a lease gets one run of frames, and the pages compaction moved keep their
 /// bytes; when a leased frame sits in every window the lease gets one pointer per page instead, and those
 /// pointers hold the right bytes too.
@@ -306,6 +354,11 @@ macro_rules! fabric_suite_tests {
         #[test]
         fn sequential_walks_prefetch_every_byte() {
             $crate::fabric_suite::sequential_walks_prefetch_every_byte(&$config);
+        }
+
+        #[test]
+        fn hints_write_back_and_prefetch_every_byte() {
+            $crate::fabric_suite::hints_write_back_and_prefetch_every_byte(&$config);
         }
 
         #[test]
