@@ -492,7 +492,7 @@ mod tests {
         let mut expected = vec![true; 10];
         expected.extend([false; 7]);
         expected.extend([true, false, true]);
-        expected.extend([true, false, true, true, false, true, true, false]);
+        expected.extend([true, false, true, true, false, true, true, false, true]);
         assert_eq!(kinds, expected);
     }
 
