@@ -1,4 +1,4 @@
-# Copied from the project's shared GPU notes (shared/gpu/nccl_baseline.py): NCCL send/recv GPU0 -> GPU1 through torch.
+# The NCCL baseline: send/recv GPU0 -> GPU1 through torch.
 # Its output lines are what vfabric-bench --nccl-log reads.
 # NCCL send/recv bandwidth between two local GPUs through torch.distributed: the peer baseline.
 import os, time, torch, torch.distributed as dist, torch.multiprocessing as mp

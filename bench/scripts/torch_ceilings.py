@@ -1,5 +1,5 @@
-# Copied unchanged in substance from the project's shared GPU notes (shared/gpu/torch_ceilings.py): the ceilings every GPU
-# benchmark runs beside. Writes $OUT/probe.json, which vfabric-bench --torch-json reads.
+# The ceilings every GPU benchmark runs beside (torch on the GPU machine).
+# Writes $OUT/probe.json, which vfabric-bench --torch-json reads.
 # Measures the physical ceilings a GPU memory fabric is judged against, on the lent machine.
 import os, time, json, subprocess, sys
 import torch
