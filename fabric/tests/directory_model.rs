@@ -810,3 +810,28 @@ fn written_back_pages_leave_a_full_gpu_without_a_copy() {
     assert!(matches!(s.leases[1].0.frames, vfabric::directory::LeaseFrames::Run { len: 4, .. }));
     s.check(&Op::Settle);
 }
+
+#[test]
+fn a_region_far_beyond_the_node_costs_what_it_uses() {
+    // 200 TiB of 64 KiB pages: 3.3 G pages, whose entries would take 107 GB if made up front.
+    let mut s = sim(0);
+    let h = s.dir.alloc(200 << 40, Placement::on(DEVICES[0].0)).expect("a 200 TiB region");
+    let before = s.dir.stats().metadata_bytes;
+    assert!(before < 64 << 20, "the directory's tables take {before} bytes");
+    // Its last page, written and acquired like any other.
+    let last = (h.len / PAGE) as u32 - 1;
+    let mut req = AcquireRequest::new(h, u64::from(last) * PAGE, PAGE, DEVICES[0].0, Mode::Write);
+    let grant = s.drive(|d| d.step_acquire(&mut req)).expect("acquire the last page");
+    s.dir.release(grant.id).expect("release");
+    assert_eq!(s.dir.stats().pages, (200u64 << 40) / PAGE);
+    assert_eq!(s.dir.stats().unbacked, (200u64 << 40) / PAGE - 1, "one page has a copy");
+    s.dir.check_invariants().expect("invariants");
+    assert!(matches!(s.dir.free(&h), Ok(Step::Done(()))));
+    // Past the limits, typed errors and nothing taken: more pages than a page index names, and more than the
+    // node's 256 TiB of address space left.
+    assert!(matches!(s.dir.alloc(300 << 40, Placement::default()), Err(DirectoryError::TooManyPages { .. })));
+    let again = s.dir.alloc(200 << 40, Placement::default()).expect("the space is free again");
+    assert!(matches!(s.dir.alloc(100 << 40, Placement::default()), Err(DirectoryError::AddressSpaceExhausted(_))));
+    assert_eq!(s.dir.stats().regions, 1);
+    assert!(matches!(s.dir.free(&again), Ok(Step::Done(()))));
+}

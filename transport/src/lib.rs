@@ -1,4 +1,4 @@
-//! vfabric-transport: everything that moves bytes, in two parts.
+//! vfabric-transport: everything that moves bytes, in three parts.
 //!
 //! - The **device layer** ([`device`]): a node's GPUs and pinned host memory as [`Arena`]s that are created once
 //!   and mapped once, behind the [`DeviceLayer`] trait, with two backends: [`cuda`] (CUDA driver API through
@@ -6,6 +6,8 @@
 //!   pages ([`PageBatch`]) between frames of two arenas by the copy engine or the SM gather/scatter kernel
 //!   (`kernels/page_copy.cu`), asynchronously, with a [`Transfer`] to wait on.
 //! - The **network** ([`quic`]): QUIC between nodes with mutual TLS, certificates from a cluster CA.
+//! - **Storage** ([`storage`]): the tier below host memory, pages in a file read and written with O_DIRECT
+//!   through io_uring, checksummed.
 //!
 //! Nothing here panics on a machine without a driver: opening CUDA returns [`DeviceError::DriverMissing`].
 
@@ -13,6 +15,7 @@
 
 pub mod device;
 pub mod quic;
+pub mod storage;
 
 pub use device::arena::{Arena, ArenaSpec};
 pub use device::batch::{CopyRun, PageBatch, Plan};

@@ -6,6 +6,7 @@ use vfabric_allocator::{AllocClass, GlobalAddr, TenantId};
 use super::error::{DirectoryError, LeaseHeld};
 use super::lease::Mode;
 use super::page::{Copy, DevIdx, PageEntry, PageRef};
+use super::page_table::PageTable;
 use super::region::{Placement, Priority, RegionEntry, RegionHandle};
 use super::stage::Step;
 use super::state::Directory;
@@ -39,13 +40,8 @@ impl Directory {
         self.generations[slot as usize] += 1;
         let handle =
             RegionHandle { slot, generation: self.generations[slot as usize], addr, len: pages * ps, page_size: ps };
-        self.regions[slot as usize] = Some(RegionEntry {
-            handle,
-            placement,
-            home,
-            pages: vec![PageEntry::default(); pages as usize],
-            stream: None,
-        });
+        self.regions[slot as usize] =
+            Some(RegionEntry { handle, placement, home, pages: PageTable::new(pages as usize), stream: None });
         Ok(handle)
     }
 
@@ -98,13 +94,13 @@ impl Directory {
             Err(DirectoryError::UseAfterFree(h)) => return Err(DirectoryError::DoubleFree(h)),
             Err(e) => return Err(e),
         };
-        if let Some((i, p)) = r.pages.iter().enumerate().find(|(_, p)| p.leased()) {
+        if let Some((i, p)) = r.pages.touched().find(|(_, p)| p.leased()) {
             return Err(self.leased_error(h, i as u64, p));
         }
         if self.in_flight.iter().any(|f| f.slot == h.slot) {
             return Ok(Step::Wait);
         }
-        let copies: Vec<Copy> = r.pages.iter().flat_map(|p| p.copies().collect::<Vec<_>>()).collect();
+        let copies: Vec<Copy> = r.pages.touched().flat_map(|(_, p)| p.copies().collect::<Vec<_>>()).collect();
         for c in copies {
             self.release_frame(c);
         }

@@ -24,7 +24,7 @@ impl Directory {
         let mut seen: HashMap<(DevIdx, u32), PageRef> = HashMap::new();
         for (slot, r) in self.regions.iter().enumerate() {
             let Some(r) = r else { continue };
-            for (i, p) in r.pages.iter().enumerate() {
+            for (i, p) in r.pages.touched() {
                 let page = PageRef { slot: slot as u32, page: i as u32 };
                 let mut devs = BTreeSet::new();
                 if p.owner().is_none() && !p.sharers().is_empty() {

@@ -19,10 +19,11 @@ impl Directory {
         let slot = h.slot;
         let pages = {
             let r = self.region(h)?;
-            if let Some((i, p)) = r.pages.iter().enumerate().find(|(_, p)| p.leased()) {
+            if let Some((i, p)) = r.pages.touched().find(|(_, p)| p.leased()) {
                 return Err(self.leased_error(h, i as u64, p));
             }
-            r.pages.len() as u32
+            // Only pages ever used can have copies.
+            r.pages.touched().filter(|(_, p)| p.owner().is_some()).map(|(i, _)| i as u32).collect::<Vec<u32>>()
         };
         if !self.in_flight.is_empty() {
             // Copies it drops may be a prefetch's sources.
@@ -33,7 +34,7 @@ impl Directory {
         }
         // Pages with a copy on another GPU, and the copy to move (the owner if it is on a GPU).
         let mut remaining: Vec<(u32, Copy)> = Vec::new();
-        for i in 0..pages {
+        for i in pages {
             let page = PageRef { slot, page: i };
             let e = self.page(page);
             let elsewhere: Vec<Copy> =

@@ -18,7 +18,8 @@
 //! The files, in the order a call meets them:
 //! - `config`: [`DirectoryConfig`], how memory is managed;
 //! - `state`: the [`Directory`] and its tables, its constructor, device lookup;
-//! - `region`, `page`, `lease`, `stage`: the vocabulary (regions and their handles, pages and their copies,
+//! - `region`, `page`, `page_table`, `lease`, `stage`: the vocabulary (regions and their handles, pages and their
+//!   copies, a region's page entries made as its pages are used,
 //!   leases, the stages of copies a call asks for and the [`Step`] every step returns);
 //! - `alloc`: allocating, freeing and looking up regions, checking ranges;
 //! - `residency`: taking, freeing and pinning frames, the eviction order (`lru`);
@@ -43,6 +44,7 @@ mod lease;
 mod lru;
 mod migrate;
 mod page;
+mod page_table;
 mod prefetch;
 mod region;
 mod residency;
@@ -58,6 +60,7 @@ pub use host_io::{ReadPiece, ReadSource, WriteTarget};
 pub use invariants::InvariantError;
 pub use lease::{LeaseFrames, LeaseGrant, Mode};
 pub use page::{Copy, DevIdx, PageEntry, PageRef};
+pub use page_table::PageTable;
 pub use prefetch::PREFETCH_DEPTH;
 pub use region::{Placement, Priority, RegionEntry, RegionHandle};
 pub use stage::{Stage, StageBatch, StageKind, Step};

@@ -44,11 +44,15 @@ const NO_COPY: Copy = Copy { dev: DevIdx::MAX, frame: u32::MAX };
 
 impl Default for PageEntry {
     fn default() -> Self {
-        PageEntry { owner: NO_COPY, sharers: None, version: 0, read_leases: 0, write_leased: false }
+        PageEntry::UNTOUCHED
     }
 }
 
 impl PageEntry {
+    /// A page never written or acquired: no copy (it reads as zeros), version 0, no lease.
+    pub const UNTOUCHED: PageEntry =
+        PageEntry { owner: NO_COPY, sharers: None, version: 0, read_leases: 0, write_leased: false };
+
     /// The owner copy, if the page has one.
     pub fn owner(&self) -> Option<Copy> {
         (self.owner != NO_COPY).then_some(self.owner)

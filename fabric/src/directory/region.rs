@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 use vfabric_allocator::{GlobalAddr, Location, TenantId};
 
-use super::page::{DevIdx, PageEntry};
+use super::page::DevIdx;
+use super::page_table::PageTable;
 
 /// A region, as its users hold it: its address, size and page size, and a generation that tells a freed
 /// region from a later one at the same address.
@@ -66,8 +67,8 @@ pub struct RegionEntry {
     pub placement: Placement,
     /// The device new pages go to (the placement's, changed by a migration).
     pub home: DevIdx,
-    /// One entry per page.
-    pub pages: Vec<PageEntry>,
+    /// One entry per page (made a chunk at a time as pages are used).
+    pub pages: PageTable,
     /// The walk the last acquires made.
     pub(super) stream: Option<Stream>,
 }

@@ -3,7 +3,7 @@
 use vfabric_allocator::Location;
 
 use super::lru::Lru;
-use super::page::{PageEntry, PageRef};
+use super::page::PageRef;
 use super::state::Directory;
 
 /// Figures about one device.
@@ -49,12 +49,15 @@ impl Directory {
         let mut unbacked = 0u64;
         let mut owned = vec![0u64; self.devs.len()];
         let mut sharer_bytes = 0u64;
+        let mut table_bytes = 0u64;
         for r in self.regions.iter().flatten() {
             pages += r.pages.len() as u64;
-            for p in &r.pages {
-                match p.owner() {
-                    Some(o) => owned[usize::from(o.dev)] += 1,
-                    None => unbacked += 1,
+            unbacked += r.pages.len() as u64;
+            table_bytes += r.pages.heap_bytes() as u64;
+            for (_, p) in r.pages.touched() {
+                if let Some(o) = p.owner() {
+                    owned[usize::from(o.dev)] += 1;
+                    unbacked -= 1;
                 }
                 sharer_bytes += p.heap_bytes() as u64;
             }
@@ -76,11 +79,11 @@ impl Directory {
                 }
             })
             .collect();
-        // Per page: its entry (and its replica list); per frame: the reverse map and the eviction order.
-        let entry = std::mem::size_of::<PageEntry>() as u64;
+        // Per region: its page table (chunks of entries made as pages are used) and replica lists; per frame:
+        // the reverse map and the eviction order.
         let per_frame = (std::mem::size_of::<Option<PageRef>>() + Lru::BYTES_PER_FRAME) as u64;
         let frames: u64 = self.devs.iter().map(|d| d.users.len() as u64).sum();
-        let metadata_bytes = pages * entry + sharer_bytes + frames * per_frame;
+        let metadata_bytes = table_bytes + sharer_bytes + frames * per_frame;
         DirectoryStats {
             regions: self.regions.iter().flatten().count(),
             pages,

@@ -211,7 +211,10 @@ impl Fabric {
 
     /// Allocates a region of `size` bytes (rounded up to whole pages). `placement` picks the device its pages
     /// go to (a hint; by default the GPU with the most free memory). No memory is taken until pages are
-    /// written or acquired; a region may be larger than any GPU.
+    /// written or acquired; a region may be larger than any GPU, or than the node: the directory's record of
+    /// it grows with the pages it uses (8 bytes per 1,024 pages until then). The limit is the node's address
+    /// space, 256 TiB for all its regions together (48 bits of every global address), in at most 2^32 pages a
+    /// region: past it, a typed error (`AddressSpaceExhausted`, `TooManyPages`).
     pub fn alloc(&self, size: u64, placement: Placement) -> Result<Region, FabricError> {
         Ok(lock(&self.inner.state).dir.alloc(size, placement)?)
     }

@@ -1,0 +1,254 @@
+//! `StorageFile`: a file of page-sized slots the fabric creates, sizes, and removes, read and written with
+//! O_DIRECT through io_uring, every page's xxh3-64 recorded when written and checked when read.
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::buffer::{AlignedBuffer, DIRECT_ALIGN};
+use super::error::StorageError;
+use super::ring::{Op, Request, Ring};
+
+/// The first bytes of a tier's file: a file that starts with them is a tier of an earlier run (reset, never
+/// trusted); one that does not is somebody else's (left alone).
+const MAGIC: &[u8; 8] = b"VFABTIER";
+/// The header block before the first slot.
+const HEADER: u64 = DIRECT_ALIGN as u64;
+
+/// What a storage tier is: where, how large, in pages of what size, and how many requests it keeps in flight.
+#[derive(Debug, Clone)]
+pub struct StorageSpec {
+    /// The file (created; a tier's file from an earlier run is reset).
+    pub path: PathBuf,
+    /// Bytes of pages (a whole number of pages).
+    pub bytes: u64,
+    /// The page size (a multiple of 4096).
+    pub page_size: u64,
+    /// Requests in flight at once.
+    pub depth: u32,
+}
+
+/// A storage tier's file (see the module's docs). Removed when dropped.
+pub struct StorageFile {
+    file: File,
+    path: PathBuf,
+    page_size: u64,
+    slots: u64,
+    ring: Mutex<Ring>,
+    /// Per slot, the checksum of the page it holds, if it holds one.
+    sums: Mutex<Vec<Option<u64>>>,
+}
+
+impl StorageFile {
+    /// Creates the tier's file at `spec.path`, its space reserved up front (so a full disk is an error now, not
+    /// a failed eviction later). A tier's file left by an earlier run is reset; any other file there is refused.
+    pub fn create(spec: &StorageSpec) -> Result<StorageFile, StorageError> {
+        let ps = spec.page_size;
+        if ps == 0 || ps % DIRECT_ALIGN as u64 != 0 || ps > u64::from(u32::MAX) {
+            return Err(StorageError::InvalidSpec(format!(
+                "page size {ps} is not a multiple of {DIRECT_ALIGN} below 4 GiB"
+            )));
+        }
+        if spec.bytes == 0 || spec.bytes % ps != 0 {
+            return Err(StorageError::InvalidSpec(format!(
+                "{} bytes are not a whole number of {ps}-byte pages",
+                spec.bytes
+            )));
+        }
+        if spec.depth == 0 || !spec.depth.is_power_of_two() || spec.depth > 4096 {
+            return Err(StorageError::InvalidSpec(format!("depth {} is not a power of two up to 4096", spec.depth)));
+        }
+        let path = spec.path.clone();
+        let file_err = |what: &'static str| {
+            let path = path.clone();
+            move |source| StorageError::File { path, what, source }
+        };
+        check_not_foreign(&path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+            .open(&path)
+            .map_err(file_err("opening with O_DIRECT"))?;
+        let tier = StorageFile {
+            file,
+            path: path.clone(),
+            page_size: ps,
+            slots: spec.bytes / ps,
+            ring: Mutex::new(Ring::new(spec.depth)?),
+            sums: Mutex::new(vec![None; (spec.bytes / ps) as usize]),
+        };
+        // From here on, dropping `tier` removes the file.
+        nix::fcntl::posix_fallocate(&tier.file, 0, (HEADER + spec.bytes) as i64).map_err(|e| StorageError::File {
+            path: path.clone(),
+            what: "reserving its space",
+            source: e.into(),
+        })?;
+        let mut header = AlignedBuffer::new(HEADER as usize).expect("a 4 KiB buffer");
+        header[..8].copy_from_slice(MAGIC);
+        header[8..16].copy_from_slice(&ps.to_le_bytes());
+        header[16..24].copy_from_slice(&tier.slots.to_le_bytes());
+        header[24..28].copy_from_slice(&std::process::id().to_le_bytes());
+        tier.file.write_all_at(&header, 0).map_err(file_err("writing its header"))?;
+        Ok(tier)
+    }
+
+    /// The page size.
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    /// Slots (pages the tier holds).
+    pub fn slots(&self) -> u64 {
+        self.slots
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where slot `slot`'s page starts in the file (after a 4 KiB header).
+    pub fn slot_offset(&self, slot: u64) -> u64 {
+        HEADER + slot * self.page_size
+    }
+
+    /// Writes pages: each `(slot, page)` one page, all in flight together (up to the depth). On error, the
+    /// slots whose write failed hold no page; the others hold theirs.
+    pub fn write(&self, pages: &[(u64, &[u8])]) -> Result<(), StorageError> {
+        let mut requests = Vec::with_capacity(pages.len());
+        let mut sums = Vec::with_capacity(pages.len());
+        for &(slot, page) in pages {
+            requests.push(self.request(slot, page.as_ptr() as *mut u8, page.len())?);
+            sums.push(xxh3_64(page));
+        }
+        self.check_distinct(&requests)?;
+        // A failed write leaves nothing to read back: forget each slot's page before its write starts.
+        {
+            let mut table = self.lock_sums();
+            for r in &requests {
+                table[r.slot as usize] = None;
+            }
+        }
+        // SAFETY: the pages are borrowed until this returns; a write only reads them.
+        let results = unsafe { self.lock_ring().run(self.file.as_raw_fd(), Op::Write, &requests)? };
+        let mut table = self.lock_sums();
+        let mut first = None;
+        for ((r, sum), res) in requests.iter().zip(sums).zip(results) {
+            match res {
+                Ok(()) => table[r.slot as usize] = Some(sum),
+                Err(e) => first = first.or(Some(e)),
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Reads pages into the buffers, all in flight together, and checks each against the checksum its write
+    /// recorded: a page that comes back different or short is an error naming its slot, never wrong bytes
+    /// taken for right ones.
+    pub fn read(&self, pages: &mut [(u64, &mut [u8])]) -> Result<(), StorageError> {
+        let mut requests = Vec::with_capacity(pages.len());
+        let mut expected = Vec::with_capacity(pages.len());
+        {
+            let table = self.lock_sums();
+            for (slot, buf) in pages.iter_mut() {
+                let r = self.request(*slot, buf.as_mut_ptr(), buf.len())?;
+                expected.push(table[r.slot as usize].ok_or(StorageError::NeverWritten { slot: *slot })?);
+                requests.push(r);
+            }
+        }
+        self.check_distinct(&requests)?;
+        // SAFETY: the buffers are borrowed mutably until this returns.
+        let results = unsafe { self.lock_ring().run(self.file.as_raw_fd(), Op::Read, &requests)? };
+        for (((slot, buf), want), res) in pages.iter().zip(expected).zip(results) {
+            res?;
+            let found = xxh3_64(buf);
+            if found != want {
+                return Err(StorageError::Corrupt { slot: *slot, expected: want, found });
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets a slot's page (its space is free for another).
+    pub fn forget(&self, slot: u64) -> Result<(), StorageError> {
+        if slot >= self.slots {
+            return Err(StorageError::NoSuchSlot { slot, slots: self.slots });
+        }
+        self.lock_sums()[slot as usize] = None;
+        Ok(())
+    }
+
+    fn request(&self, slot: u64, ptr: *mut u8, len: usize) -> Result<Request, StorageError> {
+        if slot >= self.slots {
+            return Err(StorageError::NoSuchSlot { slot, slots: self.slots });
+        }
+        if len as u64 != self.page_size || (ptr as usize) % DIRECT_ALIGN != 0 {
+            return Err(StorageError::BadBuffer {
+                slot,
+                addr: ptr as usize,
+                len,
+                page: self.page_size,
+                align: DIRECT_ALIGN,
+            });
+        }
+        Ok(Request { slot, offset: self.slot_offset(slot), ptr, len: len as u32 })
+    }
+
+    fn check_distinct(&self, requests: &[Request]) -> Result<(), StorageError> {
+        let mut seen = std::collections::HashSet::with_capacity(requests.len());
+        match requests.iter().find(|r| !seen.insert(r.slot)) {
+            Some(r) => Err(StorageError::DuplicateSlot { slot: r.slot }),
+            None => Ok(()),
+        }
+    }
+
+    fn lock_ring(&self) -> std::sync::MutexGuard<'_, Ring> {
+        // A panic while the ring was held leaves it drained (`Ring::run` collects every completion first).
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_sums(&self) -> std::sync::MutexGuard<'_, Vec<Option<u64>>> {
+        self.sums.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for StorageFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "removing the storage tier's file failed");
+        }
+    }
+}
+
+/// Refuses a file at `path` that is not a tier's; says so when it resets one left by an earlier run.
+fn check_not_foreign(path: &Path) -> Result<(), StorageError> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(StorageError::File { path: path.to_owned(), what: "looking at it", source }),
+    };
+    let meta =
+        f.metadata().map_err(|source| StorageError::File { path: path.to_owned(), what: "looking at it", source })?;
+    if !meta.is_file() {
+        return Err(StorageError::InvalidSpec(format!("{} is not a regular file", path.display())));
+    }
+    if meta.len() == 0 {
+        return Ok(());
+    }
+    let mut head = [0u8; 8];
+    if f.read_exact(&mut head).is_err() || &head != MAGIC {
+        return Err(StorageError::Foreign { path: path.to_owned() });
+    }
+    tracing::warn!(path = %path.display(), "a storage tier's file from an earlier run: reset, its pages not trusted");
+    // Nothing of it is kept: `create` truncates it.
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The storage tier's file on this machine's disk: pages round-trip through io_uring with O_DIRECT, many in
+//! flight; a page changed on disk, or cut short, is an error naming its slot; a tier's file from an earlier run
+//! is reset, anybody else's file is left alone; bad requests are typed errors that harm nothing.
+
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use vfabric_transport::storage::{AlignedBuffer, StorageError, StorageFile, StorageSpec};
+
+const PAGE: u64 = 64 << 10;
+
+fn path(name: &str) -> PathBuf {
+    // Cargo's scratch folder for integration tests: on the build's disk, where O_DIRECT works (tmpfs has none).
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("storage-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn tier(name: &str, pages: u64) -> StorageFile {
+    StorageFile::create(&StorageSpec { path: path(name), bytes: pages * PAGE, page_size: PAGE, depth: 8 })
+        .expect("create the tier")
+}
+
+fn page(seed: u64) -> AlignedBuffer {
+    let mut b = AlignedBuffer::new(PAGE as usize).unwrap();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in b.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    b
+}
+
+fn read_back(t: &StorageFile, slots: &[u64]) -> Result<Vec<AlignedBuffer>, StorageError> {
+    let mut bufs: Vec<AlignedBuffer> = slots.iter().map(|_| AlignedBuffer::new(PAGE as usize).unwrap()).collect();
+    let mut reqs: Vec<(u64, &mut [u8])> = slots.iter().copied().zip(bufs.iter_mut().map(|b| &mut b[..])).collect();
+    t.read(&mut reqs)?;
+    Ok(bufs)
+}
+
+#[test]
+fn pages_round_trip_many_in_flight() {
+    let t = tier("round-trip", 64);
+    let pages: Vec<AlignedBuffer> = (0..64).map(page).collect();
+    // 64 pages through a ring of 8, in an order that is not the file's.
+    let order: Vec<u64> = (0..64).map(|i| (i * 37) % 64).collect();
+    let reqs: Vec<(u64, &[u8])> = order.iter().map(|&s| (s, &pages[s as usize][..])).collect();
+    t.write(&reqs).expect("write");
+    let got = read_back(&t, &(0..64).collect::<Vec<_>>()).expect("read");
+    for (s, (g, w)) in got.iter().zip(&pages).enumerate() {
+        assert!(g[..] == w[..], "slot {s}");
+    }
+    // Rewriting a slot replaces its page.
+    let new = page(1000);
+    t.write(&[(5, &new[..])]).expect("rewrite");
+    assert!(read_back(&t, &[5]).unwrap()[0][..] == new[..]);
+    let file = t.path().to_owned();
+    drop(t);
+    assert!(!file.exists(), "the fabric removes the tier's file");
+}
+
+#[test]
+fn a_page_changed_or_cut_short_on_disk_is_an_error_naming_its_slot() {
+    let t = tier("corrupt", 8);
+    let pages: Vec<AlignedBuffer> = (0..8).map(|i| page(i + 50)).collect();
+    let reqs: Vec<(u64, &[u8])> = pages.iter().enumerate().map(|(i, p)| (i as u64, &p[..])).collect();
+    t.write(&reqs).expect("write");
+    // One byte of slot 3 changes behind the tier's back.
+    let other = std::fs::OpenOptions::new().write(true).open(t.path()).unwrap();
+    other.write_at(&[pages[3][100] ^ 0xFF], t.slot_offset(3) + 100).unwrap();
+    other.sync_all().unwrap();
+    match read_back(&t, &[2, 3, 4]) {
+        Err(StorageError::Corrupt { slot: 3, .. }) => {}
+        other => panic!("expected slot 3 to be corrupt, got {:?}", other.map(|_| ())),
+    }
+    assert!(read_back(&t, &[2, 4]).is_ok(), "the other slots are intact");
+    // The file loses its last pages.
+    other.set_len(t.slot_offset(6)).unwrap();
+    match read_back(&t, &[7]) {
+        Err(StorageError::Short { slot: 7, op: "read", got: 0, .. }) => {}
+        other => panic!("expected a short read of slot 7, got {:?}", other.map(|_| ())),
+    }
+    assert!(read_back(&t, &[5]).is_ok());
+}
+
+#[test]
+fn an_earlier_runs_tier_is_reset_and_anybody_elses_file_left_alone() {
+    let t = tier("earlier", 4);
+    let p = page(7);
+    t.write(&[(0, &p[..])]).unwrap();
+    // A crashed run's file: a copy of a live tier's.
+    let stale = path("stale");
+    std::fs::copy(t.path(), &stale).unwrap();
+    let again = StorageFile::create(&StorageSpec { path: stale.clone(), bytes: 4 * PAGE, page_size: PAGE, depth: 4 })
+        .expect("an earlier run's tier is reset");
+    assert!(matches!(read_back(&again, &[0]), Err(StorageError::NeverWritten { slot: 0 })), "nothing trusted");
+    drop(again);
+    let foreign = path("foreign");
+    std::fs::write(&foreign, b"somebody's data").unwrap();
+    let refused =
+        StorageFile::create(&StorageSpec { path: foreign.clone(), bytes: 4 * PAGE, page_size: PAGE, depth: 4 });
+    assert!(matches!(refused, Err(StorageError::Foreign { .. })), "{:?}", refused.err());
+    assert_eq!(std::fs::read(&foreign).unwrap(), b"somebody's data");
+}
+
+#[test]
+fn bad_requests_are_typed_errors_and_harm_nothing() {
+    let t = tier("bad", 4);
+    let good = page(9);
+    t.write(&[(1, &good[..])]).unwrap();
+    let big = AlignedBuffer::new(2 * PAGE as usize).unwrap();
+    let unaligned = &big[512..512 + PAGE as usize];
+    assert!(matches!(t.write(&[(0, unaligned)]), Err(StorageError::BadBuffer { slot: 0, .. })));
+    assert!(matches!(t.write(&[(0, &big[..])]), Err(StorageError::BadBuffer { .. })), "two pages for one slot");
+    assert!(matches!(t.write(&[(4, &good[..])]), Err(StorageError::NoSuchSlot { slot: 4, slots: 4 })));
+    assert!(matches!(t.write(&[(2, &good[..]), (2, &good[..])]), Err(StorageError::DuplicateSlot { slot: 2 })));
+    assert!(matches!(read_back(&t, &[3]), Err(StorageError::NeverWritten { slot: 3 })));
+    t.forget(1).unwrap();
+    assert!(matches!(read_back(&t, &[1]), Err(StorageError::NeverWritten { slot: 1 })));
+    for (bytes, page_size, depth) in [(PAGE + 1, PAGE, 4), (4 * 1000, 1000, 4), (0, PAGE, 4), (PAGE, PAGE, 3)] {
+        let spec = StorageSpec { path: path("invalid"), bytes, page_size, depth };
+        assert!(matches!(StorageFile::create(&spec), Err(StorageError::InvalidSpec(_))), "{spec:?}");
+    }
+    // The tier still works.
+    t.write(&[(2, &good[..])]).unwrap();
+    assert!(read_back(&t, &[2]).unwrap()[0][..] == good[..]);
+}
