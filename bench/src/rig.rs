@@ -102,6 +102,7 @@ fn seed_of(l: Location) -> u64 {
     match l {
         Location::Gpu(g) => 0x100 + u64::from(g),
         Location::Host => 0x1FF,
+        Location::Storage => 0x2FF,
     }
 }
 

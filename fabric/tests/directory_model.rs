@@ -175,6 +175,16 @@ impl Sim {
     fn copy(&mut self, stage: &Stage, fail: bool) {
         let mut writes = Vec::new();
         for b in &stage.batches {
+            // The storage tier is reached through host memory only: the fabric's file I/O reads and writes host
+            // frames.
+            let ends = [b.from, b.to];
+            assert!(
+                !ends.contains(&Location::Storage) || ends.contains(&Location::Host),
+                "a {:?} stage copies between {} and {}",
+                stage.kind,
+                b.from,
+                b.to
+            );
             for m in &b.moves {
                 let v = if fail { 0xBAD } else { self.mem.get(&(b.from, m.src)).copied().unwrap_or(0xDEAD) };
                 writes.push(((b.to, m.dst), v));
@@ -488,7 +498,15 @@ fn sim(fail_every: u64) -> Sim {
     sim_with(fail_every, 90, 75)
 }
 
+/// The same GPUs with a small host memory and a storage tier below it: host memory fills and spills to storage.
+const WITH_STORAGE: [(Location, u64); 4] =
+    [(Location::Gpu(0), 8 * PAGE), (Location::Gpu(1), 6 * PAGE), (Location::Host, 10 * PAGE), (Location::Storage, 48 * PAGE)];
+
 fn sim_with(fail_every: u64, high: u8, low: u8) -> Sim {
+    sim_on(&DEVICES, fail_every, high, low)
+}
+
+fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Sim {
     let cfg = DirectoryConfig {
         page_size: PageSize::KIB_64,
         headroom_percent: 0,
@@ -497,7 +515,7 @@ fn sim_with(fail_every: u64, high: u8, low: u8) -> Sim {
         ..DirectoryConfig::default()
     };
     Sim {
-        dir: Directory::new(cfg, &DEVICES).expect("directory"),
+        dir: Directory::new(cfg, devices).expect("directory"),
         mem: HashMap::new(),
         model: HashMap::new(),
         regions: Vec::new(),
@@ -517,8 +535,20 @@ proptest! {
 
     #[test]
     fn directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9]) {
-        let mut s = sim(fail_every);
-        for op in &ops {
+        run_model(sim(fail_every), &ops)?;
+    }
+
+    #[test]
+    fn with_a_storage_tier_the_directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9]) {
+        run_model(sim_on(&WITH_STORAGE, fail_every, 90, 75), &ops)?;
+    }
+}
+
+/// Applies `ops`, checking the model after each, then releases and frees everything and checks every frame
+/// came back.
+fn run_model(mut s: Sim, ops: &[Op]) -> Result<(), TestCaseError> {
+    {
+        for op in ops {
             s.apply(op);
             s.check(op);
         }
@@ -535,6 +565,7 @@ proptest! {
         prop_assert_eq!(st.regions, 0);
         prop_assert!(st.devices.iter().all(|d| d.used == 0), "every frame back: {:?}", st.devices);
     }
+    Ok(())
 }
 
 /// A region larger than a GPU is written whole (pages beyond the GPU spill to host memory), read back, and
@@ -835,4 +866,44 @@ fn a_region_far_beyond_the_node_costs_what_it_uses() {
     assert!(matches!(s.dir.alloc(100 << 40, Placement::default()), Err(DirectoryError::AddressSpaceExhausted(_))));
     assert_eq!(s.dir.stats().regions, 1);
     assert!(matches!(s.dir.free(&again), Ok(Step::Done(()))));
+}
+
+/// A region larger than a GPU and host memory together: writes spill from the GPU to host memory and from
+/// host memory to the storage tier; every page reads back right, and acquires on both GPUs bring stored pages
+/// back through host memory (never a copy between storage and a GPU), with write leases among them.
+#[test]
+fn pages_spill_to_the_storage_tier_and_come_back_through_host_memory() {
+    let mut s = sim_on(&WITH_STORAGE, 0, 90, 75);
+    let pages = 30u32;
+    let h = s.dir.alloc(u64::from(pages) * PAGE, Placement::on(Location::Gpu(0))).expect("alloc");
+    for p in 0..pages {
+        s.model.insert(key(&h, p), 0);
+    }
+    s.regions.push(h);
+    for start in (0..pages).step_by(3) {
+        let w = Op::Write { region: 0, page: start, pages: 3 };
+        s.apply(&w);
+        s.check(&w);
+    }
+    let stored = |s: &Sim| s.dir.stats().devices[3].owned;
+    assert!(stored(&s) >= 12, "pages past GPU 0 and host memory went to storage: {:?}", s.dir.stats().devices);
+    let mut max_stored = 0;
+    for round in 0..2 {
+        for p in 0..pages {
+            let op = Op::Acquire { region: 0, page: p, pages: 2, device: round, write: p % 7 == 0 };
+            s.apply(&op);
+            s.check(&op);
+            assert_eq!(s.leases.len(), 1, "{op:?} was granted");
+            s.apply(&Op::Release { lease: 0 });
+            s.check(&op);
+            max_stored = max_stored.max(stored(&s));
+        }
+    }
+    assert!(max_stored > 0);
+    // Storage holds pages, not leases; it is no region's home and takes no prefetch.
+    let mut req = AcquireRequest::new(h, 0, PAGE, Location::Storage, Mode::Read);
+    assert!(matches!(s.dir.step_acquire(&mut req), Err(DirectoryError::StorageTier(_))));
+    assert!(matches!(s.dir.alloc(PAGE, Placement::on(Location::Storage)), Err(DirectoryError::StorageTier(_))));
+    assert!(matches!(s.dir.step_prefetch_range(&h, 0, PAGE, Location::Storage), Err(DirectoryError::StorageTier(_))));
+    s.dir.check_invariants().expect("invariants");
 }

@@ -40,6 +40,9 @@ impl Directory {
     pub fn step_acquire(&mut self, req: &mut AcquireRequest) -> Result<Step<LeaseGrant>, DirectoryError> {
         let (first, n) = self.span(&req.region, req.offset, req.len)?;
         let dev = self.dev(req.device)?;
+        if Some(dev) == self.storage {
+            return Err(DirectoryError::StorageTier("holds no leases"));
+        }
         let slot = req.region.slot;
         {
             let r = self.region(&req.region)?;
@@ -82,6 +85,13 @@ impl Directory {
         if !self.in_flight.is_empty() {
             // Stages take frames and evict: only with no prefetch in flight (it may hold pages this one wants).
             return Ok(Step::Wait);
+        }
+        if dev != self.host {
+            // Pages only on the storage tier come through host memory.
+            let away: Vec<u32> = (0..n).filter(|&k| cur[k as usize].is_none()).map(|k| first + k).collect();
+            if let Some(stage) = self.stage_from_storage(slot, &away, &in_request)? {
+                return Ok(Step::Stage(stage));
+            }
         }
         let tenant = self.tenant_of(slot);
         if req.contiguous {
@@ -140,9 +150,58 @@ impl Directory {
         Ok(Step::Stage(self.plan_fetch(dev, &sub, &frames, &none)))
     }
 
-    /// The copy a page is fetched from: a GPU's (NVLink) before the host's; `None` for a page never written.
+    /// The copy a page is fetched from: a GPU's (NVLink) before the host's, the host's before the storage
+    /// tier's; `None` for a page never written.
     pub(super) fn fetch_source(&self, e: &PageEntry) -> Option<Copy> {
-        e.copies().find(|c| self.devs[usize::from(c.dev)].is_gpu()).or_else(|| e.copies().next())
+        e.copies()
+            .find(|c| self.devs[usize::from(c.dev)].is_gpu())
+            .or_else(|| e.copy_on(self.host))
+            .or_else(|| e.copies().next())
+    }
+
+    /// A stage bringing to host memory those of `pages` (of region `slot`) whose only copy is on the storage
+    /// tier, so that they can go on to a GPU (no mover reaches storage) or take a host write; `None` when there
+    /// is none. Host memory makes room first (its least used pages go to storage), never from pages `keep`
+    /// names.
+    pub(super) fn stage_from_storage(
+        &mut self,
+        slot: u32,
+        pages: &[u32],
+        keep: &dyn Fn(PageRef) -> bool,
+    ) -> Result<Option<Stage>, DirectoryError> {
+        let Some(st) = self.storage else { return Ok(None) };
+        let stored: Vec<(u32, Copy)> = pages
+            .iter()
+            .filter_map(|&i| {
+                let e = self.page(PageRef { slot, page: i });
+                e.owner().filter(|_| e.copies().all(|c| c.dev == st)).map(|c| (i, c))
+            })
+            .collect();
+        if stored.is_empty() {
+            return Ok(None);
+        }
+        let need = stored.len() as u32;
+        let avail = self.available(self.host);
+        if avail < need {
+            let stage = self.plan_evict(self.host, need - avail, keep)?;
+            if !stage.updates.is_empty() {
+                return Ok(Some(stage));
+            }
+            return Err(DirectoryError::OutOfMemory {
+                location: Location::Host,
+                needed: u64::from(need),
+                available: u64::from(avail),
+            });
+        }
+        let frames = self.take(self.host, need, self.tenant_of(slot), AllocClass::Normal)?;
+        let mut stage = Stage::new(StageKind::Fetch);
+        for (&(i, src), f) in stored.iter().zip(frames) {
+            let new = Copy { dev: self.host, frame: f };
+            stage.taken.push(new);
+            stage.copy(Location::Storage, Location::Host, src.frame, f);
+            stage.updates.push(Update::Add { page: PageRef { slot, page: i }, copy: new });
+        }
+        Ok(Some(stage))
     }
 
     /// Copies `pages` into `targets` (already taken) on `dev`: from their copy on `dev` when they have one

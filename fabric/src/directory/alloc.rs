@@ -1,7 +1,7 @@
 //! Regions: allocating and freeing them, looking them (and their pages) up, and checking the byte ranges and
 //! leases that calls on them name.
 
-use vfabric_allocator::{AllocClass, GlobalAddr, TenantId};
+use vfabric_allocator::{AllocClass, GlobalAddr, Location, TenantId};
 
 use super::error::{DirectoryError, LeaseHeld};
 use super::lease::Mode;
@@ -24,6 +24,7 @@ impl Directory {
             return Err(DirectoryError::TooManyPages { size });
         }
         let home = match placement.device {
+            Some(Location::Storage) => return Err(DirectoryError::StorageTier("is no region's home")),
             Some(l) => self.dev(l)?,
             None => self.pick_gpu(),
         };

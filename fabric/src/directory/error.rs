@@ -28,6 +28,10 @@ pub enum DirectoryError {
     /// More devices than a device index can name.
     #[error("{0} devices: the directory manages at most 255")]
     TooManyDevices(usize),
+    /// A call that names the storage tier where only a GPU or host memory can be: the storage tier holds
+    /// pages evicted from host memory, and they come back through host memory.
+    #[error("the storage tier {0}: lease, place or prefetch pages on a GPU or in host memory")]
+    StorageTier(&'static str),
     /// No device is the host: evictions need somewhere to go.
     #[error("the directory needs a host arena")]
     NoHostArena,

@@ -1,9 +1,10 @@
 //! Eviction: the watermarks, how many frames to free before taking more, and the stage that frees them
-//! (least recently used and lowest priority first; the only copy of a page goes to host memory).
+//! (least recently used and lowest priority first; the only copy of a page goes one tier down: a GPU's to host
+//! memory, host memory's to the storage tier when the node has one).
 
 use std::collections::HashMap;
 
-use vfabric_allocator::{AllocClass, Location};
+use vfabric_allocator::AllocClass;
 
 use super::error::DirectoryError;
 use super::page::{Copy, DevIdx, PageRef};
@@ -37,7 +38,9 @@ impl Directory {
 
     /// Plans evicting up to `count` copies from `dev`, least recently used and lowest priority first, never a
     /// pinned frame and never a page `keep` names. A copy that exists elsewhere too is dropped; the only copy
-    /// of a page goes to host memory. Returns an empty stage when nothing can be evicted.
+    /// of a page goes one tier down (a GPU's to host memory, host memory's to storage). When host memory is too
+    /// full for a GPU's pages and the node has a storage tier, the stage returned evicts host memory instead
+    /// (the caller asks again). Returns an empty stage when nothing can be evicted.
     pub(super) fn plan_evict(
         &mut self,
         dev: DevIdx,
@@ -67,24 +70,39 @@ impl Directory {
             if copies - gone > 1 {
                 stage.updates.push(Update::Drop { page, copy });
                 *dropped.entry(page).or_default() += 1;
-            } else if dev != self.host {
+            } else {
+                // The only copy goes one tier down: a GPU's to host memory, host memory's to storage.
+                let below = if dev == self.host {
+                    self.storage
+                } else if Some(dev) == self.storage {
+                    None // nothing is below the storage tier
+                } else {
+                    Some(self.host)
+                };
+                let Some(below) = below else { continue };
                 let tenant = self.tenant_of(page.slot);
-                let h = match self.take(self.host, 1, tenant, AllocClass::Reserved) {
+                let f = match self.take(below, 1, tenant, AllocClass::Reserved) {
                     Ok(f) => f[0],
                     Err(e) => {
-                        if stage.updates.is_empty() {
-                            self.abort(stage);
-                            return Err(e);
+                        if !stage.updates.is_empty() {
+                            break;
                         }
-                        break;
+                        self.abort(stage);
+                        if below == self.host && self.storage.is_some() {
+                            // Host memory is full: make room there first (its pages go to storage), and the
+                            // caller asks again.
+                            let cascade = self.plan_evict(self.host, count.saturating_sub(chosen), keep)?;
+                            if !cascade.updates.is_empty() {
+                                return Ok(cascade);
+                            }
+                        }
+                        return Err(e);
                     }
                 };
-                let host = Copy { dev: self.host, frame: h };
-                stage.taken.push(host);
-                stage.copy(self.loc(dev), Location::Host, frame, h);
-                stage.updates.push(Update::Relocate { page, old: copy, new: host });
-            } else {
-                continue;
+                let to = Copy { dev: below, frame: f };
+                stage.taken.push(to);
+                stage.copy(self.loc(dev), self.loc(below), frame, f);
+                stage.updates.push(Update::Relocate { page, old: copy, new: to });
             }
             chosen += 1;
         }

@@ -32,6 +32,9 @@ impl Directory {
     ) -> Result<Step<Option<Stage>>, DirectoryError> {
         let (first, n) = self.span(h, offset, len)?;
         let dev = self.dev(device)?;
+        if Some(dev) == self.storage {
+            return Err(DirectoryError::StorageTier("takes no prefetches"));
+        }
         let slot = h.slot;
         let pages = first..first + n;
         if self.in_flight.iter().any(|f| f.slot == slot && f.pages.start < pages.end && pages.start < f.pages.end) {
@@ -59,7 +62,7 @@ impl Directory {
         let (first, n) = self.span(h, offset, len)?;
         let dev = self.dev(device)?;
         let slot = h.slot;
-        if dev == self.host {
+        if dev == self.host || Some(dev) == self.storage {
             return Ok(Step::Done(None));
         }
         if self.in_flight.len() >= HINT_DEPTH

@@ -91,6 +91,14 @@ impl Directory {
                 dev = self.host;
             }
             let count = if dev == home { fits } else { need };
+            let avail = self.available(dev);
+            if dev == self.host && avail < count && self.storage.is_some() {
+                // Host memory is full: its least used pages go to the storage tier first.
+                let stage = self.plan_evict(dev, count - avail, &keep)?;
+                if !stage.updates.is_empty() {
+                    return Ok(Step::Stage(stage));
+                }
+            }
             let tenant = self.tenant_of(slot);
             let frames = self.take(dev, count, tenant, AllocClass::Normal)?;
             let mut stage = Stage::new(StageKind::Fetch);
@@ -103,6 +111,12 @@ impl Directory {
                 stage.zero.push((loc, f));
                 stage.updates.push(Update::Add { page: PageRef { slot, page: page_idx }, copy });
             }
+            return Ok(Step::Stage(stage));
+        }
+        // A page kept only on the storage tier takes the write in host memory.
+        let pages: Vec<u32> = (first..first + n).collect();
+        let keep = |p: PageRef| p.slot == slot && p.page >= first && p.page < first + n;
+        if let Some(stage) = self.stage_from_storage(slot, &pages, &keep)? {
             return Ok(Step::Stage(stage));
         }
         let mut targets = Vec::with_capacity(n as usize);

@@ -16,6 +16,9 @@ impl Directory {
     /// is leased.
     pub fn step_migrate(&mut self, h: &RegionHandle, device: Location) -> Result<Step<()>, DirectoryError> {
         let dev = self.dev(device)?;
+        if Some(dev) == self.storage {
+            return Err(DirectoryError::StorageTier("is no region's home"));
+        }
         let slot = h.slot;
         let pages = {
             let r = self.region(h)?;

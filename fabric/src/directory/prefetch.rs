@@ -97,8 +97,11 @@ impl Directory {
                 Some(c) if frames.lease_count(c.frame) > 0 => break,
                 Some(c) => wanted.push((PageRef { slot, page }, Some(c), c)),
                 None => match self.fetch_source(e) {
-                    Some(src) => wanted.push((PageRef { slot, page }, None, src)),
-                    None => break,
+                    // A page only on the storage tier comes through host memory: the acquire brings it.
+                    Some(src) if Some(src.dev) != self.storage || dev == self.host => {
+                        wanted.push((PageRef { slot, page }, None, src))
+                    }
+                    _ => break,
                 },
             }
         }

@@ -23,9 +23,9 @@ pub(super) struct DeviceState {
 }
 
 impl DeviceState {
-    /// Whether it is a GPU (not the host).
+    /// Whether it is a GPU (not the host, not the storage tier).
     pub(super) fn is_gpu(&self) -> bool {
-        self.location != Location::Host
+        matches!(self.location, Location::Gpu(_))
     }
 }
 
@@ -48,6 +48,8 @@ pub struct Directory {
     pub(super) cfg: DirectoryConfig,
     pub(super) devs: Vec<DeviceState>,
     pub(super) host: DevIdx,
+    /// The storage tier, if the node has one: host memory's evictions go there.
+    pub(super) storage: Option<DevIdx>,
     pub(super) regions: Vec<Option<RegionEntry>>,
     pub(super) generations: Vec<u64>,
     pub(super) free_slots: Vec<u32>,
@@ -60,7 +62,8 @@ pub struct Directory {
 }
 
 impl Directory {
-    /// A directory over `devices` (location and arena size in bytes); exactly one must be the host.
+    /// A directory over `devices` (location and arena size in bytes); exactly one must be the host, and at most
+    /// one the storage tier.
     pub fn new(cfg: DirectoryConfig, devices: &[(Location, u64)]) -> Result<Self, DirectoryError> {
         if cfg.low_watermark_percent > cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
             return Err(DirectoryError::InvalidWatermarks {
@@ -70,7 +73,11 @@ impl Directory {
         }
         let mut devs = Vec::new();
         for &(location, bytes) in devices {
-            let tier = if location == Location::Host { Tier::Host } else { Tier::Gpu };
+            let tier = match location {
+                Location::Gpu(_) => Tier::Gpu,
+                Location::Host => Tier::Host,
+                Location::Storage => Tier::Nvme,
+            };
             let frames = FrameArena::new(
                 FrameArenaConfig::new(tier, cfg.page_size, bytes).with_headroom(cfg.headroom_percent).with_fit(cfg.fit),
             )
@@ -82,6 +89,7 @@ impl Directory {
             return Err(DirectoryError::TooManyDevices(devs.len()));
         }
         let host = devs.iter().position(|d| d.location == Location::Host).ok_or(DirectoryError::NoHostArena)? as DevIdx;
+        let storage = devs.iter().position(|d| d.location == Location::Storage).map(|i| i as DevIdx);
         let ps = cfg.page_size.bytes();
         let space = RangeAllocator::new((MAX_OFFSET + 1) / ps * ps, ps, Fit::FirstFit)
             .map_err(DirectoryError::InvalidAddressSpace)?;
@@ -89,6 +97,7 @@ impl Directory {
             cfg,
             devs,
             host,
+            storage,
             regions: Vec::new(),
             generations: Vec::new(),
             free_slots: Vec::new(),

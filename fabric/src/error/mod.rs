@@ -177,6 +177,7 @@ impl From<DirectoryError> for FabricError {
             | DirectoryError::InvalidArena { .. }
             | DirectoryError::TooManyDevices(_)
             | DirectoryError::NoHostArena
+            | DirectoryError::StorageTier(_)
             | DirectoryError::InvalidAddressSpace(_)
             | DirectoryError::AddressSpaceExhausted(_)
             | DirectoryError::CompactionImpossible { .. }

@@ -31,6 +31,7 @@ impl From<Location> for WireLocation {
         match l {
             Location::Gpu(g) => WireLocation::Gpu(g),
             Location::Host => WireLocation::Host,
+            Location::Storage => WireLocation::Storage,
         }
     }
 }
@@ -40,6 +41,7 @@ impl From<WireLocation> for Location {
         match l {
             WireLocation::Gpu(g) => Location::Gpu(g),
             WireLocation::Host => Location::Host,
+            WireLocation::Storage => Location::Storage,
         }
     }
 }

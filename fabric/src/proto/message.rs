@@ -12,6 +12,8 @@ pub enum WireLocation {
     Gpu(u16),
     /// Host memory on the node that receives the message.
     Host,
+    /// The storage tier of the node that receives the message (added last: variant order is the wire format).
+    Storage,
 }
 
 /// The access a lease asks for.

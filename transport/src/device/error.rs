@@ -42,6 +42,9 @@ pub enum DeviceError {
         /// What is missing, e.g. "virtual memory management".
         feature: &'static str,
     },
+    /// An arena asked for where no arena can be: the storage tier is a file, read and written by its own I/O.
+    #[error("{0} has no arena (its pages are moved by file I/O)")]
+    NoArena(Location),
     /// A driver entry point is missing: the driver is older than the fabric needs.
     #[error("the CUDA driver has no {0}: it is older than vfabric needs (CUDA 12.8 or newer)")]
     MissingSymbol(&'static str),

@@ -170,6 +170,14 @@ pub fn plan_execution(
             }
             (0, Way::Outbound)
         }
+        (Location::Storage, _) | (_, Location::Storage) => {
+            return Err(MoveError::EngineUnavailable {
+                engine,
+                from,
+                to,
+                reason: "the storage tier has no arena: its pages move by file I/O, not by a mover",
+            });
+        }
     };
     let blocks = if from == Location::Host || to == Location::Host {
         config.sm_blocks.min(config.host_sm_blocks)

@@ -219,7 +219,10 @@ fn loc_hint(l: Location) -> sys::CUmemLocation {
         Location::Gpu(g) => {
             sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: i32::from(g) }
         }
-        Location::Host => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 },
+        // Storage never reaches a mover (`plan_execution` refuses it); host is the nearest hint.
+        Location::Host | Location::Storage => {
+            sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 }
+        }
     }
 }
 

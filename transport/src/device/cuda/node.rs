@@ -125,6 +125,7 @@ impl DeviceLayer for CudaNode {
                 })?;
                 Ok(Arc::new(HostArena::new(mem)))
             }
+            Location::Storage => Err(DeviceError::NoArena(Location::Storage)),
         }
     }
 
@@ -155,6 +156,8 @@ impl DeviceLayer for CudaNode {
             Location::Gpu(g) => self.inner.context(g)?.synchronize(),
             // Host memory is reached by this process's GPUs' work: wait for all of it.
             Location::Host => self.inner.gpus.iter().try_for_each(|g| self.inner.context(g.index)?.synchronize()),
+            // No GPU work touches the storage tier.
+            Location::Storage => Ok(()),
         }
     }
 
