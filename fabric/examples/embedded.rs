@@ -10,7 +10,7 @@ fn main() -> Result<(), FabricError> {
     if let Some(why) = fabric.fallback_reason() {
         println!("no usable GPU ({why}): running on the emulated device");
     }
-    let gpus: Vec<Location> = fabric.devices().into_iter().filter(|l| *l != Location::Host).collect();
+    let gpus: Vec<Location> = fabric.devices().into_iter().filter(|l| matches!(l, Location::Gpu(_))).collect();
     let (first, last) = (gpus[0], gpus[gpus.len() - 1]);
 
     // A 64 MiB region whose pages live on the first GPU.

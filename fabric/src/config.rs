@@ -62,6 +62,9 @@ pub struct ClusterConfig {
     /// `[network]`: how agents reach each other.
     #[serde(default)]
     pub network: NetworkSection,
+    /// `[storage]`: the tier below host memory; none when absent.
+    #[serde(default)]
+    pub storage: Option<StorageSection>,
     /// `[[node]]`: the nodes of the cluster.
     #[serde(default, rename = "node")]
     pub nodes: Vec<NodeSection>,
@@ -73,6 +76,41 @@ pub struct ClusterConfig {
 pub struct ClusterSection {
     /// The cluster's name, shown in reports.
     pub name: String,
+}
+
+/// `[storage]`: the storage tier below host memory, a file on a fast drive (NVMe) that host memory's least used
+/// pages go to when it is full. The fabric creates the file, reserves its space, and removes it when it stops;
+/// a tier's file left by a crashed run is reset, and a file at the path that is not a tier's is refused. With
+/// several nodes in the configuration, each node's file is the path with `.` and the node's name appended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSection {
+    /// The tier's file (its filesystem must support O_DIRECT: tmpfs does not).
+    pub path: std::path::PathBuf,
+    /// Its size: a whole number of pages.
+    pub size: ByteSize,
+    /// Reads and writes in flight at once (a power of two up to 4096).
+    #[serde(default = "default_storage_depth")]
+    pub depth: u32,
+}
+
+fn default_storage_depth() -> u32 {
+    64
+}
+
+impl StorageSection {
+    /// Node `node`'s file: the path itself for a one-node configuration, else the path with `.` and the node's
+    /// name appended.
+    pub fn path_of(&self, config: &ClusterConfig, node: u16) -> std::path::PathBuf {
+        match config.nodes.get(usize::from(node)) {
+            Some(n) if config.nodes.len() > 1 => {
+                let mut name = self.path.as_os_str().to_owned();
+                name.push(format!(".{}", n.name));
+                name.into()
+            }
+            _ => self.path.clone(),
+        }
+    }
 }
 
 /// `[device]`: which device layer runs.
@@ -271,6 +309,7 @@ impl ClusterConfig {
             memory: MemorySection::default(),
             mover: MoverConfig::default(),
             network: NetworkSection::default(),
+            storage: None,
             nodes: vec![NodeSection { name: "local".into(), gpus: None, address: None }],
         })
     }
@@ -319,6 +358,18 @@ impl ClusterConfig {
         }
         if m.host_arena.bytes() < m.page_size.bytes() {
             return Err(bad(format!("memory.host_arena {} is smaller than one page", m.host_arena)));
+        }
+        if let Some(s) = &self.storage {
+            let ps = m.page_size.bytes();
+            if s.path.as_os_str().is_empty() {
+                return Err(bad("storage.path is empty".into()));
+            }
+            if s.size.bytes() < ps || s.size.bytes() % ps != 0 {
+                return Err(bad(format!("storage.size {} is not a whole number of pages ({})", s.size, m.page_size)));
+            }
+            if !s.depth.is_power_of_two() || s.depth > 4096 {
+                return Err(bad(format!("storage.depth {} is not a power of two up to 4096", s.depth)));
+            }
         }
         self.mover.validate().map_err(|e| bad(e.to_string()))?;
         if self.device.emulated_gpus == 0 {

@@ -125,7 +125,7 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
             ByteSize(page)
         );
     }
-    let gpus: Vec<Location> = fabric.devices().into_iter().filter(|l| *l != Location::Host).collect();
+    let gpus: Vec<Location> = fabric.devices().into_iter().filter(|l| matches!(l, Location::Gpu(_))).collect();
     let g0 = *gpus.first().ok_or(FabricError::DeviceUnavailable(Location::Gpu(0)))?;
     let g1 = gpus.get(1).copied().unwrap_or(g0);
     let gpu_frames = stats.directory.devices[0].frames;

@@ -44,4 +44,5 @@ pub use fabric::{Fabric, Lease, LeasePtr, LeasedPages, Region, Stats, Traffic};
 pub use pool::{PoolConfig, PoolSource, PoolStats, TensorPool};
 pub use units::ByteSize;
 pub use vfabric_allocator::{GlobalAddr, Location, NodeId, PageSize, TenantId, Tier};
+pub use vfabric_transport::storage::StorageError;
 pub use vfabric_transport::{Arena, Backend, DeviceError, DeviceKind, EngineChoice, MoveError, TransferReport};

@@ -15,7 +15,7 @@ fn fabric(cfg: &ClusterConfig) -> Fabric {
 }
 
 fn gpus(f: &Fabric) -> Vec<Location> {
-    f.devices().into_iter().filter(|l| *l != Location::Host).collect()
+    f.devices().into_iter().filter(|l| matches!(l, Location::Gpu(_))).collect()
 }
 
 fn frames_of(f: &Fabric, loc: Location) -> u64 {
@@ -174,6 +174,53 @@ pub fn hints_write_back_and_prefetch_every_byte(cfg: &ClusterConfig) {
     let t2 = f.traffic().since(&t);
     assert_eq!((t2.prefetched, t2.fetched), (4 * ps, 4 * ps), "fetched once, by the prefetch: {t2:?}");
     f.free(&a).expect("free");
+}
+
+/// With a storage tier below a small host memory: a region larger than a GPU and host memory together spills
+/// to storage as it is written, reads back right, and comes back to the GPU through host memory piece by piece;
+/// then pages changed on the disk behind the fabric's back are refused as corrupt, never returned as data.
+/// `dir` holds the tier's file (a filesystem with O_DIRECT).
+pub fn storage_tier_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path) {
+    let mut cfg = cfg.clone();
+    let ps = cfg.memory.page_size.bytes();
+    cfg.memory.host_arena = vfabric::ByteSize(8 * ps);
+    let path = dir.join("storage-suite.tier");
+    cfg.storage =
+        Some(vfabric::config::StorageSection { path: path.clone(), size: vfabric::ByteSize(64 * ps), depth: 16 });
+    cfg.check("the suite's storage configuration").expect("valid");
+    let f = fabric(&cfg);
+    let g = gpus(&f)[0];
+    let pages = frames_of(&f, g) + 8 + 12;
+    let r = f.alloc(pages * ps, Placement::on(g)).expect("alloc");
+    write_pattern(&f, &r, 53);
+    let t = f.traffic();
+    assert!(t.to_storage >= 12 * ps, "pages went to storage: {t:?}");
+    check_region(&f, &r, 53, "after spilling to storage");
+    let step = 4 * ps;
+    let mut off = 0;
+    while off < r.len {
+        let end = (off + step).min(r.len);
+        let lease = f.acquire(&r, off..end, g, Mode::Read).expect("acquire");
+        let got = read_through_lease(&f, &lease);
+        assert_eq!(pattern::first_mismatch(53, off, &got), None, "{g}: leased pages at {off:#x}");
+        f.release(lease).expect("release");
+        off = end;
+    }
+    assert!(f.traffic().from_storage > 0, "stored pages came back: {:?}", f.traffic());
+    // Every slot's bytes change on disk: the pages still on storage cannot be read as data.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).expect("the tier's file");
+    for slot in 0..64u64 {
+        std::os::unix::fs::FileExt::write_at(&file, b"garbage", 4096 + slot * ps + 100).expect("write");
+    }
+    file.sync_all().expect("sync");
+    let mut buf = vec![0u8; r.len as usize];
+    match f.read(&r, 0, &mut buf) {
+        Err(FabricError::Storage(e)) => assert!(e.to_string().contains("corrupt"), "{e}"),
+        other => panic!("reading pages corrupted on disk: {other:?}"),
+    }
+    f.free(&r).expect("free");
+    drop(f);
+    assert!(!path.exists(), "the fabric removes its storage file");
 }
 
 /// A fragmented GPU is compacted so a lease gets one run of frames, and the pages compaction moved keep their
@@ -359,6 +406,14 @@ macro_rules! fabric_suite_tests {
         #[test]
         fn hints_write_back_and_prefetch_every_byte() {
             $crate::fabric_suite::hints_write_back_and_prefetch_every_byte(&$config);
+        }
+
+        #[test]
+        fn storage_tier_keeps_every_byte() {
+            $crate::fabric_suite::storage_tier_keeps_every_byte(
+                &$config,
+                std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+            );
         }
 
         #[test]

@@ -126,6 +126,9 @@ pub enum FabricError {
     /// A peer broke the protocol (a malformed or unexpected message); its connection is closed.
     #[error("protocol: {0}")]
     Protocol(#[from] ProtocolError),
+    /// The storage tier failed: its file, its I/O, or a page that came back corrupt or short (named by slot).
+    #[error("storage tier: {0}")]
+    Storage(#[from] vfabric_transport::storage::StorageError),
     /// Page bytes arrived with a checksum that does not match: nothing was written.
     #[error("checksum: {0}")]
     Checksum(String),

@@ -12,6 +12,7 @@
 //! The files: `node` (what the fabric holds, shared with its leases), `lease` ([`Lease`], [`LeasePtr`],
 //! [`LeasedPages`]: the bytes under a lease), `traffic` ([`Traffic`]: what moved), `parts` (payloads in pieces).
 
+mod copying;
 mod lease;
 mod node;
 mod parts;
@@ -27,10 +28,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use vfabric_allocator::{Location, NodeId, TenantId, Tier};
+use vfabric_transport::storage::{AlignedBuffer, StorageFile, StorageSpec};
 use vfabric_transport::{
-    open, Arena, ArenaSpec, DeviceError, DeviceKind, EngineChoice, ExportedArena, OpenOptions, PageBatch, Transfer,
+    open, Arena, ArenaSpec, DeviceError, DeviceKind, EngineChoice, ExportedArena, OpenOptions, PageBatch,
 };
 
+use copying::Copying;
 use node::{lock, InFlight, Inner, State};
 use parts::slice_parts;
 use traffic::Counters;
@@ -95,7 +98,8 @@ impl Fabric {
             let total = layer.gpus()[usize::from(g)].total_memory;
             devices.push((Location::Gpu(g), config.memory.gpu_arena_bytes(total) / ps * ps));
         }
-        devices.push((Location::Host, config.memory.host_arena.bytes() / ps * ps));
+        let host_bytes = config.memory.host_arena.bytes() / ps * ps;
+        devices.push((Location::Host, host_bytes));
         let mut arenas = Vec::new();
         for &(location, bytes) in &devices {
             let t = Instant::now();
@@ -106,6 +110,21 @@ impl Fabric {
             })?);
             tracing::info!(%location, bytes, ms = t.elapsed().as_secs_f64() * 1e3, "arena ready");
         }
+        let storage = match &config.storage {
+            Some(s) => {
+                let spec = StorageSpec {
+                    path: s.path_of(config, node),
+                    bytes: s.size.bytes() / ps * ps,
+                    page_size: ps,
+                    depth: s.depth,
+                };
+                let file = StorageFile::create(&spec)?;
+                tracing::info!(path = %spec.path.display(), bytes = spec.bytes, "storage tier ready");
+                devices.push((Location::Storage, spec.bytes));
+                Some(file)
+            }
+            None => None,
+        };
         let dir = Directory::new(
             DirectoryConfig {
                 node: NodeId(node),
@@ -128,6 +147,11 @@ impl Fabric {
                 page_size: ps,
                 counters: Counters::default(),
                 fallback: opened.fallback_reason,
+                write_piece: match storage {
+                    Some(_) => (host_bytes / 4 / ps).max(1) * ps,
+                    None => u64::MAX,
+                },
+                storage,
             }),
         })
     }
@@ -227,9 +251,19 @@ impl Fabric {
 
     /// Writes `data` into the region at `offset`. Pages never written get memory on the region's device
     /// (evicting other pages to host memory to make room, or landing in host memory when nothing can be
-    /// evicted). Refused while any page of the range is leased.
+    /// evicted). Refused while any page of the range is leased. With a storage tier, a write of more than a
+    /// quarter of host memory goes in pieces of that size, each placed in turn while the ones before it move
+    /// down a tier (a write can then be larger than GPUs and host memory together); a failure midway leaves
+    /// the pieces before it written.
     pub fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
-        self.write_parts(region, offset, &[data])
+        let piece = self.inner.write_piece as usize;
+        if data.len() <= piece {
+            return self.write_parts(region, offset, &[data]);
+        }
+        for (i, chunk) in data.chunks(piece).enumerate() {
+            self.write_parts(region, offset + (i * piece) as u64, &[chunk])?;
+        }
+        Ok(())
     }
 
     /// [`Fabric::write`] of `parts` one after the other (a payload that arrived in pieces, such as a QUIC
@@ -261,6 +295,18 @@ impl Fabric {
             let out = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
             match p.source {
                 ReadSource::Zero => out.fill(0),
+                ReadSource::At(Location::Storage, slot) => {
+                    let storage = self
+                        .inner
+                        .storage
+                        .as_ref()
+                        .ok_or(FabricError::Internal("a read names a storage tier this node has not"))?;
+                    let mut page = AlignedBuffer::new(self.inner.page_size as usize)
+                        .ok_or(FabricError::Internal("no memory for a page read from the storage tier"))?;
+                    storage.read(&mut [(u64::from(slot), &mut page[..])])?;
+                    out.copy_from_slice(&page[p.page_offset as usize..(p.page_offset + p.len) as usize]);
+                    self.inner.counters.from_storage.fetch_add(self.inner.page_size, Ordering::Relaxed);
+                }
                 ReadSource::At(loc, frame) => {
                     let arena = self.arena_at(dir, loc)?;
                     arena.read(u64::from(frame) * self.inner.page_size + p.page_offset, out)?;
@@ -490,7 +536,7 @@ impl Fabric {
         let mut settled = 0;
         let mut i = 0;
         while i < st.prefetch.len() {
-            if st.prefetch[i].copies.iter_mut().any(|t| matches!(t.is_complete(), Ok(false))) {
+            if st.prefetch[i].copies.iter_mut().any(|t| !t.is_complete()) {
                 i += 1;
             } else {
                 self.settle(st, i);
@@ -509,7 +555,7 @@ impl Fabric {
     }
 
     /// Zero-fills a stage's new pages and starts its copies (all batches at once).
-    fn start(&self, dir: &Directory, stage: &Stage) -> Result<Vec<Transfer>, FabricError> {
+    fn start(&self, dir: &Directory, stage: &Stage) -> Result<Vec<Copying>, FabricError> {
         let ps = self.inner.page_size;
         // One fill per run of consecutive frames: a fill waits for the device, so per-page fills would cost a
         // synchronisation each.
@@ -527,15 +573,25 @@ impl Fabric {
         }
         let mut copies = Vec::with_capacity(stage.batches.len());
         for b in &stage.batches {
+            if copying::is_storage(b.from, b.to) {
+                let storage = self
+                    .inner
+                    .storage
+                    .as_ref()
+                    .ok_or(FabricError::Internal("a stage names a storage tier this node has not"))?;
+                let host = self.arena_at(dir, Location::Host)?;
+                copies.push(copying::storage_batch(storage, host, ps, &b.moves, b.to == Location::Storage)?);
+                continue;
+            }
             let batch = PageBatch::from_moves(ps, b.moves.clone());
             let (src, dst) = (self.arena_at(dir, b.from)?, self.arena_at(dir, b.to)?);
-            copies.push(self.inner.mover.submit(src, dst, &batch, EngineChoice::Auto)?);
+            copies.push(Copying::Mover(self.inner.mover.submit(src, dst, &batch, EngineChoice::Auto)?));
         }
         Ok(copies)
     }
 
     /// Waits for a stage's copies and counts the bytes.
-    fn finish(&self, stage: &Stage, copies: Vec<Transfer>) -> Result<(), FabricError> {
+    fn finish(&self, stage: &Stage, copies: Vec<Copying>) -> Result<(), FabricError> {
         let ps = self.inner.page_size;
         let c = &self.inner.counters;
         let counter = match stage.kind {
@@ -546,7 +602,12 @@ impl Fabric {
             StageKind::WriteBack => &c.written_back,
         };
         for (t, b) in copies.into_iter().zip(&stage.batches) {
-            let bytes = t.wait()?.bytes;
+            let bytes = t.wait()?;
+            if b.to == Location::Storage {
+                c.to_storage.fetch_add(bytes, Ordering::Relaxed);
+            } else if b.from == Location::Storage {
+                c.from_storage.fetch_add(bytes, Ordering::Relaxed);
+            }
             // Pages moved within one device (into a run of frames) count as compaction, whatever the stage.
             let which = if b.from == b.to { &c.compacted } else { counter };
             which.fetch_add(bytes, Ordering::Relaxed);

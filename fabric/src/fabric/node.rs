@@ -4,7 +4,10 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use vfabric_transport::{Arena, DeviceError, DeviceLayer, Mover, Transfer};
+use vfabric_transport::storage::StorageFile;
+use vfabric_transport::{Arena, DeviceError, DeviceLayer, Mover};
+
+use super::copying::Copying;
 
 use super::traffic::Counters;
 use crate::directory::{Directory, Stage};
@@ -19,7 +22,7 @@ pub(crate) struct State {
 
 pub(crate) struct InFlight {
     pub(crate) stage: Stage,
-    pub(crate) copies: Vec<Transfer>,
+    pub(crate) copies: Vec<Copying>,
 }
 
 pub(crate) struct Inner {
@@ -30,6 +33,11 @@ pub(crate) struct Inner {
     pub(crate) page_size: u64,
     pub(crate) counters: Counters,
     pub(crate) fallback: Option<DeviceError>,
+    /// The storage tier, when the node has one (its pages move by file I/O, not by the mover). Dropped after
+    /// the state, so no stage in flight outlives it.
+    pub(crate) storage: Option<StorageFile>,
+    /// The largest piece one host write places at once (see `Fabric::write`).
+    pub(crate) write_piece: u64,
 }
 
 pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -45,6 +53,7 @@ impl Inner {
         location: vfabric_allocator::Location,
     ) -> Result<&Arc<dyn Arena>, crate::error::FabricError> {
         let i = dir.dev(location)?;
-        Ok(&self.arenas[usize::from(i)])
+        // The storage tier, last of the directory's devices, has no arena.
+        self.arenas.get(usize::from(i)).ok_or(crate::error::FabricError::Device(DeviceError::NoArena(location)))
     }
 }

@@ -13,6 +13,10 @@ pub struct Traffic {
     pub evicted: u64,
     /// Pages copied to host memory ahead of their eviction, on a caller's hint (write-back).
     pub written_back: u64,
+    /// Pages written to the storage tier (host memory's evictions; part of `evicted`).
+    pub to_storage: u64,
+    /// Pages read back from the storage tier (part of `fetched`, or host reads).
+    pub from_storage: u64,
     /// Pages moved within a device to make a run of frames (compaction, or pages gathered into a lease's run).
     pub compacted: u64,
     /// Pages moved by migrations.
@@ -31,6 +35,8 @@ impl Traffic {
             prefetched: self.prefetched - earlier.prefetched,
             evicted: self.evicted - earlier.evicted,
             written_back: self.written_back - earlier.written_back,
+            to_storage: self.to_storage - earlier.to_storage,
+            from_storage: self.from_storage - earlier.from_storage,
             compacted: self.compacted - earlier.compacted,
             migrated: self.migrated - earlier.migrated,
             host_io: self.host_io - earlier.host_io,
@@ -45,6 +51,8 @@ pub(crate) struct Counters {
     pub(crate) prefetched: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) written_back: AtomicU64,
+    pub(crate) to_storage: AtomicU64,
+    pub(crate) from_storage: AtomicU64,
     pub(crate) compacted: AtomicU64,
     pub(crate) migrated: AtomicU64,
     pub(crate) host_io: AtomicU64,
@@ -59,6 +67,8 @@ impl Counters {
             prefetched: l(&self.prefetched),
             evicted: l(&self.evicted),
             written_back: l(&self.written_back),
+            to_storage: l(&self.to_storage),
+            from_storage: l(&self.from_storage),
             compacted: l(&self.compacted),
             migrated: l(&self.migrated),
             host_io: l(&self.host_io),

@@ -53,6 +53,12 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     /// The address at which kernels of this node reach the arena's first byte (a CUDA device pointer; for
     /// pinned host memory, its unified address; on the emulated device, the host address).
     fn device_ptr(&self) -> u64;
+    /// The host address of the arena's first byte, for arenas in this process's host memory (the host tier,
+    /// and every arena of the emulated device): what file I/O reads into and writes from. `None` for GPU
+    /// memory.
+    fn host_ptr(&self) -> Option<*mut u8> {
+        None
+    }
     /// Copies `data` into the arena at `offset`.
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError>;
     /// Copies `parts`, one after the other, into the arena from `offset` on (for payloads that arrive in

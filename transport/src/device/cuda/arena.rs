@@ -229,6 +229,10 @@ impl Arena for HostArena {
         self.mem.device_ptr()
     }
 
+    fn host_ptr(&self) -> Option<*mut u8> {
+        Some(self.mem.as_ptr())
+    }
+
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
         check_bounds(Location::Host, self.len(), offset, data.len() as u64)?;
         // SAFETY: in bounds (checked); host memory owned by `mem`. Concurrent device access to the same bytes is

@@ -81,6 +81,10 @@ impl Arena for EmulatedArena {
         self.ptr as u64
     }
 
+    fn host_ptr(&self) -> Option<*mut u8> {
+        Some(self.ptr)
+    }
+
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
         check_bounds(self.location, self.len(), offset, data.len() as u64)?;
         // SAFETY: in bounds (checked); `data` cannot alias the arena's mapping.

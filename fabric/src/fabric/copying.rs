@@ -1,0 +1,82 @@
+//! A stage's copies under way: a mover's transfer (between arenas), or a storage tier's file I/O (between host
+//! memory frames and storage slots), done by the time it is started: io_uring keeps many pages in flight, but
+//! the call waits for them, so a stage with storage copies holds its caller for their time.
+
+use std::sync::Arc;
+
+use vfabric_allocator::{Location, PageMove};
+use vfabric_transport::storage::StorageFile;
+use vfabric_transport::{Arena, Transfer};
+
+use crate::error::FabricError;
+
+/// One batch of a stage, under way or done.
+pub(crate) enum Copying {
+    /// Copies a mover runs.
+    Mover(Transfer),
+    /// File I/O that already ran, with the bytes it moved.
+    Done(u64),
+}
+
+impl Copying {
+    /// Whether it has finished (a failed transfer counts as finished: waiting reports its error).
+    pub(crate) fn is_complete(&mut self) -> bool {
+        match self {
+            Copying::Mover(t) => !matches!(t.is_complete(), Ok(false)),
+            Copying::Done(_) => true,
+        }
+    }
+
+    /// Waits for it; the bytes moved.
+    pub(crate) fn wait(self) -> Result<u64, FabricError> {
+        match self {
+            Copying::Mover(t) => Ok(t.wait()?.bytes),
+            Copying::Done(bytes) => Ok(bytes),
+        }
+    }
+}
+
+/// Runs the page moves of a batch between host memory (`host`, the host tier's arena) and the storage tier:
+/// `to_storage` writes host frames to storage slots (`src` frame, `dst` slot), otherwise reads slots into host
+/// frames (`src` slot, `dst` frame). Every page is checksummed on the way down and checked on the way up.
+pub(crate) fn storage_batch(
+    storage: &StorageFile,
+    host: &Arc<dyn Arena>,
+    page_size: u64,
+    moves: &[PageMove],
+    to_storage: bool,
+) -> Result<Copying, FabricError> {
+    let base = host.host_ptr().ok_or(FabricError::Internal("the host tier's arena has no host address"))?;
+    let frame = |f: u32| -> Result<*mut u8, FabricError> {
+        let at = u64::from(f) * page_size;
+        if at + page_size > host.len() {
+            return Err(FabricError::Internal("a storage move names a host frame past the arena"));
+        }
+        // SAFETY: `at + page_size` is inside the arena (checked), which lives as long as `host`.
+        Ok(unsafe { base.add(at as usize) })
+    };
+    let ps = page_size as usize;
+    if to_storage {
+        let mut pages: Vec<(u64, &[u8])> = Vec::with_capacity(moves.len());
+        for m in moves {
+            // SAFETY: the directory took the frame for this stage's source page: nothing writes it while the
+            // stage runs (its copy is pinned by the stage, or it is the page's only copy, unleased).
+            pages.push((u64::from(m.dst), unsafe { std::slice::from_raw_parts(frame(m.src)?, ps) }));
+        }
+        storage.write(&pages)?;
+    } else {
+        let mut pages: Vec<(u64, &mut [u8])> = Vec::with_capacity(moves.len());
+        for m in moves {
+            // SAFETY: the stage took the destination frame: no page uses it, nothing else reads or writes it, and
+            // the directory names each frame once in a stage.
+            pages.push((u64::from(m.src), unsafe { std::slice::from_raw_parts_mut(frame(m.dst)?, ps) }));
+        }
+        storage.read(&mut pages)?;
+    }
+    Ok(Copying::Done(moves.len() as u64 * page_size))
+}
+
+/// Whether a batch between `from` and `to` is the storage tier's (file I/O) rather than a mover's.
+pub(crate) fn is_storage(from: Location, to: Location) -> bool {
+    from == Location::Storage || to == Location::Storage
+}

@@ -1,0 +1,74 @@
+"""The storage tier from Python: a region larger than the GPU and host memory together written and read back
+through it, the tier named where only a GPU or host memory can be refused, and a corrupt page on the disk an
+exception, never data."""
+
+import pathlib
+import shutil
+
+import pytest
+
+import vfabric
+
+# The tier's file must be on a filesystem with O_DIRECT (tmpfs has none): under the build's target folder.
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "target" / "pytest-storage"
+
+
+@pytest.fixture
+def tiered(request):
+    folder = ROOT / request.node.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    config = folder / "tiered.toml"
+    config.write_text(
+        f"""
+[cluster]
+name = "tiered"
+[device]
+backend = "emulated"
+emulated_gpus = 1
+emulated_gpu_memory = "64MiB"
+[memory]
+page_size = "64KiB"
+gpu_budget = "1MiB"
+host_arena = "1MiB"
+readahead = "0"
+[storage]
+path = "{folder / 'tier'}"
+size = "8MiB"
+depth = 16
+[[node]]
+name = "local"
+"""
+    )
+    # The fabric removes its tier's file when it goes; the folder stays under target/ until the next run.
+    return vfabric.Fabric(str(config)), folder / "tier"
+
+
+def test_a_region_beyond_gpu_and_host_memory_round_trips_through_storage(tiered):
+    fabric, tier = tiered
+    assert fabric.devices == ["gpu0", "host", "storage"]
+    assert tier.exists()
+    data = bytes(range(256)) * (6 << 12)  # 6 MiB: the GPU and host memory hold 2 MiB
+    region = fabric.alloc(len(data), device="gpu0")
+    fabric.write(region, 0, data)
+    traffic = fabric.stats()["traffic"]
+    assert traffic["to_storage"] >= 4 << 20, traffic
+    assert fabric.read(region, 0, len(data)) == data
+    with fabric.acquire(region, (5 << 20), 1 << 16, device="gpu0") as lease:
+        assert bytes(lease.numpy()) == data[5 << 20 : (5 << 20) + (1 << 16)]
+    assert fabric.stats()["traffic"]["from_storage"] > 0
+    with pytest.raises(vfabric.DeviceUnavailable, match="storage tier"):
+        fabric.acquire(region, 0, 1 << 16, device="storage")
+
+
+def test_a_page_changed_on_the_disk_is_a_checksum_error(tiered):
+    fabric, tier = tiered
+    data = b"\x5a" * (6 << 20)
+    region = fabric.alloc(len(data), device="gpu0")
+    fabric.write(region, 0, data)
+    with open(tier, "r+b") as f:  # every slot's bytes change behind the fabric's back
+        for slot in range(128):
+            f.seek(4096 + slot * (64 << 10) + 10)
+            f.write(b"not the page")
+    with pytest.raises(vfabric.ChecksumError, match="corrupt"):
+        fabric.read(region, 0, len(data))
