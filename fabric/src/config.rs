@@ -65,6 +65,9 @@ pub struct ClusterConfig {
     /// `[storage]`: the tier below host memory; none when absent.
     #[serde(default)]
     pub storage: Option<StorageSection>,
+    /// `[[tenant]]`: byte quotas per tenant and tier (tenants not listed are unlimited).
+    #[serde(default, rename = "tenant")]
+    pub tenants: Vec<TenantSection>,
     /// `[[node]]`: the nodes of the cluster.
     #[serde(default, rename = "node")]
     pub nodes: Vec<NodeSection>,
@@ -111,6 +114,21 @@ impl StorageSection {
             _ => self.path.clone(),
         }
     }
+}
+
+/// `[[tenant]]`: a tenant's byte quotas on each node, per tier (absent: unlimited there). Regions are charged to
+/// the tenant their placement names; a call past a quota is `QuotaExceeded`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSection {
+    /// The tenant's id (what `Placement::tenant` and the Python `alloc(tenant=...)` name).
+    pub id: u32,
+    /// Bytes of GPU memory, all GPUs of a node together.
+    pub gpu: Option<ByteSize>,
+    /// Bytes of host memory.
+    pub host: Option<ByteSize>,
+    /// Bytes of the storage tier.
+    pub storage: Option<ByteSize>,
 }
 
 /// `[device]`: which device layer runs.
@@ -310,6 +328,7 @@ impl ClusterConfig {
             mover: MoverConfig::default(),
             network: NetworkSection::default(),
             storage: None,
+            tenants: Vec::new(),
             nodes: vec![NodeSection { name: "local".into(), gpus: None, address: None }],
         })
     }
@@ -370,6 +389,11 @@ impl ClusterConfig {
             if !s.depth.is_power_of_two() || s.depth > 4096 {
                 return Err(bad(format!("storage.depth {} is not a power of two up to 4096", s.depth)));
             }
+        }
+        let mut ids: Vec<u32> = self.tenants.iter().map(|t| t.id).collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(bad(format!("tenant {} is listed twice", w[0])));
         }
         self.mover.validate().map_err(|e| bad(e.to_string()))?;
         if self.device.emulated_gpus == 0 {
@@ -481,6 +505,19 @@ mod tests {
     }
 
     #[test]
+    fn storage_and_tenants_parse_and_name_each_nodes_file() {
+        let text = "[cluster]\nname = \"x\"\n[storage]\npath = \"/nvme/t\"\nsize = \"64GiB\"\n\
+                    [[tenant]]\nid = 3\ngpu = \"8GiB\"\nstorage = \"1TiB\"\n\
+                    [[node]]\nname = \"a\"\n[[node]]\nname = \"b\"\n";
+        let c = ClusterConfig::from_toml(text, "t").expect("parses");
+        let s = c.storage.clone().expect("[storage]");
+        assert_eq!((s.size, s.depth), (ByteSize(64 << 30), 64));
+        assert_eq!(s.path_of(&c, 1), std::path::PathBuf::from("/nvme/t.b"), "each node its own file");
+        assert_eq!(c.tenants[0].gpu, Some(ByteSize(8 << 30)));
+        assert_eq!((c.tenants[0].host, c.tenants[0].storage), (None, Some(ByteSize(1 << 40))));
+    }
+
+    #[test]
     fn bad_configs_are_reported() {
         let base = "[cluster]\nname = \"x\"\n";
         let bad = |extra: &str| ClusterConfig::from_toml(&format!("{base}{extra}"), "t").unwrap_err().to_string();
@@ -496,6 +533,11 @@ mod tests {
         assert!(bad("[network]\nmtu = 16384\n").contains("mtu"));
         assert!(bad("[network]\nheartbeat_ms = 500\ndead_after_ms = 400\n").contains("dead_after_ms"));
         assert!(bad("[network]\nlanes = 0\n").contains("lanes"));
+        assert!(bad("[storage]\npath = \"/x\"\nsize = \"3MiB\"\n").contains("storage.size"));
+        assert!(bad("[storage]\npath = \"/x\"\nsize = \"4MiB\"\ndepth = 3\n").contains("storage.depth"));
+        assert!(bad("[storage]\npath = \"\"\nsize = \"4MiB\"\n").contains("storage.path"));
+        assert!(bad("[[tenant]]\nid = 1\n[[tenant]]\nid = 1\n").contains("tenant 1"));
+        assert!(bad("[[tenant]]\nid = 1\nvram = \"1GiB\"\n").contains("unknown field"));
         assert!(bad("[network]\nlanes = 33\n").contains("lanes"));
         let two = |lanes: u16, a: &str, b: &str| {
             format!("[network]\nlanes = {lanes}\n[[node]]\nname = \"a\"\naddress = \"{a}\"\n[[node]]\nname = \"b\"\naddress = \"{b}\"\n")

@@ -137,6 +137,14 @@ impl Fabric {
             },
             &devices,
         )?;
+        let mut dir = dir;
+        for t in &config.tenants {
+            for (tier, limit) in [(Tier::Gpu, t.gpu), (Tier::Host, t.host), (Tier::Nvme, t.storage)] {
+                if let Some(limit) = limit {
+                    dir.quotas_mut().set_limit(TenantId(t.id), tier, Some(limit.bytes()));
+                }
+            }
+        }
         let mover = layer.mover(config.mover)?;
         Ok(Fabric {
             inner: Arc::new(Inner {
