@@ -76,6 +76,15 @@ enum Op {
         device: usize,
         write_back: bool,
     },
+    /// Sets `pages` of a device aside; regions allocated while it lasts (with an odd page count) draw on it.
+    Reserve {
+        device: usize,
+        pages: u32,
+    },
+    /// Gives a reservation back.
+    Unreserve {
+        index: usize,
+    },
     /// The prefetch in flight completes.
     Settle,
 }
@@ -95,6 +104,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(region, page, pages, device, steps)| Op::Walk { region, page, pages, device, steps }),
         2 => (0usize..8, 0u32..6, 1u32..4, 0usize..2, any::<bool>())
             .prop_map(|(region, page, pages, device, write_back)| Op::Hint { region, page, pages, device, write_back }),
+        1 => (0usize..3, 1u32..5).prop_map(|(device, pages)| Op::Reserve { device, pages }),
+        1 => (0usize..4).prop_map(|index| Op::Unreserve { index }),
         1 => Just(Op::Settle),
     ]
 }
@@ -129,6 +140,7 @@ struct Sim {
     model: HashMap<(u32, u64, u32), u64>,
     regions: Vec<RegionHandle>,
     leases: Vec<(LeaseGrant, RegionHandle, Vec<u64>)>,
+    reservations: Vec<u64>,
     next_token: u64,
     stages: u64,
     fail_every: u64,
@@ -297,7 +309,8 @@ impl Sim {
         let pick = |v: usize, n: usize| if n == 0 { None } else { Some(v % n) };
         match *op {
             Op::Alloc { pages, device } => {
-                let p = Placement::on(DEVICES[device].0);
+                let reservation = self.reservations.last().copied().filter(|_| pages % 2 == 1);
+                let p = Placement { reservation, ..Placement::on(DEVICES[device].0) };
                 if let Ok(h) = self.dir.alloc(u64::from(pages) * PAGE, p) {
                     for i in 0..pages {
                         self.model.insert(key(&h, i), 0);
@@ -380,6 +393,25 @@ impl Sim {
             Op::Hint { region, page, pages, device, write_back } => {
                 let Some(i) = pick(region, self.regions.len()) else { return };
                 self.hint(self.regions[i], page, pages, device, write_back);
+            }
+            Op::Reserve { device, pages } => {
+                match self.drive(|d| d.step_reserve(DEVICES[device].0, u64::from(pages) * PAGE, Default::default())) {
+                    Ok(id) => {
+                        assert_eq!(self.dir.reserved(id).unwrap(), u64::from(pages) * PAGE);
+                        self.reservations.push(id);
+                    }
+                    Err(SimError::Dir(
+                        DirectoryError::ReservationRefused { .. } | DirectoryError::OutOfMemory { .. },
+                    ))
+                    | Err(SimError::CopyFailed) => {}
+                    Err(e) => panic!("reserve: {e}"),
+                }
+            }
+            Op::Unreserve { index } => {
+                let Some(i) = pick(index, self.reservations.len()) else { return };
+                let id = self.reservations.remove(i);
+                self.dir.unreserve(id).expect("unreserve");
+                assert!(matches!(self.dir.unreserve(id), Err(DirectoryError::UnknownReservation(_))));
             }
             Op::Settle => self.settle(),
             Op::Release { lease } => {
@@ -499,8 +531,12 @@ fn sim(fail_every: u64) -> Sim {
 }
 
 /// The same GPUs with a small host memory and a storage tier below it: host memory fills and spills to storage.
-const WITH_STORAGE: [(Location, u64); 4] =
-    [(Location::Gpu(0), 8 * PAGE), (Location::Gpu(1), 6 * PAGE), (Location::Host, 10 * PAGE), (Location::Storage, 48 * PAGE)];
+const WITH_STORAGE: [(Location, u64); 4] = [
+    (Location::Gpu(0), 8 * PAGE),
+    (Location::Gpu(1), 6 * PAGE),
+    (Location::Host, 10 * PAGE),
+    (Location::Storage, 48 * PAGE),
+];
 
 fn sim_with(fail_every: u64, high: u8, low: u8) -> Sim {
     sim_on(&DEVICES, fail_every, high, low)
@@ -520,6 +556,7 @@ fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Si
         model: HashMap::new(),
         regions: Vec::new(),
         leases: Vec::new(),
+        reservations: Vec::new(),
         next_token: 0,
         stages: 0,
         fail_every,
@@ -557,6 +594,9 @@ fn run_model(mut s: Sim, ops: &[Op]) -> Result<(), TestCaseError> {
         }
         for h in std::mem::take(&mut s.regions) {
             s.drive(|d| d.free(&h)).expect("free");
+        }
+        for id in std::mem::take(&mut s.reservations) {
+            s.dir.unreserve(id).expect("unreserve");
         }
         while !s.prefetch.is_empty() {
             s.settle();

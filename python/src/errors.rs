@@ -125,9 +125,9 @@ pub fn to_py(e: RustError) -> PyErr {
 /// an impossible compaction is a lack of memory, and an allocator failure underneath is a bug.
 fn directory(e: &DirectoryError, message: String) -> PyErr {
     match e {
-        DirectoryError::AddressSpaceExhausted(_) | DirectoryError::CompactionImpossible { .. } => {
-            OutOfMemory::err(message)
-        }
+        DirectoryError::AddressSpaceExhausted(_)
+        | DirectoryError::CompactionImpossible { .. }
+        | DirectoryError::ReservationRefused { .. } => OutOfMemory::err(message),
         // The storage tier named where a GPU or host memory must be: as a device that cannot serve.
         DirectoryError::StorageTier(_) => DeviceUnavailable::err(message),
         DirectoryError::InvalidWatermarks { .. }

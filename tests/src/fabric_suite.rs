@@ -223,6 +223,52 @@ pub fn storage_tier_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path)
     assert!(!path.exists(), "the fabric removes its storage file");
 }
 
+/// A reservation sets capacity aside now (evicting what must leave): others cannot take it, a region naming
+/// it can, it refuses at once what cannot be had and what a quota forbids, and dropping it gives back the rest.
+pub fn reservations_hold_capacity(cfg: &ClusterConfig) {
+    let f = fabric(cfg);
+    let g = gpus(&f)[0];
+    let ps = f.page_size();
+    let probe = f.alloc(frames_of(&f, g) * ps, Placement::on(g)).expect("alloc");
+    // What one region can hold on the GPU: its ordinary frames.
+    let cap = (1..=frames_of(&f, g))
+        .rev()
+        .find(|&n| f.acquire(&probe, 0..n * ps, g, Mode::Read).map(|l| f.release(l)).is_ok())
+        .expect("some");
+    f.free(&probe).expect("free");
+    let x = f.alloc(cap * ps, Placement::on(g)).expect("alloc");
+    write_pattern(&f, &x, 59);
+    let r = f.reserve(g, 4 * ps, TenantId(0)).expect("reserve: pages of x leave to make room");
+    assert_eq!(r.bytes().expect("bytes"), 4 * ps);
+    check_region(&f, &x, 59, "the pages the reservation evicted");
+    // Others get what is left, not the reservation.
+    let y = f.alloc(cap * ps, Placement::on(g)).expect("alloc");
+    let err = f.acquire(&y, 0..(cap - 3) * ps, g, Mode::Read).expect_err("the reservation is not theirs");
+    assert!(matches!(err, FabricError::OutOfMemory { .. }), "{err}");
+    f.acquire(&y, 0..(cap - 4) * ps, g, Mode::Read).map(|l| f.release(l)).expect("the rest").expect("release");
+    // A region naming it takes its frames.
+    let z = f
+        .alloc(4 * ps, Placement { device: Some(g), reservation: Some(r.id()), ..Placement::default() })
+        .expect("alloc");
+    let lz = f.acquire(&z, 0..4 * ps, g, Mode::Write).expect("the reservation's frames");
+    assert_eq!(r.bytes().expect("bytes"), 0, "used by the region that names it");
+    f.release(lz).expect("release");
+    drop(r);
+    // More than can be had with a lease pinning frames: refused at once, nothing taken.
+    let lease = f.acquire(&y, 0..2 * ps, g, Mode::Read).expect("a lease pins two frames");
+    match f.reserve(g, (cap - 1) * ps, TenantId(0)) {
+        Err(FabricError::Directory(e)) => assert!(e.to_string().contains("can be had"), "{e}"),
+        other => panic!("expected a refusal: {other:?}"),
+    }
+    f.release(lease).expect("release");
+    f.set_quota(TenantId(9), Tier::Gpu, Some(ps));
+    assert!(matches!(f.reserve(g, 2 * ps, TenantId(9)), Err(FabricError::QuotaExceeded { .. })));
+    // Dropped, a reservation's frames are everyone's again.
+    drop(f.reserve(g, (cap - 2) * ps, TenantId(0)).expect("reserve most of the GPU"));
+    f.acquire(&y, 0..cap * ps, g, Mode::Read).map(|l| f.release(l)).expect("all of it again").expect("release");
+    check_region(&f, &x, 59, "after it all");
+}
+
 /// A fragmented GPU is compacted so a lease gets one run of frames, and the pages compaction moved keep their
 /// bytes; when a leased frame sits in every window the lease gets one pointer per page instead, and those
 /// pointers hold the right bytes too.
@@ -414,6 +460,11 @@ macro_rules! fabric_suite_tests {
                 &$config,
                 std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
             );
+        }
+
+        #[test]
+        fn reservations_hold_capacity() {
+            $crate::fabric_suite::reservations_hold_capacity(&$config);
         }
 
         #[test]

@@ -96,6 +96,7 @@ impl Directory {
         let tenant = self.tenant_of(slot);
         if req.contiguous {
             // Every page goes into one run, those already here included.
+            self.draw_reservation(slot, dev, n);
             let evict = self.eviction_need(dev, n);
             if evict > 0 {
                 let stage = self.plan_evict(dev, evict, &in_request)?;
@@ -130,6 +131,7 @@ impl Directory {
         // Page by page: only the pages not here yet need frames.
         let missing: Vec<usize> = (0..pages.len()).filter(|&i| cur[i].is_none()).collect();
         let need = missing.len() as u32;
+        self.draw_reservation(slot, dev, need);
         let evict = self.eviction_need(dev, need);
         if evict > 0 {
             let stage = self.plan_evict(dev, evict, &in_request)?;
@@ -181,6 +183,7 @@ impl Directory {
             return Ok(None);
         }
         let need = stored.len() as u32;
+        self.draw_reservation(slot, self.host, need);
         let avail = self.available(self.host);
         if avail < need {
             let stage = self.plan_evict(self.host, need - avail, keep)?;

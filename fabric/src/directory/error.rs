@@ -32,6 +32,19 @@ pub enum DirectoryError {
     /// pages evicted from host memory, and they come back through host memory.
     #[error("the storage tier {0}: lease, place or prefetch pages on a GPU or in host memory")]
     StorageTier(&'static str),
+    /// A reservation that cannot be met, even after evicting every page that may leave.
+    #[error("cannot reserve {requested} bytes of {location}: {available} bytes can be had")]
+    ReservationRefused {
+        /// The device.
+        location: Location,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes free there now.
+        available: u64,
+    },
+    /// A reservation id that names no reservation (given back already, or never made).
+    #[error("no reservation {0}")]
+    UnknownReservation(u64),
     /// No device is the host: evictions need somewhere to go.
     #[error("the directory needs a host arena")]
     NoHostArena,

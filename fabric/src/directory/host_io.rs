@@ -79,6 +79,7 @@ impl Directory {
             let need = unbacked.len() as u32;
             let keep = |p: PageRef| p.slot == slot && p.page >= first && p.page < first + n;
             let mut dev = home;
+            self.draw_reservation(slot, dev, need);
             let evict = self.eviction_need(dev, need);
             if evict > 0 {
                 let stage = self.plan_evict(dev, evict, &keep)?;
@@ -90,7 +91,8 @@ impl Directory {
             if fits == 0 {
                 dev = self.host;
             }
-            let count = if dev == home { fits } else { need };
+            // On the home device, what fits now; elsewhere (or at home in host memory with no room) all of them.
+            let count = if dev == home && fits > 0 { fits } else { need };
             let avail = self.available(dev);
             if dev == self.host && avail < count && self.storage.is_some() {
                 // Host memory is full: its least used pages go to the storage tier first.

@@ -86,7 +86,8 @@ impl Directory {
         for (di, d) in self.devs.iter().enumerate() {
             let prefetching =
                 self.in_flight.iter().flat_map(|f| &f.moves).filter(|m| usize::from(m.1.dev) == di).count();
-            let used = (d.users.iter().filter(|u| u.is_some()).count() + prefetching) as u32;
+            let reserved = self.reserved_frames(di as DevIdx) as usize;
+            let used = (d.users.iter().filter(|u| u.is_some()).count() + prefetching + reserved) as u32;
             let unpinned =
                 d.users.iter().enumerate().filter(|(f, u)| u.is_some() && d.frames.lease_count(*f as u32) == 0).count();
             if unpinned != d.lru.len() {

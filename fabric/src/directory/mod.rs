@@ -47,6 +47,7 @@ mod page;
 mod page_table;
 mod prefetch;
 mod region;
+mod reserve;
 mod residency;
 mod stage;
 mod state;

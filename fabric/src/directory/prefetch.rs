@@ -109,6 +109,8 @@ impl Directory {
             return Ok(Step::Done(None));
         }
         let need = wanted.len() as u32;
+        self.draw_reservation(slot, dev, need);
+        let frames = &self.devs[usize::from(dev)].frames;
         let (high, _) = self.watermarks(dev);
         let used = u64::from(frames.used_frames());
         let over = (used + u64::from(need)).saturating_sub(high).min(u64::from(u32::MAX)) as u32;

@@ -49,6 +49,8 @@ pub struct Placement {
     pub priority: Priority,
     /// The tenant whose quotas the region's pages count against.
     pub tenant: TenantId,
+    /// A reservation (from `Directory::step_reserve`) whose frames the region's pages take first.
+    pub reservation: Option<u64>,
 }
 
 impl Placement {

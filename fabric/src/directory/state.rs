@@ -57,6 +57,8 @@ pub struct Directory {
     pub(super) quotas: QuotaBook,
     pub(super) leases: HashMap<u64, LeaseRecord>,
     pub(super) next_lease: u64,
+    /// Reservations and the frames they hold.
+    pub(super) reservations: super::reserve::Reservations,
     /// Stages in flight across calls, oldest first: prefetches (`prefetch.rs`) and write-backs (`hints.rs`).
     pub(super) in_flight: VecDeque<InFlight>,
 }
@@ -105,6 +107,7 @@ impl Directory {
             quotas: QuotaBook::new(),
             leases: HashMap::new(),
             next_lease: 1,
+            reservations: Default::default(),
             in_flight: VecDeque::new(),
         })
     }

@@ -160,6 +160,7 @@ impl From<DirectoryError> for FabricError {
             DirectoryError::OutOfMemory { location, needed, available } => {
                 FabricError::OutOfMemory { location, needed, available }
             }
+
             DirectoryError::QuotaExceeded { tenant, tier, limit, used, requested } => {
                 FabricError::QuotaExceeded { tenant, tier, limit, used, requested }
             }
@@ -181,6 +182,8 @@ impl From<DirectoryError> for FabricError {
             | DirectoryError::TooManyDevices(_)
             | DirectoryError::NoHostArena
             | DirectoryError::StorageTier(_)
+            | DirectoryError::UnknownReservation(_)
+            | DirectoryError::ReservationRefused { .. }
             | DirectoryError::InvalidAddressSpace(_)
             | DirectoryError::AddressSpaceExhausted(_)
             | DirectoryError::CompactionImpossible { .. }

@@ -16,9 +16,11 @@ mod copying;
 mod lease;
 mod node;
 mod parts;
+mod reservation;
 mod traffic;
 
 pub use lease::{Lease, LeasePtr, LeasedPages};
+pub use reservation::Reservation;
 pub use traffic::Traffic;
 
 use std::collections::VecDeque;

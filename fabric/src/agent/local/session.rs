@@ -71,7 +71,7 @@ impl Agent {
             2 => Priority::High,
             p => return Err(ProtocolError::BadField { field: "priority", value: u64::from(p) }.into()),
         };
-        let placement = Placement { device, priority, tenant: TenantId(tenant) };
+        let placement = Placement { device, priority, tenant: TenantId(tenant), reservation: None };
         let region = in_place(|| self.fabric().alloc(size, placement))?;
         if !keep {
             session.owned.insert(region);

@@ -1,0 +1,62 @@
+//! `Reservation`: capacity set aside on a device before a task starts (see the directory's `reserve`), given
+//! back when dropped.
+
+use std::sync::Arc;
+
+use vfabric_allocator::{Location, TenantId};
+
+use super::node::{lock, Inner};
+use super::Fabric;
+use crate::error::FabricError;
+
+/// Capacity of one device held for a tenant until dropped. Regions whose `Placement::reservation` is
+/// [`Reservation::id`] take its frames as their pages arrive on that device; what is left returns when it is
+/// dropped.
+pub struct Reservation {
+    inner: Arc<Inner>,
+    id: u64,
+    location: Location,
+}
+
+impl Reservation {
+    /// What a region's placement names to draw on it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The device it holds memory of.
+    pub fn location(&self) -> Location {
+        self.location
+    }
+
+    /// Bytes it still holds (what regions naming it have not taken yet).
+    pub fn bytes(&self) -> Result<u64, FabricError> {
+        Ok(lock(&self.inner.state).dir.reserved(self.id)?)
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation").field("id", &self.id).field("location", &self.location).finish()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Err(e) = lock(&self.inner.state).dir.unreserve(self.id) {
+            tracing::warn!(id = self.id, error = %e, "giving back a reservation failed");
+        }
+    }
+}
+
+impl Fabric {
+    /// Sets aside `bytes` (whole pages) of `location` for `tenant` now, evicting other pages to make room as an
+    /// acquire would, so that a task started after it cannot fail midway for want of that memory. Refused at
+    /// once, with the bytes that can be had, when evicting every page that may leave would not make room
+    /// (`Directory(ReservationRefused)`), and with `QuotaExceeded` past the tenant's quota.
+    pub fn reserve(&self, location: Location, bytes: u64, tenant: TenantId) -> Result<Reservation, FabricError> {
+        let mut st = lock(&self.inner.state);
+        let id = self.drive(&mut st, |d| d.step_reserve(location, bytes, tenant))?;
+        Ok(Reservation { inner: Arc::clone(&self.inner), id, location })
+    }
+}
