@@ -4,21 +4,12 @@
 //! reservation draws on those frames as its pages arrive on that device; dropping the reservation returns the
 //! rest. A reservation that cannot be met is refused at once, saying what is available.
 
-use std::collections::HashMap;
-
 use vfabric_allocator::{AllocClass, Location, TenantId};
 
 use super::error::DirectoryError;
 use super::page::{Copy, DevIdx};
 use super::stage::Step;
 use super::state::Directory;
-
-/// A reservation's frames, pinned and holding no page.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Reservations {
-    held: HashMap<u64, (DevIdx, Vec<u32>)>,
-    next: u64,
-}
 
 impl Directory {
     /// One step of reserving `bytes` (whole pages) of `location` for `tenant`: `Done(id)` once the frames are

@@ -43,6 +43,13 @@ pub(super) struct InFlight {
     pub(super) sources: Vec<Copy>,
 }
 
+/// A reservation's frames, pinned and holding no page.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Reservations {
+    pub(super) held: HashMap<u64, (DevIdx, Vec<u32>)>,
+    pub(super) next: u64,
+}
+
 /// The directory of one node.
 pub struct Directory {
     pub(super) cfg: DirectoryConfig,
@@ -58,7 +65,7 @@ pub struct Directory {
     pub(super) leases: HashMap<u64, LeaseRecord>,
     pub(super) next_lease: u64,
     /// Reservations and the frames they hold.
-    pub(super) reservations: super::reserve::Reservations,
+    pub(super) reservations: Reservations,
     /// Stages in flight across calls, oldest first: prefetches (`prefetch.rs`) and write-backs (`hints.rs`).
     pub(super) in_flight: VecDeque<InFlight>,
 }
