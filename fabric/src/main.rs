@@ -230,8 +230,11 @@ fn main() -> ExitCode {
             let ps = fabric.page_size();
             for d in fabric.stats().directory.devices {
                 let bytes = u64::from(d.frames) * ps;
+                // The storage tier is a file of slots, not an arena.
+                let (what, unit) =
+                    if d.location == vfabric::Location::Storage { ("file", "slots") } else { ("arena", "frames") };
                 println!(
-                    "  {}: arena {} = {} frames of {}",
+                    "  {}: {what} {} = {} {unit} of {}",
                     d.location,
                     vfabric::ByteSize(bytes),
                     d.frames,
