@@ -230,9 +230,18 @@ def setup_resident(a):
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd,
                             fused=CUDA)
 
+    return accumulating_step(a, model, opt), {"optimizer": "torch AdamW fused, GPU" if CUDA else "torch AdamW, CPU"}
+
+
+def accumulating_step(a, model, opt, before_micro=None):
+    """One optimizer step over a.accum micro-batches (loss / accum each; `before_micro(k)` runs before micro-batch
+    k), returning the step's mean loss: the loop of resident, allocator and vfabric alike."""
+
     def step(inp, tgt):
         total = 0.0
         for k in range(a.accum):
+            if before_micro is not None:
+                before_micro(k)
             with autocast():
                 loss = model(inp[k], tgt[k]) / a.accum
             loss.backward()
@@ -241,7 +250,7 @@ def setup_resident(a):
         opt.zero_grad(set_to_none=True)
         return total
 
-    return step, {"optimizer": "torch AdamW fused, GPU" if CUDA else "torch AdamW, CPU"}
+    return step
 
 
 def size_bytes(text):
@@ -306,19 +315,10 @@ name = "local"
     info["layers"] = layers
     info["gpu_arena_bytes"] = size_bytes(a.fabric_budget)
 
-    def step(inp, tgt):
-        total = 0.0
-        for k in range(a.accum):
-            layers.accumulating = k < a.accum - 1
-            with autocast():
-                loss = root(inp[k], tgt[k]) / a.accum
-            loss.backward()
-            total = total + loss.detach()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return total
+    def before_micro(k):
+        layers.accumulating = k < a.accum - 1  # the last micro-batch's backward steps the blocks
 
-    return step, info
+    return accumulating_step(a, root, opt, before_micro), info
 
 
 def setup_fsdp(a):

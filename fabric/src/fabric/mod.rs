@@ -340,7 +340,7 @@ impl Fabric {
         device: Location,
         mode: Mode,
     ) -> Result<Lease, FabricError> {
-        let len = self.range_len(region, &range)?;
+        let len = range_len(region, &range)?;
         let mut req = AcquireRequest::new(*region, range.start, len, device, mode);
         let mut st = lock(&self.inner.state);
         self.settle_if_done(&mut st);
@@ -378,13 +378,7 @@ impl Fabric {
     /// the range's own pages; when there is no room, nothing starts. At most 128 prefetches and write-backs are
     /// in flight: past that, this waits for one to land.
     pub fn prefetch(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
-        let len = self.range_len(region, &range)?;
-        let mut st = lock(&self.inner.state);
-        self.settle_if_done(&mut st);
-        match self.drive(&mut st, |d| d.step_prefetch_range(region, range.start, len, device))? {
-            Some(stage) => self.launch(&mut st, stage),
-            None => Ok(()),
-        }
+        self.hint(region, range, |d, at, len| d.step_prefetch_range(region, at, len, device))
     }
 
     /// Starts copying the pages of bytes `range` of a region whose only copy is on `device` to host memory, and
@@ -395,22 +389,24 @@ impl Fabric {
     /// are skipped. A later acquire or free of the range waits for the copies. At most 128 prefetches
     /// and write-backs are in flight: past that, this waits for one to land.
     pub fn write_back(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError> {
-        let len = self.range_len(region, &range)?;
+        self.hint(region, range, |d, at, len| d.step_write_back(region, at, len, device))
+    }
+
+    /// Runs a hint's directory step (given the range's start and length) and starts the stage it asks for,
+    /// left in flight.
+    fn hint(
+        &self,
+        region: &Region,
+        range: Range<u64>,
+        mut step: impl FnMut(&mut Directory, u64, u64) -> Result<Step<Option<Stage>>, DirectoryError>,
+    ) -> Result<(), FabricError> {
+        let len = range_len(region, &range)?;
         let mut st = lock(&self.inner.state);
         self.settle_if_done(&mut st);
-        match self.drive(&mut st, |d| d.step_write_back(region, range.start, len, device))? {
+        match self.drive(&mut st, |d| step(d, range.start, len))? {
             Some(stage) => self.launch(&mut st, stage),
             None => Ok(()),
         }
-    }
-
-    /// The length of `range`, or the error for a range that ends before it starts.
-    fn range_len(&self, region: &Region, range: &Range<u64>) -> Result<u64, FabricError> {
-        range.end.checked_sub(range.start).ok_or(FabricError::OutOfBounds {
-            offset: range.start,
-            len: 0,
-            region_len: region.len,
-        })
     }
 
     /// Releases a lease (dropping it does the same, logging instead of returning an error).
@@ -629,4 +625,13 @@ impl Fabric {
         c.stages.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// The length of `range` of a region, or the error for a range that ends before it starts.
+pub(crate) fn range_len(region: &Region, range: &Range<u64>) -> Result<u64, FabricError> {
+    range.end.checked_sub(range.start).ok_or(FabricError::OutOfBounds {
+        offset: range.start,
+        len: 0,
+        region_len: region.len,
+    })
 }

@@ -182,11 +182,7 @@ impl AttachedClient {
         device: Location,
         mode: Mode,
     ) -> Result<LocalLease, FabricError> {
-        let len = range.end.checked_sub(range.start).ok_or(FabricError::OutOfBounds {
-            offset: range.start,
-            len: 0,
-            region_len: region.len,
-        })?;
+        let len = crate::fabric::range_len(region, &range)?;
         let msg = Message::AcquireMapped {
             region: WireRegion::from(region),
             offset: range.start,
