@@ -146,24 +146,33 @@ impl Directory {
         let mut stage = Stage::new(StageKind::Prefetch);
         let to_loc = self.loc(dev);
         let mut moves = Vec::with_capacity(taken.len());
+        let mut sources = Vec::new();
         for (&(p, old, src), &f) in wanted.iter().zip(&taken) {
             let new = Copy { dev, frame: f };
             stage.taken.push(new);
             stage.copy(self.loc(src.dev), to_loc, src.frame, f);
             match old {
                 Some(old) => stage.updates.push(Update::Relocate { page: p, old, new }),
-                None => stage.updates.push(Update::Add { page: p, copy: new }),
+                None => {
+                    stage.updates.push(Update::Add { page: p, copy: new });
+                    sources.push(src);
+                }
             }
             moves.push((p.page, new, old));
         }
-        // Pinned while in flight: no compaction may move a frame no page points to yet, nor a copy being moved.
+        // Pinned while in flight: no compaction may move a frame no page points to yet, nor a copy being moved;
+        // and no eviction or compaction of another device may free or move a frame the copies read (a prefetch
+        // from host memory while host memory spills to storage, or from a GPU that evicts to make room).
         for &(_, new, old) in &moves {
             self.pin(new);
             if let Some(old) = old {
                 self.pin(old);
             }
         }
-        self.in_flight.push_back(InFlight { slot, pages: from..to, moves, sources: Vec::new() });
+        for &c in &sources {
+            self.pin(c);
+        }
+        self.in_flight.push_back(InFlight { slot, pages: from..to, moves, sources });
         Ok(Step::Done(Some(stage)))
     }
 

@@ -29,8 +29,9 @@ impl DeviceState {
     }
 }
 
-/// A stage in flight across later calls: a prefetch or a write-back. Every frame it names is pinned until it commits or aborts, so that no
-/// compaction moves them: the frames it took (no page points to them yet) and the copies it moves into them.
+/// A stage in flight across later calls: a prefetch or a write-back. Every frame it names is pinned until it
+/// commits or aborts, so that no compaction moves them and no eviction frees them: the frames it took (no page
+/// points to them yet), the copies it moves into them, and the copies on other devices it reads.
 #[derive(Debug, Clone)]
 pub(super) struct InFlight {
     pub(super) slot: u32,
@@ -39,7 +40,8 @@ pub(super) struct InFlight {
     /// Per page copied: the page, the frame it took, and the page's copy on the device that moves there (into
     /// the run), if it had one.
     pub(super) moves: Vec<(u32, Copy, Option<Copy>)>,
-    /// Copies the stage reads that must stay where they are until it lands (a write-back's device copies).
+    /// Copies on other devices the stage reads, which must stay where they are until it lands (a prefetch's
+    /// sources, a write-back's device copies).
     pub(super) sources: Vec<Copy>,
 }
 
