@@ -10,6 +10,7 @@
 //! - [`range`]: [`RangeAllocator`], aligned virtual ranges of a node's address space.
 //! - [`frames`]: [`FrameArena`], a device's physical memory as page-sized frames, with
 //!   headroom for the fabric's own use, leases that pin frames, and compaction plans.
+//! - [`compression`]: [`Compression`], how a region's pages are stored below host memory.
 //! - [`tenant`]: [`TenantId`] and [`Tier`], the names quotas and errors share.
 //! - [`quota`]: the per-tenant [`QuotaBook`].
 //! - [`error`]: [`AllocError`], the single error type.
@@ -57,6 +58,7 @@
 #![forbid(unsafe_code)]
 
 pub mod addr;
+pub mod compression;
 pub mod error;
 pub mod extent;
 pub mod fit;
@@ -68,6 +70,7 @@ pub mod range;
 pub mod tenant;
 
 pub use addr::{GlobalAddr, NodeId, PageSize, MAX_OFFSET, OFFSET_BITS};
+pub use compression::{Compression, ParseCompressionError};
 pub use error::AllocError;
 pub use extent::{Fragmentation, FreeExtents};
 pub use fit::Fit;

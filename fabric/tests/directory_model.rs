@@ -16,7 +16,7 @@ use vfabric::directory::{
     AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseGrant, Mode, Placement, ReadSource, RegionHandle,
     Stage, StageKind, Step, HINT_DEPTH, PREFETCH_DEPTH,
 };
-use vfabric_allocator::PageSize;
+use vfabric_allocator::{Compression, PageSize};
 use vfabric_transport::Location;
 
 const PAGE: u64 = 64 << 10;
@@ -197,6 +197,8 @@ impl Sim {
                 b.from,
                 b.to
             );
+            // Only pages landing on the storage tier are packed.
+            assert!(b.to == Location::Storage || b.compression == Compression::None, "{b:?}");
             for m in &b.moves {
                 let v = if fail { 0xBAD } else { self.mem.get(&(b.from, m.src)).copied().unwrap_or(0xDEAD) };
                 writes.push(((b.to, m.dst), v));
@@ -310,7 +312,8 @@ impl Sim {
         match *op {
             Op::Alloc { pages, device } => {
                 let reservation = self.reservations.last().copied().filter(|_| pages % 2 == 1);
-                let p = Placement { reservation, ..Placement::on(DEVICES[device].0) };
+                let compression = if pages % 3 == 0 { Compression::Lz4 } else { Compression::None };
+                let p = Placement { reservation, compression, ..Placement::on(DEVICES[device].0) };
                 if let Ok(h) = self.dir.alloc(u64::from(pages) * PAGE, p) {
                     for i in 0..pages {
                         self.model.insert(key(&h, i), 0);

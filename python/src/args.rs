@@ -2,7 +2,7 @@
 //! API's types. Every bad value is a `ValueError` that names the argument and what it accepts.
 
 use pyo3::prelude::*;
-use vfabric::{Location, Mode, Priority};
+use vfabric::{Compression, Location, Mode, Priority};
 
 use crate::errors::value_error;
 
@@ -40,6 +40,15 @@ pub fn priority(name: &str) -> PyResult<Priority> {
         "normal" => Ok(Priority::Normal),
         "high" => Ok(Priority::High),
         _ => Err(value_error(format!("unknown priority {name:?}: use \"low\", \"normal\" or \"high\""))),
+    }
+}
+
+/// A compression by name.
+pub fn compression(name: &str) -> PyResult<Compression> {
+    match name {
+        "none" => Ok(Compression::None),
+        "lz4" => Ok(Compression::Lz4),
+        _ => Err(value_error(format!("unknown compression {name:?}: use \"none\" or \"lz4\""))),
     }
 }
 

@@ -59,8 +59,13 @@ impl Backend for Attached {
     }
 
     fn alloc(&self, size: u64, args: &AllocArgs) -> Result<Region, FabricError> {
-        let options =
-            AllocOptions { device: args.device, priority: args.priority, tenant: args.tenant, keep: args.keep };
+        let options = AllocOptions {
+            device: args.device,
+            priority: args.priority,
+            tenant: args.tenant,
+            keep: args.keep,
+            compression: args.compression,
+        };
         self.client.alloc(size, &options)
     }
 

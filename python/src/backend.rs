@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use vfabric::{DeviceKind, FabricError, LeasePtr, Location, Mode, Priority, Region, TenantId};
+use vfabric::{Compression, DeviceKind, FabricError, LeasePtr, Location, Mode, Priority, Region, TenantId};
 
 /// How a region is allocated.
 #[derive(Debug, Clone, Copy, Default)]
@@ -20,6 +20,8 @@ pub struct AllocArgs {
     /// For an attached client: keep the region when the client's connection ends (otherwise it is freed then).
     /// The embedded fabric lives and dies with this process, so it ignores this.
     pub keep: bool,
+    /// How its pages are stored on the storage tier.
+    pub compression: Compression,
 }
 
 /// A fabric: the calls the Python API makes.

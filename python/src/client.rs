@@ -59,7 +59,10 @@ impl PyFabricBase {
     /// `device` ("gpu0", "host", ...) is where its pages go; by default the GPU with the most free memory.
     /// `priority` ("low", "normal", "high") orders eviction; `tenant` names whose quotas it counts against.
     /// `keep` matters for `connect()` only: a region not kept is freed when the client's connection ends.
-    #[pyo3(signature = (nbytes, device=None, priority="normal", tenant=0, keep=false))]
+    /// `compression` ("none", "lz4") is how its pages are stored on the node's storage tier: "lz4" packs each
+    /// page that shrinks by at least a 4 KiB block, and stores the others as they are.
+    #[pyo3(signature = (nbytes, device=None, priority="normal", tenant=0, keep=false, compression="none"))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one parameter each
     fn alloc(
         &self,
         py: Python<'_>,
@@ -68,6 +71,7 @@ impl PyFabricBase {
         priority: &str,
         tenant: i64,
         keep: bool,
+        compression: &str,
     ) -> PyResult<PyRegion> {
         let size = args::non_negative(nbytes, "nbytes")?;
         let alloc = AllocArgs {
@@ -75,6 +79,7 @@ impl PyFabricBase {
             priority: args::priority(priority)?,
             tenant: args::tenant(tenant)?,
             keep,
+            compression: args::compression(compression)?,
         };
         let region = py.detach(|| self.backend.alloc(size, &alloc)).map_err(to_py)?;
         Ok(PyRegion { region })

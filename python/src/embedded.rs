@@ -38,8 +38,13 @@ impl Backend for Embedded {
 
     fn alloc(&self, size: u64, args: &AllocArgs) -> Result<Region, FabricError> {
         // `keep` is for attached clients: an embedded fabric's regions live as long as the process.
-        let placement =
-            Placement { device: args.device, priority: args.priority, tenant: args.tenant, reservation: None };
+        let placement = Placement {
+            device: args.device,
+            priority: args.priority,
+            tenant: args.tenant,
+            reservation: None,
+            compression: args.compression,
+        };
         self.fabric.alloc(size, placement)
     }
 

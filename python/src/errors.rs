@@ -14,7 +14,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 use pyo3::PyTypeInfo;
 use vfabric::proto::ErrorKind;
-use vfabric::{DirectoryError, FabricError as RustError, StorageError};
+use vfabric::{DirectoryError, FabricError as RustError};
 
 /// Makes the class `vfabric.<name>` once per interpreter.
 fn class<'py>(
@@ -114,7 +114,8 @@ pub fn to_py(e: RustError) -> PyErr {
         RustError::Launch(_) => LaunchError::err(message),
         RustError::NoRuntime | RustError::Internal(_) => InternalError::err(message),
         RustError::Protocol(_) => ProtocolError::err(message),
-        RustError::Checksum(_) | RustError::Storage(StorageError::Corrupt { .. }) => ChecksumError::err(message),
+        RustError::Checksum(_) => ChecksumError::err(message),
+        RustError::Storage(e) if e.is_corrupt() => ChecksumError::err(message),
         RustError::Storage(_) => DeviceError::err(message),
         RustError::Remote { kind, .. } => remote(kind, message),
         RustError::Moved { .. } => RegionMoved::err(message),

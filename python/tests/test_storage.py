@@ -72,3 +72,29 @@ def test_a_page_changed_on_the_disk_is_a_checksum_error(tiered):
             f.write(b"not the page")
     with pytest.raises(vfabric.ChecksumError, match="corrupt"):
         fabric.read(region, 0, len(data))
+
+
+def test_a_compressed_region_takes_less_of_the_tier_and_round_trips(tiered):
+    fabric, tier = tiered
+    page = 64 << 10
+    pages = 96  # 6 MiB: the GPU and host memory hold 2 MiB
+    data = bytearray(pages * page)
+    for p in range(pages):  # zeros but for each page's number: every page packs into one 4 KiB block
+        data[p * page : p * page + 4] = p.to_bytes(4, "little")
+    region = fabric.alloc(len(data), device="gpu0", compression="lz4")
+    fabric.write(region, 0, bytes(data))
+    storage = fabric.stats()["storage"]
+    assert storage["pages"] >= 64, storage
+    assert storage["file_bytes"] * 8 <= storage["page_bytes"], storage
+    assert fabric.read(region, 0, len(data)) == data
+    with fabric.acquire(region, 70 * page, 2 * page, device="gpu0") as lease:
+        assert bytes(lease.numpy()) == data[70 * page : 72 * page]
+    # Packed pages changed on the disk are errors too, never data.
+    with open(tier, "r+b") as f:
+        for slot in range(128):
+            f.seek(4096 + slot * page + 2)
+            f.write(b"\xff\xff\xff\xff")
+    with pytest.raises(vfabric.ChecksumError, match="corrupt"):
+        fabric.read(region, 0, len(data))
+    with pytest.raises(ValueError, match="unknown compression"):
+        fabric.alloc(page, compression="zip")

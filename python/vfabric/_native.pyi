@@ -16,6 +16,7 @@ _Device = str
 """A device name: "gpu0", "gpu1", ..., or "host"."""
 _Mode = Literal["r", "w", "read", "write"]
 _Priority = Literal["low", "normal", "high"]
+_Compression = Literal["none", "lz4"]
 _DType = Any
 """An element type: a name ("uint8", "float32", ...), a NumPy dtype or scalar type, or a PyTorch dtype."""
 _Shape = Union[int, Sequence[int]]
@@ -230,8 +231,10 @@ class FabricBase:
         priority: _Priority = "normal",
         tenant: int = 0,
         keep: bool = False,
+        compression: _Compression = "none",
     ) -> Region:
-        """Allocates a region of `nbytes` bytes (rounded up to whole pages)."""
+        """Allocates a region of `nbytes` bytes (rounded up to whole pages); `compression="lz4"` stores its
+        pages compressed on the storage tier where that saves space."""
     def free(self, region: Region) -> None:
         """Frees a region and all its memory (refused while any of its pages is leased)."""
     def write(self, region: Region, offset: int, data: _Buffer) -> None:

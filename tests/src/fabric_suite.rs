@@ -4,7 +4,7 @@
 //! Each check takes a cluster configuration (its device backend and budgets decide where it runs) and panics
 //! with a message that names the case when the fabric misbehaves.
 
-use vfabric::{ClusterConfig, Fabric, FabricError, Lease, LeasePtr, Mode, Placement, Region};
+use vfabric::{ClusterConfig, Compression, Fabric, FabricError, Lease, LeasePtr, Mode, Placement, Region};
 use vfabric_allocator::{TenantId, Tier};
 use vfabric_transport::{EngineChoice, Location};
 
@@ -219,6 +219,65 @@ pub fn storage_tier_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path)
         other => panic!("reading pages corrupted on disk: {other:?}"),
     }
     f.free(&r).expect("free");
+    drop(f);
+    assert!(!path.exists(), "the fabric removes its storage file");
+}
+
+/// A page that compresses: zeros but for its number at two places.
+fn sparse_page(page: u64, ps: u64) -> Vec<u8> {
+    let mut b = vec![0u8; ps as usize];
+    b[..8].copy_from_slice(&page.to_le_bytes());
+    b[ps as usize / 2..ps as usize / 2 + 8].copy_from_slice(&(page * 7 + 61).to_le_bytes());
+    b
+}
+
+/// Regions that ask for LZ4 spill through host memory to the storage tier: pages that shrink are stored packed,
+/// the others as they are; the tier's file holds them in fewer bytes than their pages, and every byte comes
+/// back, through host reads and under leases on the GPU.
+pub fn compressed_storage_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path) {
+    let mut cfg = cfg.clone();
+    let ps = cfg.memory.page_size.bytes();
+    cfg.memory.host_arena = vfabric::ByteSize(8 * ps);
+    let path = dir.join("storage-compressed.tier");
+    cfg.storage =
+        Some(vfabric::config::StorageSection { path: path.clone(), size: vfabric::ByteSize(160 * ps), depth: 16 });
+    let f = fabric(&cfg);
+    let g = gpus(&f)[0];
+    let n = frames_of(&f, g) + 8 + 12;
+    assert!(n <= 140, "the suite's GPU budget is small enough for the tier: {n} pages a region");
+    let lz4 = Placement { device: Some(g), compression: Compression::Lz4, ..Placement::default() };
+    let sparse = f.alloc(n * ps, lz4).expect("alloc");
+    let dense = f.alloc(n * ps, lz4).expect("alloc");
+    for p in 0..n {
+        f.write(&sparse, p * ps, &sparse_page(p, ps)).expect("write");
+    }
+    write_pattern(&f, &dense, 67);
+    let st = f.stats().storage.expect("the node has a storage tier");
+    assert!(st.pages >= n, "both regions spilled to storage: {st:?}");
+    assert!(st.file_bytes * 2 < st.page_bytes, "packed pages take less of the file: {st:?}");
+    check_region(&f, &dense, 67, "incompressible pages after the storage tier");
+    let mut buf = vec![0u8; ps as usize];
+    for p in 0..n {
+        f.read(&sparse, p * ps, &mut buf).expect("read");
+        assert!(buf == sparse_page(p, ps), "page {p} of the compressed region read back");
+    }
+    // Every page comes to the GPU, a few at a time (the others going back down).
+    for p in (0..n).step_by(4) {
+        let end = (p + 4).min(n);
+        let lease = f.acquire(&sparse, p * ps..end * ps, g, Mode::Read).expect("acquire");
+        let got = read_through_lease(&f, &lease);
+        for (k, page) in got.chunks(ps as usize).enumerate() {
+            assert!(
+                page == sparse_page(p + k as u64, ps),
+                "{g}: leased page {} of the compressed region",
+                p + k as u64
+            );
+        }
+        f.release(lease).expect("release");
+    }
+    assert!(f.traffic().from_storage > 0, "stored pages came back: {:?}", f.traffic());
+    f.free(&sparse).expect("free");
+    f.free(&dense).expect("free");
     drop(f);
     assert!(!path.exists(), "the fabric removes its storage file");
 }
@@ -457,6 +516,14 @@ macro_rules! fabric_suite_tests {
         #[test]
         fn storage_tier_keeps_every_byte() {
             $crate::fabric_suite::storage_tier_keeps_every_byte(
+                &$config,
+                std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
+        fn compressed_storage_keeps_every_byte() {
+            $crate::fabric_suite::compressed_storage_keeps_every_byte(
                 &$config,
                 std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
             );

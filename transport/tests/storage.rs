@@ -1,11 +1,13 @@
 //! The storage tier's file on this machine's disk: pages round-trip through io_uring with O_DIRECT, many in
 //! flight; a page changed on disk, or cut short, is an error naming its slot; a tier's file from an earlier run
-//! is reset, anybody else's file is left alone; bad requests are typed errors that harm nothing.
+//! is reset, anybody else's file is left alone; bad requests are typed errors that harm nothing; pages written
+//! compressed take fewer blocks, incompressible ones are stored as they are, and a packed slot changed on disk
+//! is an error too.
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use vfabric_transport::storage::{AlignedBuffer, StorageError, StorageFile, StorageSpec};
+use vfabric_transport::storage::{AlignedBuffer, Compression, StorageError, StorageFile, StorageSpec};
 
 const PAGE: u64 = 64 << 10;
 
@@ -49,14 +51,14 @@ fn pages_round_trip_many_in_flight() {
     // 64 pages through a ring of 8, in an order that is not the file's.
     let order: Vec<u64> = (0..64).map(|i| (i * 37) % 64).collect();
     let reqs: Vec<(u64, &[u8])> = order.iter().map(|&s| (s, &pages[s as usize][..])).collect();
-    t.write(&reqs).expect("write");
+    t.write(&reqs, Compression::None).expect("write");
     let got = read_back(&t, &(0..64).collect::<Vec<_>>()).expect("read");
     for (s, (g, w)) in got.iter().zip(&pages).enumerate() {
         assert!(g[..] == w[..], "slot {s}");
     }
     // Rewriting a slot replaces its page.
     let new = page(1000);
-    t.write(&[(5, &new[..])]).expect("rewrite");
+    t.write(&[(5, &new[..])], Compression::None).expect("rewrite");
     assert!(read_back(&t, &[5]).unwrap()[0][..] == new[..]);
     let file = t.path().to_owned();
     drop(t);
@@ -68,7 +70,7 @@ fn a_page_changed_or_cut_short_on_disk_is_an_error_naming_its_slot() {
     let t = tier("corrupt", 8);
     let pages: Vec<AlignedBuffer> = (0..8).map(|i| page(i + 50)).collect();
     let reqs: Vec<(u64, &[u8])> = pages.iter().enumerate().map(|(i, p)| (i as u64, &p[..])).collect();
-    t.write(&reqs).expect("write");
+    t.write(&reqs, Compression::None).expect("write");
     // One byte of slot 3 changes behind the tier's back.
     let other = std::fs::OpenOptions::new().write(true).open(t.path()).unwrap();
     other.write_at(&[pages[3][100] ^ 0xFF], t.slot_offset(3) + 100).unwrap();
@@ -91,7 +93,7 @@ fn a_page_changed_or_cut_short_on_disk_is_an_error_naming_its_slot() {
 fn an_earlier_runs_tier_is_reset_and_anybody_elses_file_left_alone() {
     let t = tier("earlier", 4);
     let p = page(7);
-    t.write(&[(0, &p[..])]).unwrap();
+    t.write(&[(0, &p[..])], Compression::None).unwrap();
     // A crashed run's file: a copy of a live tier's.
     let stale = path("stale");
     std::fs::copy(t.path(), &stale).unwrap();
@@ -111,13 +113,22 @@ fn an_earlier_runs_tier_is_reset_and_anybody_elses_file_left_alone() {
 fn bad_requests_are_typed_errors_and_harm_nothing() {
     let t = tier("bad", 4);
     let good = page(9);
-    t.write(&[(1, &good[..])]).unwrap();
+    t.write(&[(1, &good[..])], Compression::None).unwrap();
     let big = AlignedBuffer::new(2 * PAGE as usize).unwrap();
     let unaligned = &big[512..512 + PAGE as usize];
-    assert!(matches!(t.write(&[(0, unaligned)]), Err(StorageError::BadBuffer { slot: 0, .. })));
-    assert!(matches!(t.write(&[(0, &big[..])]), Err(StorageError::BadBuffer { .. })), "two pages for one slot");
-    assert!(matches!(t.write(&[(4, &good[..])]), Err(StorageError::NoSuchSlot { slot: 4, slots: 4 })));
-    assert!(matches!(t.write(&[(2, &good[..]), (2, &good[..])]), Err(StorageError::DuplicateSlot { slot: 2 })));
+    assert!(matches!(t.write(&[(0, unaligned)], Compression::None), Err(StorageError::BadBuffer { slot: 0, .. })));
+    assert!(
+        matches!(t.write(&[(0, &big[..])], Compression::None), Err(StorageError::BadBuffer { .. })),
+        "two pages for one slot"
+    );
+    assert!(matches!(
+        t.write(&[(4, &good[..])], Compression::None),
+        Err(StorageError::NoSuchSlot { slot: 4, slots: 4 })
+    ));
+    assert!(matches!(
+        t.write(&[(2, &good[..]), (2, &good[..])], Compression::None),
+        Err(StorageError::DuplicateSlot { slot: 2 })
+    ));
     assert!(matches!(read_back(&t, &[3]), Err(StorageError::NeverWritten { slot: 3 })));
     t.forget(1).unwrap();
     assert!(matches!(read_back(&t, &[1]), Err(StorageError::NeverWritten { slot: 1 })));
@@ -126,6 +137,62 @@ fn bad_requests_are_typed_errors_and_harm_nothing() {
         assert!(matches!(StorageFile::create(&spec), Err(StorageError::InvalidSpec(_))), "{spec:?}");
     }
     // The tier still works.
-    t.write(&[(2, &good[..])]).unwrap();
+    t.write(&[(2, &good[..])], Compression::None).unwrap();
     assert!(read_back(&t, &[2]).unwrap()[0][..] == good[..]);
+}
+
+/// A page that compresses: runs of a few values (zeros, a small integer pattern), `seed` placed here and there.
+fn sparse_page(seed: u64) -> AlignedBuffer {
+    let mut b = AlignedBuffer::new(PAGE as usize).unwrap();
+    for (i, chunk) in b.chunks_mut(4096).enumerate() {
+        chunk[..8].copy_from_slice(&(seed * 1000 + i as u64).to_le_bytes());
+    }
+    b
+}
+
+#[test]
+fn compressed_pages_take_fewer_blocks_and_round_trip() {
+    let t = tier("compressed", 32);
+    // Slots 0..16 compressible, 16..32 incompressible: all in one request, with compression on.
+    let pages: Vec<AlignedBuffer> = (0..32).map(|i| if i < 16 { sparse_page(i) } else { page(i) }).collect();
+    let reqs: Vec<(u64, &[u8])> = pages.iter().enumerate().map(|(i, p)| (i as u64, &p[..])).collect();
+    t.write(&reqs, Compression::Lz4).expect("write");
+    let (bytes, held) = t.stored();
+    assert_eq!(held, 32);
+    assert!(bytes < 16 * PAGE + 16 * 8192, "16 pages packed into a block or two each: {bytes} bytes");
+    assert!(bytes >= 16 * PAGE, "incompressible pages are stored whole");
+    let got = read_back(&t, &(0..32).rev().collect::<Vec<_>>()).expect("read");
+    for (k, g) in got.iter().enumerate() {
+        assert!(g[..] == pages[31 - k][..], "slot {}", 31 - k);
+    }
+    // Rewritten without compression, a slot holds its page whole.
+    t.write(&[(0, &pages[20][..])], Compression::None).unwrap();
+    assert!(read_back(&t, &[0]).unwrap()[0][..] == pages[20][..]);
+    assert!(t.stored().0 >= 17 * PAGE);
+}
+
+#[test]
+fn a_packed_page_changed_on_disk_is_an_error_naming_its_slot() {
+    let t = tier("packed-corrupt", 4);
+    let pages: Vec<AlignedBuffer> = (0..4).map(sparse_page).collect();
+    let reqs: Vec<(u64, &[u8])> = pages.iter().enumerate().map(|(i, p)| (i as u64, &p[..])).collect();
+    t.write(&reqs, Compression::Lz4).unwrap();
+    let other = std::fs::OpenOptions::new().read(true).write(true).open(t.path()).unwrap();
+    // Slot 1's packed bytes: scramble a run of them; slot 2's: flip one byte of a literal.
+    other.write_at(&[0xAB; 64], t.slot_offset(1) + 16).unwrap();
+    let mut b = [0u8; 1];
+    other.read_at(&mut b, t.slot_offset(2) + 3).unwrap();
+    other.write_at(&[b[0] ^ 0x01], t.slot_offset(2) + 3).unwrap();
+    other.sync_all().unwrap();
+    for slot in [1u64, 2] {
+        match read_back(&t, &[slot]) {
+            Err(e @ (StorageError::Corrupt { .. } | StorageError::Undecodable { .. })) => {
+                assert!(e.is_corrupt());
+                assert!(e.to_string().contains(&format!("slot {slot}")), "{e}");
+            }
+            other => panic!("expected slot {slot} to be corrupt, got {:?}", other.map(|_| ())),
+        }
+    }
+    let ok = read_back(&t, &[0, 3]).expect("the other slots are intact");
+    assert!(ok[0][..] == pages[0][..] && ok[1][..] == pages[3][..]);
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use vfabric_allocator::AllocClass;
+use vfabric_allocator::{AllocClass, Compression};
 
 use super::error::DirectoryError;
 use super::page::{Copy, DevIdx, PageRef};
@@ -101,7 +101,11 @@ impl Directory {
                 };
                 let to = Copy { dev: below, frame: f };
                 stage.taken.push(to);
-                stage.copy(self.loc(dev), self.loc(below), frame, f);
+                let compression = match self.regions.get(page.slot as usize) {
+                    Some(Some(r)) if Some(below) == self.storage => r.placement.compression,
+                    _ => Compression::None,
+                };
+                stage.copy_packed(self.loc(dev), self.loc(below), frame, f, compression);
                 stage.updates.push(Update::Relocate { page, old: copy, new: to });
             }
             chosen += 1;

@@ -2,7 +2,7 @@
 //! page, the device new pages go to, and the walk the last acquires made).
 
 use serde::{Deserialize, Serialize};
-use vfabric_allocator::{GlobalAddr, Location, TenantId};
+use vfabric_allocator::{Compression, GlobalAddr, Location, TenantId};
 
 use super::page::DevIdx;
 use super::page_table::PageTable;
@@ -51,6 +51,8 @@ pub struct Placement {
     pub tenant: TenantId,
     /// A reservation (from `Directory::step_reserve`) whose frames the region's pages take first.
     pub reservation: Option<u64>,
+    /// How its pages are stored on the storage tier (off by default).
+    pub compression: Compression,
 }
 
 impl Placement {

@@ -2,7 +2,7 @@
 //! make when committed, and [`Step`], what every step of a call returns.
 
 use serde::Serialize;
-use vfabric_allocator::{CompactionPlan, Location, PageMove};
+use vfabric_allocator::{CompactionPlan, Compression, Location, PageMove};
 
 use super::page::{Copy, DevIdx, PageRef};
 
@@ -15,6 +15,9 @@ pub struct StageBatch {
     pub to: Location,
     /// Frame pairs.
     pub moves: Vec<PageMove>,
+    /// How the pages are packed where they land: the storage tier stores pages of regions that ask for it
+    /// compressed; every other batch copies them as they are.
+    pub compression: Compression,
 }
 
 /// Why a stage exists.
@@ -45,7 +48,7 @@ pub enum StageKind {
 pub struct Stage {
     /// Why.
     pub kind: StageKind,
-    /// Page copies, at most one batch per pair of devices; they may run concurrently.
+    /// Page copies, at most one batch per pair of devices (and compression); they may run concurrently.
     pub batches: Vec<StageBatch>,
     /// Frames to fill with zeros (pages read or written for the first time).
     pub zero: Vec<(Location, u32)>,
@@ -59,10 +62,16 @@ impl Stage {
     }
 
     pub(crate) fn copy(&mut self, from: Location, to: Location, src: u32, dst: u32) {
+        self.copy_packed(from, to, src, dst, Compression::None);
+    }
+
+    /// A copy whose page is packed with `compression` where it lands (one batch per pair of devices and
+    /// compression).
+    pub(crate) fn copy_packed(&mut self, from: Location, to: Location, src: u32, dst: u32, compression: Compression) {
         let mv = PageMove { src, dst };
-        match self.batches.iter_mut().find(|b| b.from == from && b.to == to) {
+        match self.batches.iter_mut().find(|b| b.from == from && b.to == to && b.compression == compression) {
             Some(b) => b.moves.push(mv),
-            None => self.batches.push(StageBatch { from, to, moves: vec![mv] }),
+            None => self.batches.push(StageBatch { from, to, moves: vec![mv], compression }),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use vfabric_allocator::{Location, PageMove};
+use vfabric_allocator::{Compression, Location, PageMove};
 use vfabric_transport::storage::StorageFile;
 use vfabric_transport::{Arena, Transfer};
 
@@ -38,13 +38,15 @@ impl Copying {
 
 /// Runs the page moves of a batch between host memory (`host`, the host tier's arena) and the storage tier:
 /// `to_storage` writes host frames to storage slots (`src` frame, `dst` slot), otherwise reads slots into host
-/// frames (`src` slot, `dst` frame). Every page is checksummed on the way down and checked on the way up.
+/// frames (`src` slot, `dst` frame). Pages written are packed with `compression` where that saves space. Every
+/// page is checksummed on the way down and checked on the way up.
 pub(crate) fn storage_batch(
     storage: &StorageFile,
     host: &Arc<dyn Arena>,
     page_size: u64,
     moves: &[PageMove],
     to_storage: bool,
+    compression: Compression,
 ) -> Result<Copying, FabricError> {
     let base = host.host_ptr().ok_or(FabricError::Internal("the host tier's arena has no host address"))?;
     let frame = |f: u32| -> Result<*mut u8, FabricError> {
@@ -63,7 +65,7 @@ pub(crate) fn storage_batch(
             // stage runs (its copy is pinned by the stage, or it is the page's only copy, unleased).
             pages.push((u64::from(m.dst), unsafe { std::slice::from_raw_parts(frame(m.src)?, ps) }));
         }
-        storage.write(&pages)?;
+        storage.write(&pages, compression)?;
     } else {
         let mut pages: Vec<(u64, &mut [u8])> = Vec::with_capacity(moves.len());
         for m in moves {

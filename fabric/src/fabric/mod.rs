@@ -17,10 +17,12 @@ mod lease;
 mod node;
 mod parts;
 mod reservation;
+mod stats;
 mod traffic;
 
 pub use lease::{Lease, LeasePtr, LeasedPages};
 pub use reservation::Reservation;
+pub use stats::{Stats, StorageUsage};
 pub use traffic::Traffic;
 
 use std::collections::VecDeque;
@@ -42,7 +44,7 @@ use traffic::Counters;
 
 use crate::config::ClusterConfig;
 use crate::directory::{
-    AcquireRequest, Directory, DirectoryConfig, DirectoryError, DirectoryStats, LeaseFrames, Mode, Placement,
+    AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseFrames, Mode, Placement,
     ReadSource, RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH,
 };
 use crate::error::FabricError;
@@ -50,15 +52,6 @@ use crate::error::FabricError;
 /// A region of the fabric's address space: a name, not memory (where its pages live is the directory's
 /// business). Cheap to copy; using it after [`Fabric::free`] is an error, never a crash.
 pub type Region = RegionHandle;
-
-/// Figures about the fabric.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Stats {
-    /// The directory's figures.
-    pub directory: DirectoryStats,
-    /// Bytes moved since start.
-    pub traffic: Traffic,
-}
 
 /// The fabric of one node, in this process.
 #[derive(Clone)]
@@ -440,7 +433,11 @@ impl Fabric {
 
     /// Figures about the directory and the bytes moved.
     pub fn stats(&self) -> Stats {
-        Stats { directory: lock(&self.inner.state).dir.stats(), traffic: self.inner.counters.snapshot() }
+        let storage = self.inner.storage.as_ref().map(|s| {
+            let (file_bytes, pages) = s.stored();
+            StorageUsage { pages, page_bytes: pages * s.page_size(), file_bytes }
+        });
+        Stats { directory: lock(&self.inner.state).dir.stats(), traffic: self.inner.counters.snapshot(), storage }
     }
 
     /// Bytes moved since start.
@@ -586,7 +583,8 @@ impl Fabric {
                     .as_ref()
                     .ok_or(FabricError::Internal("a stage names a storage tier this node has not"))?;
                 let host = self.arena_at(dir, Location::Host)?;
-                copies.push(copying::storage_batch(storage, host, ps, &b.moves, b.to == Location::Storage)?);
+                let to_storage = b.to == Location::Storage;
+                copies.push(copying::storage_batch(storage, host, ps, &b.moves, to_storage, b.compression)?);
                 continue;
             }
             let batch = PageBatch::from_moves(ps, b.moves.clone());

@@ -1,7 +1,6 @@
 //! Conversions between the fabric's types and their forms on the wire, errors included: what a refusal says
 //! ([`refusal`]) and what an answer means to the caller ([`reply_or_error`]).
 
-use vfabric_transport::storage::StorageError;
 use vfabric_allocator::{GlobalAddr, Location};
 
 use super::message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};
@@ -80,7 +79,8 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
         FabricError::UnknownLease(_) => ErrorKind::UnknownLease,
         FabricError::PeerDead { .. } => ErrorKind::PeerDead,
         FabricError::Protocol(_) => ErrorKind::Protocol,
-        FabricError::Checksum(_) | FabricError::Storage(StorageError::Corrupt { .. }) => ErrorKind::Checksum,
+        FabricError::Checksum(_) => ErrorKind::Checksum,
+        FabricError::Storage(e) if e.is_corrupt() => ErrorKind::Checksum,
         // Forwarded from a region's home: its kind stands.
         FabricError::Remote { kind, .. } => *kind,
         _ => ErrorKind::Internal,

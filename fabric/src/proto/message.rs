@@ -307,6 +307,8 @@ pub enum Message {
         tenant: u32,
         /// Whether the region outlives the client's connection (else it is freed when the client goes).
         keep: bool,
+        /// How its pages are stored on the storage tier: 0 as they are, 1 LZ4.
+        compression: u8,
     },
     /// A lease whose pages stay in the node's arenas, which the client has mapped: answered with
     /// [`Message::Mapped`], no payload.
@@ -478,7 +480,7 @@ mod tests {
             Message::Unforward { region, to: region },
             Message::Attach,
             Message::Attached { page_size: 1 << 16, cuda: false, arenas: vec![] },
-            Message::AllocWith { size: 1, device: None, priority: 1, tenant: 0, keep: false },
+            Message::AllocWith { size: 1, device: None, priority: 1, tenant: 0, keep: false, compression: 0 },
             Message::AcquireMapped { region, offset: 0, len: 1, device: WireLocation::Host, mode: WireMode::Write },
             Message::Mapped { lease: 1, first: 0, pages: WirePages::Run { offset: 0, len: 1 << 16 } },
             Message::Prefetch { region, offset: 0, len: 1, device: WireLocation::Gpu(0) },

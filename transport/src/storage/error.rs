@@ -102,4 +102,18 @@ pub enum StorageError {
         /// The checksum of what came back.
         found: u64,
     },
+    /// A compressed page read back does not decompress to a page: the slot is corrupt.
+    #[error("slot {slot}: the compressed page read back is corrupt (it does not decompress to one page)")]
+    Undecodable {
+        /// The slot.
+        slot: u64,
+    },
+}
+
+impl StorageError {
+    /// Whether the error says a page came back different from how it was written (rather than that it could
+    /// not be read).
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, StorageError::Corrupt { .. } | StorageError::Undecodable { .. })
+    }
 }

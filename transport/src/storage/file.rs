@@ -1,5 +1,7 @@
 //! `StorageFile`: a file of page-sized slots the fabric creates, sizes, and removes, read and written with
-//! O_DIRECT through io_uring, every page's xxh3-64 recorded when written and checked when read.
+//! O_DIRECT through io_uring, every page's xxh3-64 recorded when written and checked when read. A page written
+//! with compression that saves at least a block is stored packed at the start of its slot, through a staging
+//! buffer the tier keeps and reuses; only its blocks are written and read back.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -10,7 +12,10 @@ use std::sync::Mutex;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use vfabric_allocator::Compression;
+
 use super::buffer::{AlignedBuffer, DIRECT_ALIGN};
+use super::codec::{blocks, unpack, Packer};
 use super::error::StorageError;
 use super::ring::{Op, Request, Ring};
 
@@ -39,9 +44,40 @@ pub struct StorageFile {
     path: PathBuf,
     page_size: u64,
     slots: u64,
-    ring: Mutex<Ring>,
-    /// Per slot, the checksum of the page it holds, if it holds one.
-    sums: Mutex<Vec<Option<u64>>>,
+    io: Mutex<Io>,
+    /// Per slot, the page it holds, if it holds one.
+    held: Mutex<Vec<Option<Held>>>,
+}
+
+/// What a slot holds: the checksum of its page, and the length of its packed form when it is stored packed.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    sum: u64,
+    packed: Option<u32>,
+}
+
+/// The ring and the memory packed pages pass through, used by one request at a time.
+struct Io {
+    ring: Ring,
+    packer: Packer,
+    /// Staging for packed pages, one page-sized place per page of a request; grown to the largest request.
+    staging: Option<AlignedBuffer>,
+}
+
+/// Staging with room for `pages` pages of `page_size` bytes, grown when it has less.
+fn staging(
+    held: &mut Option<AlignedBuffer>,
+    pages: usize,
+    page_size: usize,
+) -> Result<&mut AlignedBuffer, StorageError> {
+    let need = pages.max(1) * page_size;
+    if held.as_ref().is_none_or(|b| b.len() < need) {
+        *held = None;
+        *held = Some(AlignedBuffer::new(need).ok_or_else(|| {
+            StorageError::InvalidSpec(format!("cannot allocate {need} bytes of staging for packed pages"))
+        })?);
+    }
+    Ok(held.as_mut().expect("just made"))
 }
 
 impl StorageFile {
@@ -83,8 +119,8 @@ impl StorageFile {
             path: path.clone(),
             page_size: ps,
             slots: spec.bytes / ps,
-            ring: Mutex::new(Ring::new(spec.depth)?),
-            sums: Mutex::new(vec![None; (spec.bytes / ps) as usize]),
+            io: Mutex::new(Io { ring: Ring::new(spec.depth)?, packer: Packer::default(), staging: None }),
+            held: Mutex::new(vec![None; (spec.bytes / ps) as usize]),
         };
         // From here on, dropping `tier` removes the file.
         nix::fcntl::posix_fallocate(&tier.file, 0, (HEADER + spec.bytes) as i64).map_err(|e| StorageError::File {
@@ -121,30 +157,48 @@ impl StorageFile {
         HEADER + slot * self.page_size
     }
 
-    /// Writes pages: each `(slot, page)` one page, all in flight together (up to the depth). On error, the
-    /// slots whose write failed hold no page; the others hold theirs.
-    pub fn write(&self, pages: &[(u64, &[u8])]) -> Result<(), StorageError> {
+    /// Writes pages: each `(slot, page)` one page, all in flight together (up to the depth), each packed with
+    /// `compression` where that saves a block. On error, the slots whose write failed hold no page; the others
+    /// hold theirs.
+    pub fn write(&self, pages: &[(u64, &[u8])], compression: Compression) -> Result<(), StorageError> {
+        let ps = self.page_size as usize;
         let mut requests = Vec::with_capacity(pages.len());
-        let mut sums = Vec::with_capacity(pages.len());
+        let mut held = Vec::with_capacity(pages.len());
         for &(slot, page) in pages {
             requests.push(self.request(slot, page.as_ptr() as *mut u8, page.len())?);
-            sums.push(xxh3_64(page));
+            held.push(Held { sum: xxh3_64(page), packed: None });
         }
         self.check_distinct(&requests)?;
         // A failed write leaves nothing to read back: forget each slot's page before its write starts.
         {
-            let mut table = self.lock_sums();
+            let mut table = self.lock_held();
             for r in &requests {
                 table[r.slot as usize] = None;
             }
         }
-        // SAFETY: the pages are borrowed until this returns; a write only reads them.
-        let results = unsafe { self.lock_ring().run(self.file.as_raw_fd(), Op::Write, &requests)? };
-        let mut table = self.lock_sums();
+        let mut io = self.lock_io();
+        let Io { ring, packer, staging: held_staging } = &mut *io;
+        if compression != Compression::None {
+            let staging = staging(held_staging, pages.len(), ps)?;
+            for (k, (&(_, page), (r, h))) in pages.iter().zip(requests.iter_mut().zip(&mut held)).enumerate() {
+                let Some(packed) = packer.pack(compression, page) else { continue };
+                let place = &mut staging[k * ps..(k + 1) * ps];
+                let n = packed.len();
+                place[..n].copy_from_slice(packed);
+                place[n..blocks(n)].fill(0);
+                h.packed = Some(n as u32);
+                r.ptr = place.as_mut_ptr();
+                r.len = blocks(n) as u32;
+            }
+        }
+        // SAFETY: the pages are borrowed until this returns, and the staging is held by the lock; a write only
+        // reads them.
+        let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Write, &requests)? };
+        let mut table = self.lock_held();
         let mut first = None;
-        for ((r, sum), res) in requests.iter().zip(sums).zip(results) {
+        for ((r, h), res) in requests.iter().zip(held).zip(results) {
             match res {
-                Ok(()) => table[r.slot as usize] = Some(sum),
+                Ok(()) => table[r.slot as usize] = Some(h),
                 Err(e) => first = first.or(Some(e)),
             }
         }
@@ -152,30 +206,58 @@ impl StorageFile {
     }
 
     /// Reads pages into the buffers, all in flight together, and checks each against the checksum its write
-    /// recorded: a page that comes back different or short is an error naming its slot, never wrong bytes
-    /// taken for right ones.
+    /// recorded: a page that comes back different or short, or packed bytes that do not unpack to a page, is
+    /// an error naming its slot, never wrong bytes taken for right ones.
     pub fn read(&self, pages: &mut [(u64, &mut [u8])]) -> Result<(), StorageError> {
+        let ps = self.page_size as usize;
         let mut requests = Vec::with_capacity(pages.len());
-        let mut expected = Vec::with_capacity(pages.len());
+        let mut held = Vec::with_capacity(pages.len());
         {
-            let table = self.lock_sums();
+            let table = self.lock_held();
             for (slot, buf) in pages.iter_mut() {
                 let r = self.request(*slot, buf.as_mut_ptr(), buf.len())?;
-                expected.push(table[r.slot as usize].ok_or(StorageError::NeverWritten { slot: *slot })?);
+                held.push(table[r.slot as usize].ok_or(StorageError::NeverWritten { slot: *slot })?);
                 requests.push(r);
             }
         }
         self.check_distinct(&requests)?;
-        // SAFETY: the buffers are borrowed mutably until this returns.
-        let results = unsafe { self.lock_ring().run(self.file.as_raw_fd(), Op::Read, &requests)? };
-        for (((slot, buf), want), res) in pages.iter().zip(expected).zip(results) {
+        let mut io = self.lock_io();
+        let Io { ring, staging: held_staging, .. } = &mut *io;
+        let mut staging =
+            if held.iter().any(|h| h.packed.is_some()) { Some(staging(held_staging, pages.len(), ps)?) } else { None };
+        if let Some(staging) = staging.as_deref_mut() {
+            for (k, (r, h)) in requests.iter_mut().zip(&held).enumerate() {
+                if let Some(n) = h.packed {
+                    r.ptr = staging[k * ps..].as_mut_ptr();
+                    r.len = blocks(n as usize) as u32;
+                }
+            }
+        }
+        // SAFETY: the buffers are borrowed mutably until this returns, and the staging is held by the lock.
+        let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Read, &requests)? };
+        for (k, (((slot, buf), h), res)) in pages.iter_mut().zip(held).zip(results).enumerate() {
             res?;
+            if let (Some(n), Some(staging)) = (h.packed, staging.as_deref()) {
+                if !unpack(&staging[k * ps..k * ps + n as usize], buf) {
+                    return Err(StorageError::Undecodable { slot: *slot });
+                }
+            }
             let found = xxh3_64(buf);
-            if found != want {
-                return Err(StorageError::Corrupt { slot: *slot, expected: want, found });
+            if found != h.sum {
+                return Err(StorageError::Corrupt { slot: *slot, expected: h.sum, found });
             }
         }
         Ok(())
+    }
+
+    /// Bytes the tier's pages take in its file (packed pages in whole blocks), and pages it holds.
+    pub fn stored(&self) -> (u64, u64) {
+        let table = self.lock_held();
+        let ps = self.page_size;
+        table
+            .iter()
+            .flatten()
+            .fold((0, 0), |(bytes, pages), h| (bytes + h.packed.map_or(ps, |n| blocks(n as usize) as u64), pages + 1))
     }
 
     /// Forgets a slot's page (its space is free for another).
@@ -183,7 +265,7 @@ impl StorageFile {
         if slot >= self.slots {
             return Err(StorageError::NoSuchSlot { slot, slots: self.slots });
         }
-        self.lock_sums()[slot as usize] = None;
+        self.lock_held()[slot as usize] = None;
         Ok(())
     }
 
@@ -211,13 +293,13 @@ impl StorageFile {
         }
     }
 
-    fn lock_ring(&self) -> std::sync::MutexGuard<'_, Ring> {
+    fn lock_io(&self) -> std::sync::MutexGuard<'_, Io> {
         // A panic while the ring was held leaves it drained (`Ring::run` collects every completion first).
-        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+        self.io.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_sums(&self) -> std::sync::MutexGuard<'_, Vec<Option<u64>>> {
-        self.sums.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_held(&self) -> std::sync::MutexGuard<'_, Vec<Option<Held>>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

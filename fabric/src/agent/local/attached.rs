@@ -18,6 +18,7 @@ use super::host_agent::HostAgent;
 use super::mapped_lease::LocalLease;
 use super::{CHUNK, MAX_CHUNK};
 use crate::directory::{Mode, Priority, RegionHandle as Region};
+use vfabric_allocator::Compression;
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::fabric::LeasePtr;
 use crate::proto::chunk::{ChunkHeader, Payload, CHUNK_HEADER_LEN};
@@ -36,6 +37,8 @@ pub struct AllocOptions {
     pub tenant: TenantId,
     /// Whether it outlives this client's connection; by default it is freed when the client goes.
     pub keep: bool,
+    /// How its pages are stored on the storage tier (as they are by default).
+    pub compression: Compression,
 }
 
 /// A process's attachment to its node's agent, with the node's memory mapped here.
@@ -161,6 +164,10 @@ impl AttachedClient {
             priority,
             tenant: options.tenant.0,
             keep: options.keep,
+            compression: match options.compression {
+                Compression::None => 0,
+                Compression::Lz4 => 1,
+            },
         };
         match self.inner.conn.call(&msg)? {
             Message::Allocated { region } => Ok(Region::from(&region)),

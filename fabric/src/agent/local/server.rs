@@ -16,7 +16,7 @@ use tokio::net::UnixListener;
 use tokio::runtime::Handle;
 use vfabric_allocator::Location;
 
-use super::session::Session;
+use super::session::{alloc_options, Session};
 use super::spin;
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
@@ -145,8 +145,9 @@ impl Agent {
                 Message::Alloc { size, device } => rt
                     .block_on(self.alloc(self.node(), size, device.map(Location::from)))
                     .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
-                Message::AllocWith { size, device, priority, tenant, keep } => {
-                    self.alloc_for(session, size, device.map(Location::from), priority, tenant, keep)
+                Message::AllocWith { size, device, priority, tenant, keep, compression } => {
+                    alloc_options(device.map(Location::from), priority, tenant, keep, compression)
+                        .and_then(|options| self.alloc_for(session, size, options))
                 }
                 Message::Free { region } => rt.block_on(self.free_for(session, &Region::from(&region))),
                 Message::AcquireMapped { region, offset, len, device, mode } => {

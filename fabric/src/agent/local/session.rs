@@ -13,6 +13,7 @@ use std::os::unix::net::UnixStream;
 use tokio::runtime::Handle;
 use vfabric_allocator::Location;
 
+use super::AllocOptions;
 use crate::agent::remote_lease::AgentLease;
 use crate::agent::shared::{in_place, Agent};
 use crate::directory::{Mode, Placement, Priority, RegionHandle as Region};
@@ -21,7 +22,7 @@ use crate::fabric::LeasePtr;
 use crate::proto::codec::write_frame_blocking as send;
 use crate::proto::mapped::{send_fds, FDS_PER_MESSAGE};
 use crate::proto::message::{Message, WireArena, WirePages, WireRegion};
-use vfabric_allocator::TenantId;
+use vfabric_allocator::{Compression, TenantId};
 
 /// One client's leases (by the ids it was given) and its regions that end with it.
 #[derive(Default)]
@@ -60,18 +61,10 @@ impl Agent {
         &self,
         session: &mut Session,
         size: u64,
-        device: Option<Location>,
-        priority: u8,
-        tenant: u32,
-        keep: bool,
+        options: AllocOptions,
     ) -> Result<Message, FabricError> {
-        let priority = match priority {
-            0 => Priority::Low,
-            1 => Priority::Normal,
-            2 => Priority::High,
-            p => return Err(ProtocolError::BadField { field: "priority", value: u64::from(p) }.into()),
-        };
-        let placement = Placement { device, priority, tenant: TenantId(tenant), reservation: None };
+        let AllocOptions { device, priority, tenant, keep, compression } = options;
+        let placement = Placement { device, priority, tenant, reservation: None, compression };
         let region = in_place(|| self.fabric().alloc(size, placement))?;
         if !keep {
             session.owned.insert(region);
@@ -201,4 +194,26 @@ impl Drop for Decrement {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// A local client's allocation options as its `AllocWith` message carries them, checked.
+pub(super) fn alloc_options(
+    device: Option<Location>,
+    priority: u8,
+    tenant: u32,
+    keep: bool,
+    compression: u8,
+) -> Result<AllocOptions, FabricError> {
+    let priority = match priority {
+        0 => Priority::Low,
+        1 => Priority::Normal,
+        2 => Priority::High,
+        p => return Err(ProtocolError::BadField { field: "priority", value: u64::from(p) }.into()),
+    };
+    let compression = match compression {
+        0 => Compression::None,
+        1 => Compression::Lz4,
+        c => return Err(ProtocolError::BadField { field: "compression", value: u64::from(c) }.into()),
+    };
+    Ok(AllocOptions { device, priority, tenant: TenantId(tenant), keep, compression })
 }

@@ -1,0 +1,28 @@
+//! Figures about a node's fabric: the directory's, the bytes moved, and what the storage tier holds.
+
+use crate::directory::DirectoryStats;
+
+use super::traffic::Traffic;
+
+/// Figures about the fabric.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stats {
+    /// The directory's figures.
+    pub directory: DirectoryStats,
+    /// Bytes moved since start.
+    pub traffic: Traffic,
+    /// What the storage tier holds, when the node has one.
+    pub storage: Option<StorageUsage>,
+}
+
+/// What a storage tier holds: pages, and the bytes they take in its file (pages of regions stored compressed
+/// take whole 4 KiB blocks of their packed form).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StorageUsage {
+    /// Pages held.
+    pub pages: u64,
+    /// Their bytes as pages.
+    pub page_bytes: u64,
+    /// The bytes they take in the file.
+    pub file_bytes: u64,
+}
