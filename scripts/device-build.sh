@@ -54,4 +54,6 @@ SH
 else
     echo "no iperf3 here (apt install iperf3): the GPU run's remote step will have no TCP baseline" >&2
 fi
+# fio, the baseline of `vfabric-bench storage`, built small (scripts/fio-build.sh).
+bash scripts/fio-build.sh "$bin/fio" || echo "could not build fio: the GPU run's storage step will fail" >&2
 du -sh "$bin"/*

@@ -105,6 +105,15 @@ traces() {
     return $rc
 }
 step trace traces
+# The storage tier's file I/O beside fio on the machine's disk, and LZ4 on pages of training data (the tensors
+# the train step dumped, when it ran first with VFABRIC_TRAIN_DUMP set).
+storage() {
+    local tensors=()
+    [ -d "$W/tensors" ] && tensors=(--tensors "$W/tensors")
+    "$B/vfabric-bench" storage --dir "$W/storage" --size "${VFABRIC_STORAGE_SIZE:-16GiB}" --depth 8,32,128 \
+        --fio "$B/fio" "${tensors[@]}" --out "$OUT" --name "${VFABRIC_STORAGE_NAME:-storage-h200x1}"
+}
+step storage storage
 # The training benchmark (bench/scripts/train_bench.sh; VFABRIC_TRAIN_RUNS picks runs, VFABRIC_TRAIN_BUDGET_S
 # bounds them).
 train() {

@@ -3,6 +3,7 @@
 
 mod baselines;
 mod common;
+mod compression;
 mod local;
 mod migrate;
 mod pager;
@@ -10,6 +11,7 @@ mod remote;
 mod report;
 mod rig;
 mod stats;
+mod storage;
 mod trace;
 
 use std::process::ExitCode;
@@ -40,6 +42,9 @@ enum Command {
     /// A node's agent and local clients in processes of their own: acquire/release latency of a resident page
     /// and pages handed between two processes of one GPU, beside the same in the agent's process.
     Local(local::LocalArgs),
+    /// The storage tier's file I/O beside fio (O_DIRECT, io_uring, same path, depth and block size), and LZ4's
+    /// ratio and speed on pages of training data.
+    Storage(storage::StorageArgs),
     /// A PyTorch allocator trace replayed through the fabric's tensor pool, beside the trace's own caching
     /// allocator: peak reserved / peak allocated.
     Trace(trace::TraceArgs),
@@ -54,6 +59,7 @@ fn main() -> ExitCode {
         Command::Pager(args) => pager::run(args, &command_line),
         Command::Remote(args) => remote::run(args, &command_line),
         Command::Local(args) => local::run(args, &command_line),
+        Command::Storage(args) => storage::run(args, &command_line),
         Command::Trace(args) => trace::run(args, &command_line),
     };
     match result {

@@ -8,16 +8,17 @@ use super::buffer::DIRECT_ALIGN;
 /// How much of a page is compressed first to tell whether the rest is worth it.
 const PROBE: usize = DIRECT_ALIGN;
 
-/// Scratch memory for packing: LZ4 writes into a buffer of its worst-case size, larger than a page.
+/// Packs pages the way the tier stores them; holds the scratch memory LZ4 writes into (a buffer of its
+/// worst-case size, larger than a page), reused from page to page.
 #[derive(Default)]
-pub(super) struct Packer {
+pub struct Packer {
     scratch: Vec<u8>,
 }
 
 impl Packer {
     /// Packs `page` with `compression`: the packed bytes when they take at least one block less than the page
     /// (rounded up to blocks, as O_DIRECT writes them), `None` to store the page as it is.
-    pub(super) fn pack(&mut self, compression: Compression, page: &[u8]) -> Option<&[u8]> {
+    pub fn pack(&mut self, compression: Compression, page: &[u8]) -> Option<&[u8]> {
         match compression {
             Compression::None => None,
             Compression::Lz4 => {
@@ -41,7 +42,7 @@ impl Packer {
 }
 
 /// Unpacks `packed` into `page`; whether it filled the page exactly (anything else is a corrupt slot).
-pub(super) fn unpack(packed: &[u8], page: &mut [u8]) -> bool {
+pub fn unpack(packed: &[u8], page: &mut [u8]) -> bool {
     matches!(lz4_flex::block::decompress_into(packed, page), Ok(n) if n == page.len())
 }
 

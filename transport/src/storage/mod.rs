@@ -13,6 +13,7 @@ mod file;
 mod ring;
 
 pub use buffer::{AlignedBuffer, DIRECT_ALIGN};
+pub use codec::{unpack, Packer};
 pub use vfabric_allocator::Compression;
 pub use error::StorageError;
 pub use file::{StorageFile, StorageSpec};

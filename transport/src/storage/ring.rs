@@ -1,5 +1,6 @@
-//! Page reads and writes through io_uring: a batch goes in as up to a ring's depth of requests at once, and
-//! every completion is collected before the batch returns, failed or not, so the ring never holds a stale one.
+//! Page reads and writes through io_uring: a batch keeps up to a ring's depth of requests in flight, a new one
+//! going in as each completes, and every completion is collected before the batch returns, failed or not, so
+//! the ring never holds a stale one.
 
 use std::os::fd::RawFd;
 
@@ -43,8 +44,10 @@ impl Ring {
         Ok(Ring { ring, depth: depth as usize })
     }
 
-    /// Runs every request, `depth` in flight at a time. Returns per request `Ok(())` or its error (a failed
-    /// request does not stop the others: their pages may still be good), or the ring's own failure.
+    /// Runs every request, keeping up to `depth` in flight: each completion makes room for the next request, so
+    /// the device never waits for the slowest of a group. Returns per request `Ok(())` or its error (a failed
+    /// request does not stop the others: their pages may still be good), or the ring's own failure (after
+    /// every request it queued has completed, so no buffer is touched once this returns).
     ///
     /// # Safety
     /// Every request's buffer must stay valid, and for reads writable, until this returns.
@@ -54,41 +57,65 @@ impl Ring {
         op: Op,
         requests: &[Request],
     ) -> Result<Vec<Result<(), StorageError>>, StorageError> {
-        let mut results: Vec<Result<(), StorageError>> = Vec::with_capacity(requests.len());
-        for (base, chunk) in requests.chunks(self.depth).enumerate().map(|(i, c)| (i * self.depth, c)) {
-            for (i, r) in chunk.iter().enumerate() {
+        let mut outcome: Vec<Option<i32>> = vec![None; requests.len()];
+        let (mut queued, mut done, mut in_flight) = (0usize, 0usize, 0usize);
+        let mut failure = None;
+        while done < requests.len() {
+            while failure.is_none() && queued < requests.len() && in_flight < self.depth {
+                let r = &requests[queued];
                 let entry = match op {
                     Op::Read => opcode::Read::new(types::Fd(fd), r.ptr, r.len).offset(r.offset).build(),
                     Op::Write => opcode::Write::new(types::Fd(fd), r.ptr as *const u8, r.len).offset(r.offset).build(),
                 }
-                .user_data((base + i) as u64);
-                // SAFETY: the caller keeps the buffers valid until this returns; the chunk fits the ring (it is
-                // at most the ring's depth and the ring is empty between chunks).
-                unsafe { self.ring.submission().push(&entry) }.map_err(|_| StorageError::Ring {
-                    what: "queueing a request",
-                    source: std::io::Error::other("submission queue full"),
-                })?;
-            }
-            let mut outcome: Vec<Option<i32>> = vec![None; chunk.len()];
-            let mut done = 0;
-            while done < chunk.len() {
-                match self.ring.submit_and_wait(chunk.len() - done) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(source) => return Err(StorageError::Ring { what: "submitting requests", source }),
+                .user_data(queued as u64);
+                // SAFETY: the caller keeps the buffers valid until this returns, and this returns only once
+                // every queued request has completed; at most `depth` are queued or in flight, the ring's size.
+                if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                    failure = Some(StorageError::Ring {
+                        what: "queueing a request",
+                        source: std::io::Error::other("submission queue full"),
+                    });
+                    break;
                 }
-                for cqe in self.ring.completion() {
-                    let i = cqe.user_data() as usize - base;
-                    if let Some(slot) = outcome.get_mut(i) {
-                        if slot.replace(cqe.result()).is_none() {
-                            done += 1;
-                        }
+                queued += 1;
+                in_flight += 1;
+            }
+            if failure.is_some() && in_flight == 0 {
+                break;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    if in_flight == 0 || failure.is_some() {
+                        return Err(failure.unwrap_or(StorageError::Ring { what: "submitting requests", source }));
+                    }
+                    // Nothing more is queued; the requests in flight are still waited for.
+                    failure = Some(StorageError::Ring { what: "submitting requests", source });
+                    continue;
+                }
+            }
+            for cqe in self.ring.completion() {
+                if let Some(slot) = outcome.get_mut(cqe.user_data() as usize) {
+                    if slot.replace(cqe.result()).is_none() {
+                        done += 1;
+                        in_flight -= 1;
                     }
                 }
             }
-            for (r, res) in chunk.iter().zip(outcome) {
+            if failure.is_some() && in_flight == 0 {
+                break;
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        Ok(requests
+            .iter()
+            .zip(outcome)
+            .map(|(r, res)| {
                 let res = res.unwrap_or(-libc_eio());
-                results.push(if res < 0 {
+                if res < 0 {
                     Err(StorageError::Io {
                         slot: r.slot,
                         op: op.name(),
@@ -98,10 +125,9 @@ impl Ring {
                     Err(StorageError::Short { slot: r.slot, op: op.name(), got: res as usize, want: u64::from(r.len) })
                 } else {
                     Ok(())
-                });
-            }
-        }
-        Ok(results)
+                }
+            })
+            .collect())
     }
 }
 
