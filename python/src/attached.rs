@@ -6,10 +6,10 @@ use std::path::PathBuf;
 
 use vfabric::{
     AllocOptions, AttachedClient, DeviceKind, FabricError, JobRank, JoinOptions, LeasePtr, LocalLease, Location, Mode,
-    Region,
+    Region, TenantId,
 };
 
-use crate::backend::{AllocArgs, Backend, HeldLease};
+use crate::backend::{AllocArgs, Backend, HeldLease, HeldReservation};
 
 /// [`Backend`] over [`vfabric::AttachedClient`].
 pub struct Attached {
@@ -65,8 +65,14 @@ impl Backend for Attached {
             tenant: args.tenant,
             keep: args.keep,
             compression: args.compression,
+            reservation: args.reservation,
         };
         self.client.alloc(size, &options)
+    }
+
+    fn reserve(&self, device: Location, bytes: u64, tenant: TenantId) -> Result<Box<dyn HeldReservation>, FabricError> {
+        let (id, _) = self.client.reserve(device, bytes, tenant)?;
+        Ok(Box::new(ClientReservation { client: self.client.clone(), id, device, released: false }))
     }
 
     fn free(&self, region: &Region) -> Result<(), FabricError> {
@@ -142,5 +148,43 @@ impl HeldLease for AttachedLease {
 
     fn release(self: Box<Self>) -> Result<(), FabricError> {
         self.client.release(self.lease)
+    }
+}
+
+/// One of this client's reservations at the agent; given back when released or dropped (and by the agent when
+/// the connection ends).
+struct ClientReservation {
+    client: AttachedClient,
+    id: u64,
+    device: Location,
+    released: bool,
+}
+
+impl HeldReservation for ClientReservation {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn device(&self) -> Location {
+        self.device
+    }
+
+    fn bytes(&self) -> Result<u64, FabricError> {
+        self.client.reserved(self.id)
+    }
+
+    fn release(mut self: Box<Self>) -> Result<(), FabricError> {
+        self.released = true;
+        self.client.unreserve(self.id)
+    }
+}
+
+impl Drop for ClientReservation {
+    fn drop(&mut self) {
+        if !self.released {
+            if let Err(e) = self.client.unreserve(self.id) {
+                tracing::debug!(id = self.id, error = %e, "giving back a reservation at the agent failed");
+            }
+        }
     }
 }

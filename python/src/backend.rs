@@ -22,6 +22,8 @@ pub struct AllocArgs {
     pub keep: bool,
     /// How its pages are stored on the storage tier.
     pub compression: Compression,
+    /// A reservation of this backend ([`HeldReservation::id`]) its pages draw on.
+    pub reservation: Option<u64>,
 }
 
 /// A fabric: the calls the Python API makes.
@@ -59,6 +61,8 @@ pub trait Backend: Send + Sync {
     /// Starts copying the pages of `range` that only `device` holds to host memory, so that evicting them later
     /// costs no copy.
     fn write_back(&self, region: &Region, range: Range<u64>, device: Location) -> Result<(), FabricError>;
+    /// Sets `bytes` of `device` aside for `tenant` now.
+    fn reserve(&self, device: Location, bytes: u64, tenant: TenantId) -> Result<Box<dyn HeldReservation>, FabricError>;
     /// Moves a region to `device`.
     fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError>;
     /// The fabric's figures, as JSON.
@@ -84,5 +88,17 @@ pub trait HeldLease: Send + Sync {
     /// Where its pages are, as addresses valid in this process.
     fn ptr(&self) -> &LeasePtr;
     /// Releases it (a write lease's changes become the region's bytes).
+    fn release(self: Box<Self>) -> Result<(), FabricError>;
+}
+
+/// A reservation as a backend grants it: memory of one device held until released (or dropped).
+pub trait HeldReservation: Send + Sync {
+    /// What an allocation names to draw on it ([`AllocArgs::reservation`]).
+    fn id(&self) -> u64;
+    /// The device whose memory it holds.
+    fn device(&self) -> Location;
+    /// Bytes it still holds.
+    fn bytes(&self) -> Result<u64, FabricError>;
+    /// Gives back what it still holds.
     fn release(self: Box<Self>) -> Result<(), FabricError>;
 }

@@ -20,6 +20,7 @@ use crate::embedded::Embedded;
 use crate::errors::to_py;
 use crate::lease::PyLease;
 use crate::region::PyRegion;
+use crate::reservation::PyReservation;
 
 /// The calls every fabric has: regions (alloc, free, write, read), leases (acquire), placement (prefetch,
 /// migrate) and figures (stats).
@@ -61,7 +62,8 @@ impl PyFabricBase {
     /// `keep` matters for `connect()` only: a region not kept is freed when the client's connection ends.
     /// `compression` ("none", "lz4") is how its pages are stored on the node's storage tier: "lz4" packs each
     /// page that shrinks by at least a 4 KiB block, and stores the others as they are.
-    #[pyo3(signature = (nbytes, device=None, priority="normal", tenant=0, keep=false, compression="none"))]
+    /// `reservation` (from `reserve`, of this fabric) is memory the region's pages take first on its device.
+    #[pyo3(signature = (nbytes, device=None, priority="normal", tenant=0, keep=false, compression="none", reservation=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one parameter each
     fn alloc(
         &self,
@@ -72,6 +74,7 @@ impl PyFabricBase {
         tenant: i64,
         keep: bool,
         compression: &str,
+        reservation: Option<PyRef<'_, PyReservation>>,
     ) -> PyResult<PyRegion> {
         let size = args::non_negative(nbytes, "nbytes")?;
         let alloc = AllocArgs {
@@ -80,9 +83,27 @@ impl PyFabricBase {
             tenant: args::tenant(tenant)?,
             keep,
             compression: args::compression(compression)?,
+            reservation: reservation.map(|r| r.id_for(&self.backend)).transpose()?,
         };
         let region = py.detach(|| self.backend.alloc(size, &alloc)).map_err(to_py)?;
         Ok(PyRegion { region })
+    }
+
+    /// Sets `nbytes` (rounded up to whole pages) of `device` (default: the device leases go to) aside for
+    /// `tenant` now, evicting other pages as an acquire would, so that a task started after it cannot fail
+    /// midway for want of that memory. Refused at once with `OutOfMemory` (saying what can be had) when it
+    /// cannot be met, and with `QuotaExceeded` past the tenant's quota. Regions allocated with
+    /// `reservation=` it take its memory; `release()` or the end of a `with` block gives back the rest.
+    #[pyo3(signature = (nbytes, device=None, tenant=0))]
+    fn reserve(&self, py: Python<'_>, nbytes: i64, device: Option<&str>, tenant: i64) -> PyResult<PyReservation> {
+        let bytes = args::non_negative(nbytes, "nbytes")?;
+        let device = match device {
+            Some(d) => args::location(d)?,
+            None => self.backend.default_device(),
+        };
+        let tenant = args::tenant(tenant)?;
+        let held = py.detach(|| self.backend.reserve(device, bytes, tenant)).map_err(to_py)?;
+        Ok(PyReservation::new(Arc::clone(&self.backend), held))
     }
 
     /// Frees a region and all its memory. Refused (`LeasedElsewhere`) while any of its pages is leased.

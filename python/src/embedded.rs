@@ -2,9 +2,12 @@
 
 use std::ops::Range;
 
-use vfabric::{ClusterConfig, DeviceKind, Fabric, FabricError, Lease, LeasePtr, Location, Mode, Placement, Region};
+use vfabric::{
+    ClusterConfig, DeviceKind, Fabric, FabricError, Lease, LeasePtr, Location, Mode, Placement, Region, Reservation,
+    TenantId,
+};
 
-use crate::backend::{AllocArgs, Backend, HeldLease};
+use crate::backend::{AllocArgs, Backend, HeldLease, HeldReservation};
 
 /// [`Backend`] over [`vfabric::Fabric`].
 pub struct Embedded {
@@ -42,10 +45,14 @@ impl Backend for Embedded {
             device: args.device,
             priority: args.priority,
             tenant: args.tenant,
-            reservation: None,
+            reservation: args.reservation,
             compression: args.compression,
         };
         self.fabric.alloc(size, placement)
+    }
+
+    fn reserve(&self, device: Location, bytes: u64, tenant: TenantId) -> Result<Box<dyn HeldReservation>, FabricError> {
+        Ok(Box::new(self.fabric.reserve(device, bytes, tenant)?))
     }
 
     fn free(&self, region: &Region) -> Result<(), FabricError> {
@@ -123,5 +130,24 @@ impl HeldLease for EmbeddedLease {
 
     fn release(self: Box<Self>) -> Result<(), FabricError> {
         self.fabric.release(self.lease)
+    }
+}
+
+impl HeldReservation for Reservation {
+    fn id(&self) -> u64 {
+        Reservation::id(self)
+    }
+
+    fn device(&self) -> Location {
+        self.location()
+    }
+
+    fn bytes(&self) -> Result<u64, FabricError> {
+        Reservation::bytes(self)
+    }
+
+    fn release(self: Box<Self>) -> Result<(), FabricError> {
+        // Dropping it gives it back.
+        Ok(())
     }
 }

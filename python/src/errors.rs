@@ -129,6 +129,8 @@ fn directory(e: &DirectoryError, message: String) -> PyErr {
         DirectoryError::AddressSpaceExhausted(_)
         | DirectoryError::CompactionImpossible { .. }
         | DirectoryError::ReservationRefused { .. } => OutOfMemory::err(message),
+        // A reservation this caller does not hold: a name that names nothing.
+        DirectoryError::UnknownReservation(_) => InvalidAddress::err(message),
         // The storage tier named where a GPU or host memory must be: as a device that cannot serve.
         DirectoryError::StorageTier(_) => DeviceUnavailable::err(message),
         DirectoryError::InvalidWatermarks { .. }

@@ -19,6 +19,7 @@ mod errors;
 mod host_array;
 mod lease;
 mod region;
+mod reservation;
 mod state;
 mod torch_alloc;
 mod view;
@@ -34,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<region::PyRegion>()?;
     m.add_class::<lease::PyLease>()?;
+    m.add_class::<reservation::PyReservation>()?;
     m.add_class::<view::PyTensorView>()?;
     m.add_class::<host_array::PyHostMemory>()?;
     m.add_class::<client::PyFabricBase>()?;

@@ -121,6 +121,24 @@ class Region:
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 
+class Reservation:
+    """Memory of one device held for a tenant until released: regions allocated with `reservation=` it take
+    it, nobody else can. A context manager: leaving the block releases it."""
+
+    @property
+    def device(self) -> str:
+        """The device whose memory it holds."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes it still holds; 0 once released."""
+    @property
+    def released(self) -> bool:
+        """Whether it was released."""
+    def release(self) -> None:
+        """Gives back what it still holds (twice: nothing)."""
+    def __enter__(self) -> "Reservation": ...
+    def __exit__(self, *args: Any) -> bool: ...
+
 class TensorView:
     """A typed, shaped view of a lease's requested bytes, for `numpy.from_dlpack` / `torch.from_dlpack`.
 
@@ -232,9 +250,14 @@ class FabricBase:
         tenant: int = 0,
         keep: bool = False,
         compression: _Compression = "none",
+        reservation: Optional["Reservation"] = None,
     ) -> Region:
         """Allocates a region of `nbytes` bytes (rounded up to whole pages); `compression="lz4"` stores its
-        pages compressed on the storage tier where that saves space."""
+        pages compressed on the storage tier where that saves space; `reservation` (of this fabric) is memory
+        its pages take first on the reservation's device."""
+    def reserve(self, nbytes: int, device: Optional[_Device] = None, tenant: int = 0) -> "Reservation":
+        """Sets `nbytes` of `device` aside for `tenant` now (evicting as an acquire would); `OutOfMemory` at
+        once, saying what can be had, when it cannot be met."""
     def free(self, region: Region) -> None:
         """Frees a region and all its memory (refused while any of its pages is leased)."""
     def write(self, region: Region, offset: int, data: _Buffer) -> None:

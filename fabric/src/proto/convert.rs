@@ -4,7 +4,7 @@
 use vfabric_allocator::{GlobalAddr, Location};
 
 use super::message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};
-use crate::directory::{Mode, RegionHandle};
+use crate::directory::{DirectoryError, Mode, RegionHandle};
 use crate::error::{FabricError, ProtocolError};
 
 impl From<&RegionHandle> for WireRegion {
@@ -69,6 +69,8 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
     match e {
         FabricError::OutOfMemory { .. } => ErrorKind::OutOfMemory,
         FabricError::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
+        // A reservation that cannot be met: the memory is not there.
+        FabricError::Directory(DirectoryError::ReservationRefused { .. }) => ErrorKind::OutOfMemory,
         // Kinds as peers have always been told them: sizes and the directory's refusals are invalid addresses.
         FabricError::InvalidAddress(_) | FabricError::InvalidSize(_) | FabricError::Directory(_) => ErrorKind::InvalidAddress,
         FabricError::OutOfBounds { .. } => ErrorKind::OutOfBounds,

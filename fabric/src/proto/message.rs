@@ -309,6 +309,8 @@ pub enum Message {
         keep: bool,
         /// How its pages are stored on the storage tier: 0 as they are, 1 LZ4.
         compression: u8,
+        /// One of the client's reservations ([`Message::Reserve`]) its pages draw on.
+        reservation: Option<u64>,
     },
     /// A lease whose pages stay in the node's arenas, which the client has mapped: answered with
     /// [`Message::Mapped`], no payload.
@@ -363,6 +365,33 @@ pub enum Message {
         /// The device whose copies go to host memory.
         device: WireLocation,
     },
+    /// Sets `bytes` of `device` aside for `tenant` now (a local client's reservation, given back when the client
+    /// goes): answered with [`Message::Reserved`], or refused at once with what can be had.
+    Reserve {
+        /// The device.
+        device: WireLocation,
+        /// Bytes (rounded up to whole pages).
+        bytes: u64,
+        /// The tenant whose quota it counts against.
+        tenant: u32,
+    },
+    /// Answers [`Message::Reserve`] and [`Message::ReservationLeft`]: the reservation and the bytes it holds.
+    Reserved {
+        /// What [`Message::AllocWith`] names to draw on it (per client).
+        id: u64,
+        /// Bytes it still holds.
+        bytes: u64,
+    },
+    /// Gives one of the client's reservations back. Answered with [`Message::Done`].
+    Unreserve {
+        /// The reservation.
+        id: u64,
+    },
+    /// Asks what one of the client's reservations still holds: answered with [`Message::Reserved`].
+    ReservationLeft {
+        /// The reservation.
+        id: u64,
+    },
 }
 
 impl Message {
@@ -387,6 +416,9 @@ impl Message {
             | Message::AcquireMapped { .. }
             | Message::Prefetch { .. }
             | Message::WriteBack { .. }
+            | Message::Reserve { .. }
+            | Message::Unreserve { .. }
+            | Message::ReservationLeft { .. }
             | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
@@ -398,7 +430,8 @@ impl Message {
             | Message::Moved { .. }
             | Message::Attached { .. }
             | Message::Mapped { .. }
-            | Message::Figures { .. } => false,
+            | Message::Figures { .. }
+            | Message::Reserved { .. } => false,
         }
     }
 
@@ -434,6 +467,10 @@ impl Message {
             Message::Stats => "stats",
             Message::Figures { .. } => "figures",
             Message::WriteBack { .. } => "writeback",
+            Message::Reserve { .. } => "reserve",
+            Message::Reserved { .. } => "reserved",
+            Message::Unreserve { .. } => "unreserve",
+            Message::ReservationLeft { .. } => "reservationleft",
         }
     }
 }
@@ -480,13 +517,17 @@ mod tests {
             Message::Unforward { region, to: region },
             Message::Attach,
             Message::Attached { page_size: 1 << 16, cuda: false, arenas: vec![] },
-            Message::AllocWith { size: 1, device: None, priority: 1, tenant: 0, keep: false, compression: 0 },
+            Message::AllocWith { size: 1, device: None, priority: 1, tenant: 0, keep: false, compression: 0, reservation: Some(1) },
             Message::AcquireMapped { region, offset: 0, len: 1, device: WireLocation::Host, mode: WireMode::Write },
             Message::Mapped { lease: 1, first: 0, pages: WirePages::Run { offset: 0, len: 1 << 16 } },
             Message::Prefetch { region, offset: 0, len: 1, device: WireLocation::Gpu(0) },
             Message::Stats,
             Message::Figures { json: "{}".into() },
             Message::WriteBack { region, offset: 0, len: 1, device: WireLocation::Gpu(0) },
+            Message::Reserve { device: WireLocation::Gpu(0), bytes: 1 << 20, tenant: 0 },
+            Message::Reserved { id: 1, bytes: 1 << 20 },
+            Message::Unreserve { id: 1 },
+            Message::ReservationLeft { id: 1 },
         ]
     }
 
@@ -497,6 +538,7 @@ mod tests {
         expected.extend([false; 7]);
         expected.extend([true, false, true]);
         expected.extend([true, false, true, true, false, true, true, false, true]);
+        expected.extend([true, false, true, true]);
         assert_eq!(kinds, expected);
     }
 

@@ -39,6 +39,8 @@ pub struct AllocOptions {
     pub keep: bool,
     /// How its pages are stored on the storage tier (as they are by default).
     pub compression: Compression,
+    /// One of this client's reservations ([`AttachedClient::reserve`]) its pages draw on.
+    pub reservation: Option<u64>,
 }
 
 /// A process's attachment to its node's agent, with the node's memory mapped here.
@@ -168,11 +170,37 @@ impl AttachedClient {
                 Compression::None => 0,
                 Compression::Lz4 => 1,
             },
+            reservation: options.reservation,
         };
         match self.inner.conn.call(&msg)? {
             Message::Allocated { region } => Ok(Region::from(&region)),
             other => Err(self.inner.conn.unexpected(&other)),
         }
+    }
+
+    /// Sets `bytes` (whole pages) of `device` aside for `tenant` now, evicting other pages as an acquire would:
+    /// regions this client allocates naming the returned id ([`AllocOptions::reservation`]) take that memory
+    /// as their pages arrive there. Refused at once, with what can be had, when it cannot be met. Returns the
+    /// id and the bytes held; given back by [`AttachedClient::unreserve`] or when the connection ends.
+    pub fn reserve(&self, device: Location, bytes: u64, tenant: TenantId) -> Result<(u64, u64), FabricError> {
+        let msg = Message::Reserve { device: device.into(), bytes, tenant: tenant.0 };
+        match self.inner.conn.call(&msg)? {
+            Message::Reserved { id, bytes } => Ok((id, bytes)),
+            other => Err(self.inner.conn.unexpected(&other)),
+        }
+    }
+
+    /// Bytes one of this client's reservations still holds.
+    pub fn reserved(&self, id: u64) -> Result<u64, FabricError> {
+        match self.inner.conn.call(&Message::ReservationLeft { id })? {
+            Message::Reserved { bytes, .. } => Ok(bytes),
+            other => Err(self.inner.conn.unexpected(&other)),
+        }
+    }
+
+    /// Gives one of this client's reservations back.
+    pub fn unreserve(&self, id: u64) -> Result<(), FabricError> {
+        self.inner.conn.done(&Message::Unreserve { id })
     }
 
     /// Frees a region (any region of the cluster).

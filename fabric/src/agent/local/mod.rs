@@ -24,6 +24,7 @@ mod join;
 mod mapped_lease;
 mod payload;
 mod pool_source;
+mod reserve;
 mod server;
 mod session;
 mod spin;

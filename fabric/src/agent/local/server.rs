@@ -145,10 +145,13 @@ impl Agent {
                 Message::Alloc { size, device } => rt
                     .block_on(self.alloc(self.node(), size, device.map(Location::from)))
                     .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
-                Message::AllocWith { size, device, priority, tenant, keep, compression } => {
-                    alloc_options(device.map(Location::from), priority, tenant, keep, compression)
+                Message::AllocWith { size, device, priority, tenant, keep, compression, reservation } => {
+                    alloc_options(device.map(Location::from), priority, tenant, keep, compression, reservation)
                         .and_then(|options| self.alloc_for(session, size, options))
                 }
+                Message::Reserve { device, bytes, tenant } => self.reserve_for(session, device.into(), bytes, tenant),
+                Message::Unreserve { id } => self.unreserve_for(session, id),
+                Message::ReservationLeft { id } => self.reservation_left(session, id),
                 Message::Free { region } => rt.block_on(self.free_for(session, &Region::from(&region))),
                 Message::AcquireMapped { region, offset, len, device, mode } => {
                     let range = offset..offset.saturating_add(len);

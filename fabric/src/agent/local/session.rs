@@ -18,7 +18,7 @@ use crate::agent::remote_lease::AgentLease;
 use crate::agent::shared::{in_place, Agent};
 use crate::directory::{Mode, Placement, Priority, RegionHandle as Region};
 use crate::error::{FabricError, NetworkError, ProtocolError};
-use crate::fabric::LeasePtr;
+use crate::fabric::{LeasePtr, Reservation};
 use crate::proto::codec::write_frame_blocking as send;
 use crate::proto::mapped::{send_fds, FDS_PER_MESSAGE};
 use crate::proto::message::{Message, WireArena, WirePages, WireRegion};
@@ -32,6 +32,9 @@ pub(super) struct Session {
     owned: HashSet<Region>,
     /// Prefetch hints being carried out for this client.
     prefetching: Arc<AtomicUsize>,
+    /// Its reservations, by the ids it was given (`reserve.rs`); given back when the session ends.
+    pub(super) reservations: HashMap<u64, Reservation>,
+    pub(super) next_reservation: u64,
 }
 
 /// Prefetch hints one client may have in flight; more are dropped (they are hints), so a client cannot pile up
@@ -63,8 +66,9 @@ impl Agent {
         size: u64,
         options: AllocOptions,
     ) -> Result<Message, FabricError> {
-        let AllocOptions { device, priority, tenant, keep, compression } = options;
-        let placement = Placement { device, priority, tenant, reservation: None, compression };
+        let AllocOptions { device, priority, tenant, keep, compression, reservation } = options;
+        let reservation = reservation.map(|id| session.reservation(id)).transpose()?;
+        let placement = Placement { device, priority, tenant, reservation, compression };
         let region = in_place(|| self.fabric().alloc(size, placement))?;
         if !keep {
             session.owned.insert(region);
@@ -170,6 +174,8 @@ impl Agent {
     /// The client is gone: its leases are released and its regions that end with it freed.
     pub(super) async fn end_session(&self, session: Session) {
         let (leases, owned) = (session.leases.len(), session.owned.len());
+        // Its reservations go first: what they hold is free again for whatever comes next.
+        drop(session.reservations);
         for (_, lease) in session.leases {
             if let Err(e) = self.release(lease).await {
                 tracing::warn!(error = %e, "releasing a departed local client's lease failed");
@@ -203,6 +209,7 @@ pub(super) fn alloc_options(
     tenant: u32,
     keep: bool,
     compression: u8,
+    reservation: Option<u64>,
 ) -> Result<AllocOptions, FabricError> {
     let priority = match priority {
         0 => Priority::Low,
@@ -215,5 +222,5 @@ pub(super) fn alloc_options(
         1 => Compression::Lz4,
         c => return Err(ProtocolError::BadField { field: "compression", value: u64::from(c) }.into()),
     };
-    Ok(AllocOptions { device, priority, tenant: TenantId(tenant), keep, compression })
+    Ok(AllocOptions { device, priority, tenant: TenantId(tenant), keep, compression, reservation })
 }
