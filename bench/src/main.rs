@@ -12,6 +12,8 @@ mod report;
 mod rig;
 mod stats;
 mod storage;
+mod tiers;
+mod walk;
 mod trace;
 
 use std::process::ExitCode;

@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use proptest::prelude::*;
 use vfabric::directory::{
     AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseGrant, Mode, Placement, ReadSource, RegionHandle,
-    Stage, StageKind, Step, HINT_DEPTH, PREFETCH_DEPTH,
+    Stage, StageKind, Step, HINT_DEPTH, PREFETCH_DEPTH, STAGING_DEPTH,
 };
 use vfabric_allocator::{Compression, PageSize};
 use vfabric_transport::Location;
@@ -152,6 +152,8 @@ struct Sim {
     /// Pages copied by eviction stages (the only copy of a page going to host memory).
     evicted: u64,
     prefetched: u64,
+    /// Pages prefetched from the storage tier (into host memory, on their way to a GPU).
+    staged: u64,
 }
 
 fn key(r: &RegionHandle, page: u32) -> (u32, u64, u32) {
@@ -217,7 +219,18 @@ impl Sim {
         loop {
             match self.drive(|d| d.step_prefetch(h, device)) {
                 Ok(Some(stage)) => {
-                    assert!(self.prefetch.len() < PREFETCH_DEPTH, "more prefetches in flight than allowed");
+                    // At most PREFETCH_DEPTH stages into the device, and STAGING_DEPTH into host memory (pages
+                    // coming up from storage) for a GPU's walk.
+                    let to = stage.batches.first().map(|b| b.to);
+                    let into = |d: Location| {
+                        self.prefetch.iter().filter(|p| p.0.batches.first().map(|b| b.to) == Some(d)).count()
+                    };
+                    if to == Some(device) {
+                        assert!(into(device) < PREFETCH_DEPTH, "more prefetches in flight than allowed");
+                    } else {
+                        assert_eq!(to, Some(Location::Host), "a prefetch for {device} goes there or to host memory");
+                        assert!(into(Location::Host) < STAGING_DEPTH, "more stages from storage than allowed");
+                    }
                     self.start(stage);
                 }
                 Ok(None) | Err(SimError::Dir(DirectoryError::OutOfMemory { .. })) => return,
@@ -232,6 +245,8 @@ impl Sim {
         let fail = self.next_fails();
         let late = self.stages % 2 == 0;
         self.prefetched += stage.pages() as u64;
+        self.staged +=
+            stage.batches.iter().filter(|b| b.from == Location::Storage).map(|b| b.moves.len() as u64).sum::<u64>();
         if !late {
             self.copy(&stage, fail);
         }
@@ -567,6 +582,7 @@ fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Si
         fetches: 0,
         evicted: 0,
         prefetched: 0,
+        staged: 0,
     }
 }
 
@@ -948,5 +964,37 @@ fn pages_spill_to_the_storage_tier_and_come_back_through_host_memory() {
     assert!(matches!(s.dir.step_acquire(&mut req), Err(DirectoryError::StorageTier(_))));
     assert!(matches!(s.dir.alloc(PAGE, Placement::on(Location::Storage)), Err(DirectoryError::StorageTier(_))));
     assert!(matches!(s.dir.step_prefetch_range(&h, 0, PAGE, Location::Storage), Err(DirectoryError::StorageTier(_))));
+    s.dir.check_invariants().expect("invariants");
+}
+
+/// A walk in order on a GPU over pages that went down to the storage tier: the prefetch brings each chunk's
+/// stored pages to host memory ahead of the walk (file reads while it works), then on to the GPU, and every
+/// leased byte is right.
+#[test]
+fn a_walk_prefetches_stored_pages_through_host_memory() {
+    let mut s = sim_on(&WITH_STORAGE, 0, 90, 75);
+    let pages = 40u32;
+    let h = s.dir.alloc(u64::from(pages) * PAGE, Placement::on(Location::Gpu(0))).expect("alloc");
+    for p in 0..pages {
+        s.model.insert(key(&h, p), 0);
+    }
+    s.regions.push(h);
+    for start in (0..pages).step_by(4) {
+        let w = Op::Write { region: 0, page: start, pages: 4 };
+        s.apply(&w);
+        s.check(&w);
+    }
+    assert!(s.dir.stats().devices[3].owned >= 20, "most pages went down to storage");
+    for start in (0..pages).step_by(2) {
+        let op = Op::Acquire { region: 0, page: start, pages: 2, device: 0, write: false };
+        s.apply(&op);
+        s.check(&op);
+        assert_eq!(s.leases.len(), 1, "{op:?} was granted");
+        s.apply(&Op::Release { lease: 0 });
+    }
+    assert!(s.staged >= 10, "stored pages came up ahead of the walk: {} staged", s.staged);
+    while !s.prefetch.is_empty() {
+        s.settle();
+    }
     s.dir.check_invariants().expect("invariants");
 }

@@ -62,7 +62,7 @@ pub use invariants::InvariantError;
 pub use lease::{LeaseFrames, LeaseGrant, Mode};
 pub use page::{Copy, DevIdx, PageEntry, PageRef};
 pub use page_table::PageTable;
-pub use prefetch::PREFETCH_DEPTH;
+pub use prefetch::{PREFETCH_DEPTH, STAGING_DEPTH};
 pub use region::{Placement, Priority, RegionEntry, RegionHandle};
 pub use stage::{Stage, StageBatch, StageKind, Step};
 pub use state::Directory;

@@ -6,7 +6,7 @@ use std::ops::Range;
 use vfabric_allocator::{AllocClass, Location};
 
 use super::error::DirectoryError;
-use super::page::{Copy, DevIdx, PageRef};
+use super::page::{Copy, DevIdx, PageEntry, PageRef};
 use super::region::RegionHandle;
 use super::stage::{Stage, StageKind, Step, Update};
 use super::state::{Directory, InFlight};
@@ -14,6 +14,11 @@ use super::state::{Directory, InFlight};
 /// Most prefetch stages in flight at once: one on the link and one queued behind it, so the link stays busy
 /// between one completing and the walk asking for the next.
 pub const PREFETCH_DEPTH: usize = 2;
+
+/// Most stages in flight at once bringing a GPU walk's pages up from the storage tier to host memory, beside the
+/// [`PREFETCH_DEPTH`] going to the GPU: pages on storage take two hops, so their reads run up to two windows
+/// ahead of the walk and keep the drive busy while the GPU's prefetches use the link.
+pub const STAGING_DEPTH: usize = 2;
 
 impl Directory {
     /// One step of keeping a walk in order ahead of itself, called after an acquire of `h` on `device` (and
@@ -25,6 +30,8 @@ impl Directory {
     /// the acquire that reaches them finds one run. The caller starts its copies and goes on; the stage stays in
     /// flight until it is committed or aborted, and meanwhile the calls that could disturb it return
     /// [`Step::Wait`]. Two in flight keep the link busy between one completing and the walk asking for more.
+    /// Chunks with pages only on the storage tier are staged in host memory first, up to two windows ahead and
+    /// [`STAGING_DEPTH`] stages at a time, and come on to the device when the window reaches them.
     /// Room is made first, as an ordinary eviction stage of just what the chunk needs past the high watermark
     /// (so that write-backs of dirty pages run beside the prefetches already in flight, the other way over the
     /// link, rather than in one long batch), or down to the low watermark when no run of free frames would
@@ -35,7 +42,13 @@ impl Directory {
         let r = self.region(h)?;
         let total = r.pages.len() as u32;
         let Some(st) = r.stream.filter(|s| s.dev == dev && s.streak >= 1) else { return Ok(Step::Done(None)) };
-        if self.in_flight.len() >= PREFETCH_DEPTH || self.cfg.readahead_pages == 0 {
+        // Stages in flight into this device, and into host memory for a device that is not it (staging from
+        // storage, and write-backs, which stand for the same traffic).
+        let into = |d: DevIdx| self.in_flight.iter().filter(|f| f.moves.first().map(|m| m.1.dev) == Some(d)).count();
+        let here = into(dev);
+        let staging = if dev == self.host { 0 } else { into(self.host) };
+        let can_stage = self.storage.is_some() && dev != self.host && staging < STAGING_DEPTH;
+        if (here >= PREFETCH_DEPTH && !can_stage) || self.cfg.readahead_pages == 0 {
             return Ok(Step::Done(None));
         }
         // Never more than half of what the device keeps before evicting: a window that does not fit would evict
@@ -54,20 +67,27 @@ impl Directory {
             here.iter().all(Option::is_some)
                 && (!runs || here.iter().enumerate().all(|(k, f)| *f == here[0].map(|s| s + k as u32)))
         };
-        // The first chunk of the window, in the walk's steps, that is neither in place nor on its way.
+        // Staging from storage looks two windows ahead.
+        let stage_end = if can_stage { st.next.saturating_add(window.saturating_mul(2)).min(total) } else { end };
+        // Only whole chunks (short at the region's end): small copies waste the link.
+        let whole = |from: u32, to: u32, end: u32| from < end && (to <= end || to == total);
+        // The first chunk, in the walk's steps, that is neither in place nor on its way and may start now: within
+        // the window for the device, within two for staging.
         let mut from = st.next;
         let to = loop {
             let to = from.saturating_add(chunk).min(total);
-            if from >= end || (to > end && to < total) {
-                // Only whole chunks (short at the region's end): small copies waste the link.
+            if !whole(from, to, stage_end) {
                 return Ok(Step::Done(None));
             }
             if !(from..to).any(in_flight) && !in_place(from, to) {
-                break to;
+                let stored = dev != self.host && (from..to).any(|i| self.stored_only(&r.pages[i as usize]));
+                if (stored && can_stage) || (!stored && whole(from, to, end) && here < PREFETCH_DEPTH) {
+                    break to;
+                }
             }
             from = to;
         };
-        self.prefetch_chunk(slot, dev, from..to, runs, st.next..end)
+        self.prefetch_chunk(slot, dev, from..to, runs, st.next..stage_end)
     }
 
     /// Plans copying pages `pages` of region `slot` to `dev` ahead of use (into one run of frames when `runs`),
@@ -83,6 +103,13 @@ impl Directory {
     ) -> Result<Step<Option<Stage>>, DirectoryError> {
         let (from, to) = (pages.start, pages.end);
         let Some(r) = self.regions.get(slot as usize).and_then(|r| r.as_ref()) else { return Ok(Step::Done(None)) };
+        // Pages only on the storage tier come up one tier at a time: a GPU's chunk that has some is first
+        // brought to host memory (file reads in flight while the walk works), and copied on to the GPU by a
+        // later step, once they have landed.
+        let stored_only = |i: u32| self.stored_only(&r.pages[i as usize]);
+        let staging = dev != self.host && Some(dev) != self.storage && (from..to).any(stored_only);
+        let dev = if staging { self.host } else { dev };
+        let runs = runs && !staging;
         let frames = &self.devs[usize::from(dev)].frames;
         // The pages to copy, in order, up to one that cannot come (leased for writing, pinned where it is, or
         // never written).
@@ -92,12 +119,15 @@ impl Directory {
             if e.write_leased {
                 break;
             }
+            if staging && !stored_only(page) {
+                continue;
+            }
             match e.copy_on(dev) {
                 Some(_) if !runs => continue,
                 Some(c) if frames.lease_count(c.frame) > 0 => break,
                 Some(c) => wanted.push((PageRef { slot, page }, Some(c), c)),
                 None => match self.fetch_source(e) {
-                    // A page only on the storage tier comes through host memory: the acquire brings it.
+                    // A page only on the storage tier reaches a GPU through host memory (staged above).
                     Some(src) if Some(src.dev) != self.storage || dev == self.host => {
                         wanted.push((PageRef { slot, page }, None, src))
                     }
@@ -174,6 +204,11 @@ impl Directory {
         }
         self.in_flight.push_back(InFlight { slot, pages: from..to, moves, sources });
         Ok(Step::Done(Some(stage)))
+    }
+
+    /// Whether a page's only copy is on the storage tier (and it may move: not leased for writing).
+    fn stored_only(&self, e: &PageEntry) -> bool {
+        !e.write_leased && e.owner().is_some() && e.copies().all(|c| Some(c.dev) == self.storage)
     }
 
     /// Prefetch stages in flight.

@@ -1,6 +1,7 @@
 //! A stage's copies under way: a mover's transfer (between arenas), or a storage tier's file I/O (between host
-//! memory frames and storage slots), done by the time it is started: io_uring keeps many pages in flight, but
-//! the call waits for them, so a stage with storage copies holds its caller for their time.
+//! memory frames and storage slots). io_uring keeps many pages in flight either way; the file I/O of a stage the
+//! caller waits for runs in the call, a prefetch's reads from storage on a thread of their own, so that the
+//! walk that asked for them goes on meanwhile.
 
 use std::sync::Arc;
 
@@ -16,6 +17,8 @@ pub(crate) enum Copying {
     Mover(Transfer),
     /// File I/O that already ran, with the bytes it moved.
     Done(u64),
+    /// File I/O running on a thread of its own.
+    Behind(std::thread::JoinHandle<Result<u64, FabricError>>),
 }
 
 impl Copying {
@@ -24,6 +27,7 @@ impl Copying {
         match self {
             Copying::Mover(t) => !matches!(t.is_complete(), Ok(false)),
             Copying::Done(_) => true,
+            Copying::Behind(h) => h.is_finished(),
         }
     }
 
@@ -32,6 +36,7 @@ impl Copying {
         match self {
             Copying::Mover(t) => Ok(t.wait()?.bytes),
             Copying::Done(bytes) => Ok(bytes),
+            Copying::Behind(h) => h.join().map_err(|_| FabricError::Internal("a storage tier's reads panicked"))?,
         }
     }
 }
@@ -76,6 +81,23 @@ pub(crate) fn storage_batch(
         storage.read(&mut pages)?;
     }
     Ok(Copying::Done(moves.len() as u64 * page_size))
+}
+
+/// Reads slots into host frames (`src` slot, `dst` frame), as [`storage_batch`] does, on a thread of their own.
+pub(crate) fn storage_reads_behind(
+    storage: &Arc<StorageFile>,
+    host: &Arc<dyn Arena>,
+    page_size: u64,
+    moves: Vec<PageMove>,
+) -> Result<Copying, FabricError> {
+    let (storage, host) = (Arc::clone(storage), Arc::clone(host));
+    // The frames it writes were taken by the stage and the slots it reads are pinned by it until it is settled,
+    // which waits for this thread.
+    let handle = std::thread::Builder::new()
+        .name("vfabric-storage-read".into())
+        .spawn(move || storage_batch(&storage, &host, page_size, &moves, false, Compression::None)?.wait())
+        .map_err(|e| FabricError::Storage(vfabric_transport::storage::StorageError::Ring { what: "starting a reader thread", source: e }))?;
+    Ok(Copying::Behind(handle))
 }
 
 /// Whether a batch between `from` and `to` is the storage tier's (file I/O) rather than a mover's.

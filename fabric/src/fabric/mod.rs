@@ -45,7 +45,7 @@ use traffic::Counters;
 use crate::config::ClusterConfig;
 use crate::directory::{
     AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseFrames, Mode, Placement,
-    ReadSource, RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH,
+    ReadSource, RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH, STAGING_DEPTH,
 };
 use crate::error::FabricError;
 
@@ -116,7 +116,7 @@ impl Fabric {
                 let file = StorageFile::create(&spec)?;
                 tracing::info!(path = %spec.path.display(), bytes = spec.bytes, "storage tier ready");
                 devices.push((Location::Storage, spec.bytes));
-                Some(file)
+                Some(Arc::new(file))
             }
             None => None,
         };
@@ -488,7 +488,7 @@ impl Fabric {
     /// Starts the prefetches the directory asks for after an acquire of `region` on `device`, if any. Failures
     /// only cost the prefetch: the acquire that wants the pages later fetches them itself.
     fn prefetch_walk(&self, st: &mut State, region: &Region, device: Location) {
-        for _ in 0..PREFETCH_DEPTH {
+        for _ in 0..PREFETCH_DEPTH + STAGING_DEPTH {
             let stage = match self.drive(st, |d| d.step_prefetch(region, device)) {
                 Ok(Some(stage)) => stage,
                 Ok(None) => return,
@@ -584,7 +584,12 @@ impl Fabric {
                     .ok_or(FabricError::Internal("a stage names a storage tier this node has not"))?;
                 let host = self.arena_at(dir, Location::Host)?;
                 let to_storage = b.to == Location::Storage;
-                copies.push(copying::storage_batch(storage, host, ps, &b.moves, to_storage, b.compression)?);
+                if stage.kind == StageKind::Prefetch && !to_storage {
+                    // A prefetch stays in flight across calls: its reads run on a thread of their own.
+                    copies.push(copying::storage_reads_behind(storage, host, ps, b.moves.clone())?);
+                } else {
+                    copies.push(copying::storage_batch(storage, host, ps, &b.moves, to_storage, b.compression)?);
+                }
                 continue;
             }
             let batch = PageBatch::from_moves(ps, b.moves.clone());

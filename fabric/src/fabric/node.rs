@@ -33,9 +33,9 @@ pub(crate) struct Inner {
     pub(crate) page_size: u64,
     pub(crate) counters: Counters,
     pub(crate) fallback: Option<DeviceError>,
-    /// The storage tier, when the node has one (its pages move by file I/O, not by the mover). Dropped after
-    /// the state, so no stage in flight outlives it.
-    pub(crate) storage: Option<StorageFile>,
+    /// The storage tier, when the node has one (its pages move by file I/O, not by the mover). Shared with the
+    /// threads a prefetch's reads run on: its file goes when the last of them does.
+    pub(crate) storage: Option<Arc<StorageFile>>,
     /// The largest piece one host write places at once (see `Fabric::write`).
     pub(crate) write_piece: u64,
 }
