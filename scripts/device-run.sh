@@ -13,7 +13,7 @@
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine ptx tests procs python info demo torch nccl migrate
-#                        pager local trace train remote
+#                        pager local trace storage tiers train remote
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -25,7 +25,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine ptx tests procs python info demo torch nccl migrate pager local trace train remote}
+STEPS=${VFABRIC_STEPS:-machine ptx tests procs python info demo torch nccl migrate pager local trace storage tiers train remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the info, demo, migrate and pager steps
 summary=()
 
@@ -114,6 +114,11 @@ storage() {
         --fio "$B/fio" "${tensors[@]}" --out "$OUT" --name "${VFABRIC_STORAGE_NAME:-storage-h200x1}"
 }
 step storage storage
+# Walks over three tiers: a region 8x the GPU budget with host memory of 2x, the rest on the storage tier in
+# $W/tiers, beside the tier's raw reads.
+# shellcheck disable=SC2086
+step tiers "$B/vfabric-bench" pager --config "$CONFIG" --storage-dir "$W/tiers" --latency-samples 1000 \
+    --compact-arena 0 ${VFABRIC_TIERS_ARGS:-} --out "$OUT" --name "${VFABRIC_TIERS_NAME:-pager-tiers-h200x1}"
 # The training benchmark (bench/scripts/train_bench.sh; VFABRIC_TRAIN_RUNS picks runs, VFABRIC_TRAIN_BUDGET_S
 # bounds them).
 train() {
