@@ -4,7 +4,10 @@
 //! large again as GPU 0's arena, writes it (the GPU fills up and pages spill to host memory), reads it back,
 //! acquires it piece by piece on GPU 0 (fetching evicted pages, evicting others), migrates it to GPU 1, writes
 //! through a lease there, and verifies every byte after every step, on the device copies the leases point to as
-//! well as through host reads. Prints a table of what moved where and how fast.
+//! well as through host reads. Then, with a storage tier (the configuration's, or a file it makes in the working
+//! or temporary directory), a region larger than the GPU and host memory together goes down to the storage tier
+//! as it is written and comes back to the GPU through host memory, verified the same way. Prints a table of
+//! what moved where and how fast.
 
 use std::io::Write;
 use std::time::Instant;
@@ -13,7 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use vfabric_transport::{DeviceKind, Location};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, StorageSection};
 use crate::error::FabricError;
 use crate::fabric::{Fabric, Lease, Region, Traffic};
 use crate::pattern;
@@ -105,10 +108,103 @@ fn check_region(fabric: &Fabric, region: &Region, truth: &Truth) -> Result<(u64,
     Ok((pages, ok))
 }
 
+/// Writes the region from host buffers of the pattern `seed`, `chunk` bytes a call, recording each page's hash.
+fn write_region(
+    fabric: &Fabric,
+    region: &Region,
+    truth: &mut Truth,
+    seed: u64,
+    what: String,
+) -> Result<DemoStep, FabricError> {
+    let page = truth.page;
+    let pages = region.len / page;
+    let chunk_pages = (16u64 << 20).div_ceil(page).max(1);
+    truth.hashes.clear();
+    let t0 = fabric.traffic();
+    let mut busy = 0.0;
+    let b = bar(pages, &format!("writing {}", ByteSize(region.len)));
+    let mut p = 0;
+    while p < pages {
+        let n = chunk_pages.min(pages - p);
+        let data = truth.bytes(seed, p * page, (n * page) as usize);
+        truth.hashes.extend(data.chunks_exact(page as usize).map(xxh3_64));
+        let t = Instant::now();
+        fabric.write(region, p * page, &data)?;
+        busy += t.elapsed().as_secs_f64();
+        p += n;
+        b.inc(n);
+    }
+    b.finish_and_clear();
+    let checked = check_region(fabric, region, truth)?;
+    Ok(DemoStep { what, traffic: fabric.traffic().since(&t0), seconds: busy, bytes: region.len, checked })
+}
+
+/// Acquires the whole region on `device`, `piece` bytes at a time, timed from the first acquire to the last
+/// release with nothing else in between (prefetches may overlap only the walk itself); then walks it again to
+/// check every lease's bytes on the device.
+fn acquire_all(
+    fabric: &Fabric,
+    region: &Region,
+    device: Location,
+    piece: u64,
+    truth: &Truth,
+) -> Result<DemoStep, FabricError> {
+    let label = format!("acquire all on {device}, {} at a time", ByteSize(piece));
+    let pieces: Vec<(u64, u64)> =
+        (0..region.len).step_by(piece as usize).map(|off| (off, (off + piece).min(region.len))).collect();
+    let t0 = fabric.traffic();
+    let b = bar(region.len / truth.page, &label);
+    let start = Instant::now();
+    for &(off, end) in &pieces {
+        let lease = fabric.acquire(region, off..end, device, Mode::Read)?;
+        fabric.release(lease)?;
+        b.inc((end - off) / truth.page);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let traffic = fabric.traffic().since(&t0);
+    b.finish_and_clear();
+    let b = bar(region.len / truth.page, &format!("checking: {label}"));
+    let mut checked = (0, 0);
+    for &(off, end) in &pieces {
+        let lease = fabric.acquire(region, off..end, device, Mode::Read)?;
+        let (n, ok) = check_lease(&lease, truth)?;
+        checked = (checked.0 + n, checked.1 + ok);
+        fabric.release(lease)?;
+        b.inc((end - off) / truth.page);
+    }
+    b.finish_and_clear();
+    Ok(DemoStep { what: label, traffic, seconds, bytes: region.len, checked })
+}
+
+/// Starts the fabric with a storage tier: the configuration's, or else a file of twice the host arena (at most
+/// 4 GiB) in the working directory or, failing that, the temporary one (the first whose filesystem takes O_DIRECT). Without
+/// either, the fabric runs without one and the demo says so. Whether it has one.
+fn start(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<(Fabric, bool), FabricError> {
+    if cfg.storage.is_some() {
+        return Ok((Fabric::embedded(cfg)?, true));
+    }
+    let dirs = [std::env::current_dir().ok(), Some(std::env::temp_dir())];
+    for dir in dirs.into_iter().flatten() {
+        let mut c = cfg.clone();
+        let size = ByteSize(cfg.memory.host_arena.bytes().saturating_mul(2).min(4 << 30));
+        let path = dir.join(format!("vfabric-demo-{}.tier", std::process::id()));
+        c.storage = Some(StorageSection { path, size, depth: 64 });
+        match Fabric::embedded(&c) {
+            Ok(f) => return Ok((f, true)),
+            Err(FabricError::Storage(e)) => {
+                let _ = writeln!(out, "no storage tier in {}: {e}", dir.display());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let _ = writeln!(out, "running without a storage tier (give one with [storage] in the configuration)");
+    Ok((Fabric::embedded(cfg)?, false))
+}
+
 /// Runs the demo on `cfg`, writing progress and the table to `out` (progress bars go to the terminal only).
 pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, FabricError> {
-    let fabric = Fabric::embedded(cfg)?;
     let _ = writeln!(out, "vfabric demo: cluster `{}`", cfg.cluster.name);
+    let (fabric, tiered) = start(cfg, out)?;
     if let Some(why) = fabric.fallback_reason() {
         let _ = writeln!(out, "no usable GPU ({why}): running on the emulated device (host memory stands in for GPUs)");
     }
@@ -118,20 +214,21 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
     for d in &stats.directory.devices {
         let _ = writeln!(
             out,
-            "  {}: arena of {} ({} frames of {})",
+            "  {}: {} ({} pages of {})",
             d.location,
             ByteSize(u64::from(d.frames) * page),
             d.frames,
             ByteSize(page)
         );
     }
+    let frames_of =
+        |loc: Location| stats.directory.devices.iter().find(|d| d.location == loc).map_or(0, |d| u64::from(d.frames));
     let gpus: Vec<Location> = fabric.devices().into_iter().filter(|l| matches!(l, Location::Gpu(_))).collect();
     let g0 = *gpus.first().ok_or(FabricError::DeviceUnavailable(Location::Gpu(0)))?;
     let g1 = gpus.get(1).copied().unwrap_or(g0);
-    let gpu_frames = stats.directory.devices[0].frames;
-    let host_frames = stats.directory.devices.last().map_or(0, |d| d.frames);
+    let (gpu_frames, host_frames) = (frames_of(g0), frames_of(Location::Host));
     // Half as large again as GPU 0's arena, and no more than host memory can hold.
-    let pages = (u64::from(gpu_frames) * 3 / 2).min(u64::from(host_frames) * 9 / 10).max(1);
+    let pages = (gpu_frames * 3 / 2).min(host_frames * 9 / 10).max(1);
     let region_bytes = pages * page;
     let region = fabric.alloc(region_bytes, Placement::on(g0))?;
     let _ = writeln!(out, "region {} of {} ({pages} pages), placed on {g0}", region, ByteSize(region_bytes));
@@ -141,62 +238,12 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
     let seed = 0xDE30;
 
     // 1. Write it from host buffers: the GPU fills up, pages spill to host memory.
-    let chunk_pages = (16u64 << 20).div_ceil(page).max(1);
-    let t0 = fabric.traffic();
-    let mut busy = 0.0;
-    let b = bar(pages, &format!("writing {}", ByteSize(region_bytes)));
-    let mut p = 0;
-    while p < pages {
-        let n = chunk_pages.min(pages - p);
-        let data = truth.bytes(seed, p * page, (n * page) as usize);
-        truth.hashes.extend(data.chunks_exact(page as usize).map(xxh3_64));
-        let t = Instant::now();
-        fabric.write(&region, p * page, &data)?;
-        busy += t.elapsed().as_secs_f64();
-        p += n;
-        b.inc(n);
-    }
-    b.finish_and_clear();
-    let checked = check_region(&fabric, &region, &truth)?;
-    steps.push(DemoStep {
-        what: format!("write {} from host into {g0}", ByteSize(region_bytes)),
-        traffic: fabric.traffic().since(&t0),
-        seconds: busy,
-        bytes: region_bytes,
-        checked,
-    });
+    let what = format!("write {} from host into {g0}", ByteSize(region_bytes));
+    steps.push(write_region(&fabric, &region, &mut truth, seed, what)?);
 
     // 2. Acquire it on GPU 0, a quarter of the GPU at a time: evicted pages come back, others leave.
-    let quarter = (u64::from(gpu_frames) / 4).max(1) * page;
-    // Timed from the first acquire to the last release with nothing else in between (prefetches may overlap
-    // only the walk itself), then walked again to check every lease's bytes.
-    let acquire_all = |device: Location, label: String, truth: &Truth| -> Result<DemoStep, FabricError> {
-        let pieces: Vec<(u64, u64)> =
-            (0..region_bytes).step_by(quarter as usize).map(|off| (off, (off + quarter).min(region_bytes))).collect();
-        let t0 = fabric.traffic();
-        let b = bar(region_bytes / page, &label);
-        let start = Instant::now();
-        for &(off, end) in &pieces {
-            let lease = fabric.acquire(&region, off..end, device, Mode::Read)?;
-            fabric.release(lease)?;
-            b.inc((end - off) / page);
-        }
-        let seconds = start.elapsed().as_secs_f64();
-        let traffic = fabric.traffic().since(&t0);
-        b.finish_and_clear();
-        let b = bar(region_bytes / page, &format!("checking: {label}"));
-        let mut checked = (0, 0);
-        for &(off, end) in &pieces {
-            let lease = fabric.acquire(&region, off..end, device, Mode::Read)?;
-            let (n, ok) = check_lease(&lease, truth)?;
-            checked = (checked.0 + n, checked.1 + ok);
-            fabric.release(lease)?;
-            b.inc((end - off) / page);
-        }
-        b.finish_and_clear();
-        Ok(DemoStep { what: label, traffic, seconds, bytes: region_bytes, checked })
-    };
-    steps.push(acquire_all(g0, format!("acquire all on {g0}, {} at a time", ByteSize(quarter)), &truth)?);
+    let quarter = (gpu_frames / 4).max(1) * page;
+    steps.push(acquire_all(&fabric, &region, g0, quarter, &truth)?);
 
     // 3. Migrate it to GPU 1: its pages on GPU 0 move over (NVLink on the H200s); the rest stay in host memory.
     let t0 = fabric.traffic();
@@ -206,7 +253,7 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
     let traffic = fabric.traffic().since(&t0);
     let checked = check_region(&fabric, &region, &truth)?;
     steps.push(DemoStep { what: format!("migrate to {g1}"), traffic, seconds: secs, bytes: traffic.migrated, checked });
-    steps.push(acquire_all(g1, format!("acquire all on {g1}, {} at a time", ByteSize(quarter)), &truth)?);
+    steps.push(acquire_all(&fabric, &region, g1, quarter, &truth)?);
 
     // 4. Write through a lease on GPU 1 (as a kernel would), release: the new bytes are the region's, and the
     //    old copies elsewhere are gone.
@@ -234,6 +281,17 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
     });
     fabric.free(&region)?;
 
+    // 5. Three tiers: a region larger than GPU 0 and host memory together goes down to the storage tier as it
+    //    is written (checksummed there), and comes back through host memory to the GPU, every byte verified.
+    if tiered {
+        let pages = gpu_frames + host_frames + (frames_of(Location::Storage) / 2).min(host_frames / 2).max(1);
+        let region = fabric.alloc(pages * page, Placement::on(g0))?;
+        let what = format!("write {} into {g0}: GPU, host, storage", ByteSize(pages * page));
+        steps.push(write_region(&fabric, &region, &mut truth, seed ^ 0x7137, what)?);
+        steps.push(acquire_all(&fabric, &region, g0, quarter, &truth)?);
+        fabric.free(&region)?;
+    }
+
     let report = DemoReport { device: fabric.device_kind(), region_bytes, steps };
     print_table(&report, out);
     Ok(report)
@@ -241,19 +299,21 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
 
 fn print_table(r: &DemoReport, out: &mut dyn Write) {
     let _ = writeln!(out);
-    let _ = writeln!(out, "| step | fetched | evicted | migrated | time | GB/s | pages verified |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "| step | fetched | evicted | migrated | to / from storage | time | GB/s | pages verified |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     for s in &r.steps {
         let moved = s.traffic.fetched + s.traffic.evicted + s.traffic.migrated + s.traffic.compacted;
         let base = s.bytes.max(moved);
         let gbs = if s.seconds > 0.0 { base as f64 / s.seconds / 1e9 } else { 0.0 };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.1} ms | {:.1} | {}/{} |",
+            "| {} | {} | {} | {} | {} / {} | {:.1} ms | {:.1} | {}/{} |",
             s.what,
             ByteSize(s.traffic.fetched),
             ByteSize(s.traffic.evicted),
             ByteSize(s.traffic.migrated),
+            ByteSize(s.traffic.to_storage),
+            ByteSize(s.traffic.from_storage),
             s.seconds * 1e3,
             gbs,
             s.checked.1,
@@ -279,6 +339,9 @@ mod tests {
         cfg.device.backend = vfabric_transport::Backend::Emulated;
         cfg.memory.gpu_budget = Some(ByteSize(32 << 20));
         cfg.memory.host_arena = ByteSize(64 << 20);
+        // On the build's disk (O_DIRECT; a temporary directory may be tmpfs).
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/demo-test.tier");
+        cfg.storage = Some(StorageSection { path: path.clone(), size: ByteSize(128 << 20), depth: 16 });
         let mut out = Vec::new();
         let r = run(&cfg, &mut out).expect("demo");
         let text = String::from_utf8_lossy(&out);
@@ -289,6 +352,10 @@ mod tests {
         let fetched: u64 = r.steps.iter().map(|s| s.traffic.fetched).sum();
         let migrated: u64 = r.steps.iter().map(|s| s.traffic.migrated).sum();
         assert!(evicted > 0 && fetched > 0 && migrated > 0, "{text}");
+        let down: u64 = r.steps.iter().map(|s| s.traffic.to_storage).sum();
+        let up: u64 = r.steps.iter().map(|s| s.traffic.from_storage).sum();
+        assert!(down > 0 && up > 0, "pages went down to storage and came back: {text}");
+        assert!(!path.exists(), "the demo's fabric removed its storage file");
         assert!(text.contains("every byte verified"), "{text}");
         assert!(text.contains("emulated device"), "{text}");
     }
