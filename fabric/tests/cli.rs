@@ -4,14 +4,17 @@ use std::process::Command;
 
 #[test]
 fn demo_on_the_emulated_device_verifies_every_byte() {
+    // Its storage tier's file goes in the working directory: the build's scratch folder (on a disk).
     let out = Command::new(env!("CARGO_BIN_EXE_vfabric"))
         .args(["demo", "--device", "emulated"])
+        .current_dir(env!("CARGO_TARGET_TMPDIR"))
         .output()
         .expect("run vfabric");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("every byte verified after every step"), "{stdout}");
     assert!(stdout.contains("migrate to gpu1"), "{stdout}");
+    assert!(stdout.contains("GPU, host, storage"), "the three tiers' step ran: {stdout}");
     assert!(stdout.contains("emulated device"), "{stdout}");
 }
 
