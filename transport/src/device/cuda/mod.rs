@@ -15,6 +15,7 @@ pub mod host;
 pub mod module;
 pub mod mover;
 pub mod node;
+mod staging;
 pub mod stream;
 pub mod vmm;
 

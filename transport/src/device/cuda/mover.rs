@@ -12,6 +12,7 @@ use super::context::GpuContext;
 use super::driver::{cu, has_symbol};
 use super::gpus::NodeInner;
 use super::module::{Kernel, Module};
+use super::staging::IndexStaging;
 use super::stream::{Event, Stream};
 use crate::device::arena::Arena;
 use crate::device::batch::{PageBatch, Plan};
@@ -30,6 +31,8 @@ struct Lane {
     stream: Stream,
     index_buf: sys::CUdeviceptr,
     index_cap: usize,
+    /// Pinned memory the index lists are copied from, so that a launch never waits for the stream.
+    staging: IndexStaging,
 }
 
 impl Lane {
@@ -90,7 +93,12 @@ impl CudaMover {
         for ctx in &node.contexts {
             let module = Module::load_ptx(Arc::clone(ctx), PAGE_COPY_PTX)?;
             let lane = || -> Result<Mutex<Lane>, DeviceError> {
-                Ok(Mutex::new(Lane { stream: Stream::new(Arc::clone(ctx))?, index_buf: 0, index_cap: 0 }))
+                Ok(Mutex::new(Lane {
+                    stream: Stream::new(Arc::clone(ctx))?,
+                    index_buf: 0,
+                    index_cap: 0,
+                    staging: IndexStaging::new(),
+                }))
             };
             gpus.push(GpuLanes {
                 ctx: Arc::clone(ctx),
@@ -188,9 +196,13 @@ impl CudaMover {
         indices.extend_from_slice(&layout.dst_frames);
         let bytes = indices.len() * std::mem::size_of::<u32>();
         let buf = lane.reserve_indices(bytes)?;
-        // SAFETY: `buf` holds at least `bytes`; `indices` stays alive in the transfer until the stream has
-        // passed this copy.
-        unsafe { cu!(cuMemcpyHtoDAsync_v2(buf, indices.as_ptr() as *const c_void, bytes, lane.stream.raw()))? };
+        // From pinned memory the copy is queued behind the stream's work and the call returns; a list larger
+        // than the staging ring goes from `indices`, which stays alive in the transfer until the stream has
+        // passed the copy (the driver may make the host wait for the stream then).
+        if !lane.staging.upload(&g.ctx, &lane.stream, buf, &indices)? {
+            // SAFETY: `buf` holds at least `bytes`; `indices` outlives the copy (above).
+            unsafe { cu!(cuMemcpyHtoDAsync_v2(buf, indices.as_ptr() as *const c_void, bytes, lane.stream.raw()))? };
+        }
         let mut p_src: u64 = src;
         let mut p_dst: u64 = dst;
         let mut p_sf: u64 = buf;
