@@ -105,10 +105,14 @@ traces() {
     return $rc
 }
 step trace traces
-# The storage tier's file I/O beside fio on the machine's disk, and LZ4 on pages of training data (the tensors
-# the train step dumped, when it ran first with VFABRIC_TRAIN_DUMP set).
+# The storage tier's file I/O beside fio on the machine's disk, and LZ4 on pages of training data (synthetic,
+# and a block of the small model after a few steps).
 storage() {
     local tensors=()
+    # A few steps of the small model (resident) leave a block's real tensors to compress.
+    [ -d "$W/tensors" ] || python3 bench/scripts/train_offload.py --mode resident --layers 20 --d 2048 --heads 16 \
+        --vocab 32768 --seq 2048 --batch 8 --steps 6 --warmup 2 --tag tensors --dump-tensors "$W/tensors" \
+        > "$W/tensors.log" 2>&1 || echo "no tensors from training (see tensors.log)"
     [ -d "$W/tensors" ] && tensors=(--tensors "$W/tensors")
     "$B/vfabric-bench" storage --dir "$W/storage" --size "${VFABRIC_STORAGE_SIZE:-16GiB}" --depth 8,32,128 \
         --fio "$B/fio" "${tensors[@]}" --out "$OUT" --name "${VFABRIC_STORAGE_NAME:-storage-h200x1}"

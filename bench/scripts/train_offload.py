@@ -60,6 +60,9 @@ def parse():
     p.add_argument("--act", choices=["keep", "recompute"], default="keep", help="stream mode activations")
     p.add_argument("--opt", choices=["gpu", "cpu"], default="gpu", help="stream mode optimizer placement")
     p.add_argument("--fsdp-opt", choices=["fused", "foreach"], default="fused", help="CPU AdamW flavour in fsdp")
+    p.add_argument("--dump-tensors", default="", help="resident: after the run, write a block's tensors (bf16 "
+                   "weights, fp32 master weights, Adam moments, gradients, bf16 activations) as raw files here, "
+                   "for vfabric-bench storage --tensors")
     p.add_argument("--tag", default="")
     p.add_argument("--json", default="")
     p.add_argument("--seed", type=int, default=0)
@@ -230,7 +233,35 @@ def setup_resident(a):
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd,
                             fused=CUDA)
 
-    return accumulating_step(a, model, opt), {"optimizer": "torch AdamW fused, GPU" if CUDA else "torch AdamW, CPU"}
+    info = {"optimizer": "torch AdamW fused, GPU" if CUDA else "torch AdamW, CPU", "dump": (model, opt)}
+    return accumulating_step(a, model, opt), info
+
+
+@torch.no_grad()
+def dump_tensors(a, model, opt, inp, out_dir, limit=256 << 20):
+    """Writes the middle block's state after training as raw little-endian files (at most `limit` bytes each):
+    what the fabric's storage tier would hold of a real model, for its compression figures."""
+    os.makedirs(out_dir, exist_ok=True)
+    blk = model.blocks[len(model.blocks) // 2]
+    params = [getattr(blk, n) for n in blk.names]
+    flat = lambda ts: torch.cat([t.detach().reshape(-1) for t in ts])
+    files = {
+        "weights.bf16": flat(params).to(BF16),
+        "master-weights.fp32": flat(params).float(),
+        "adam-exp-avg.fp32": flat([opt.state[p]["exp_avg"] for p in params if p in opt.state]),
+        "adam-exp-avg-sq.fp32": flat([opt.state[p]["exp_avg_sq"] for p in params if p in opt.state]),
+        "grads.bf16": flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in params]).to(BF16),
+    }
+    with autocast():
+        x = model.embed(inp[0] if isinstance(inp, list) else inp)
+        for b in model.blocks[: len(model.blocks) // 2 + 1]:
+            x = b(x)
+    files["activations.bf16"] = x.reshape(-1).to(BF16)
+    for name, t in files.items():
+        raw = t.contiguous().view(torch.uint8).cpu().numpy().tobytes()[:limit]
+        with open(os.path.join(out_dir, name), "wb") as f:
+            f.write(raw)
+    print(f"[{a.tag}] tensors of block {len(model.blocks) // 2} written to {out_dir}: {sorted(files)}", flush=True)
 
 
 def accumulating_step(a, model, opt, before_micro=None):
@@ -587,6 +618,9 @@ def main():
         # Micro-batches: the same batch again (one fixed batch, as in every mode); a step is their mean.
         inp, tgt = [inp] * a.accum, [tgt] * a.accum
     fabric = info.pop("fabric", None)
+    dump = info.pop("dump", None)
+    if a.dump_tensors and dump is None:
+        raise SystemExit("--dump-tensors is for --mode resident")
     streamed = info.pop("layers", None)
     arena = info.pop("gpu_arena_bytes", 0)
     print(f"[{a.tag}] mode={a.mode} accum={a.accum} L={a.layers} d={a.d} heads={a.heads} V={a.vocab} S={a.seq} B={a.batch} "
@@ -646,6 +680,8 @@ def main():
     if a.json:
         with open(a.json, "a") as f:
             f.write(line + "\n")
+    if a.dump_tensors:
+        dump_tensors(a, *dump, inp, a.dump_tensors)
     if a.mode == "fsdp":
         import torch.distributed as dist
         dist.destroy_process_group()
