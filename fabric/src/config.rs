@@ -207,6 +207,9 @@ impl MemorySection {
     }
 }
 
+/// The largest `network.socket_buffer`: the kernel takes an int and doubles it.
+pub const MAX_SOCKET_BUFFER: u64 = 1 << 30;
+
 /// The most lanes for bulk transfers (`network.lanes`) between two nodes (the latency lane comes on top).
 pub const MAX_LANES: u16 = 32;
 
@@ -302,7 +305,29 @@ impl ClusterConfig {
         let cfg: ClusterConfig = toml::from_str(text)
             .map_err(|e| ConfigError::Parse { origin: origin.to_string(), message: e.to_string() })?;
         cfg.validate(origin)?;
+        cfg.validate_addresses(origin)?;
         Ok(cfg)
+    }
+
+    /// What a file must say that a configuration made in code may leave to its caller: with more than one node,
+    /// where each listens (peers dial it), and never port 0 (nobody can dial that).
+    fn validate_addresses(&self, origin: &str) -> Result<(), ConfigError> {
+        let bad = |message: String| ConfigError::Invalid { origin: origin.to_string(), message };
+        for n in &self.nodes {
+            match n.address.as_ref().and_then(|a| a.parse::<std::net::SocketAddr>().ok()) {
+                Some(a) if a.port() == 0 => {
+                    return Err(bad(format!("node `{}`: port 0 in `{a}` is not a port its peers can reach", n.name)));
+                }
+                None if self.nodes.len() > 1 => {
+                    return Err(bad(format!(
+                        "node `{}` has no address: with more than one node, each needs `address = \"ip:port\"`",
+                        n.name
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Checks a configuration made or changed in code as [`ClusterConfig::from_toml`] checks a file; `origin`
@@ -408,16 +433,9 @@ impl ClusterConfig {
             return Err(bad(format!("{} nodes: at most {} fit in a global address", self.nodes.len(), u16::MAX)));
         }
         for n in &self.nodes {
-            let dns_label = !n.name.is_empty()
-                && n.name.len() <= 63
-                && n.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-                && !n.name.starts_with('-');
-            if !dns_label {
-                return Err(bad(format!(
-                    "node name `{}`: use letters, digits and '-' (it names the node's certificate)",
-                    n.name
-                )));
-            }
+            // The rule `cluster init` issues certificates by, so that every name checked here gets one.
+            vfabric_transport::quic::validate_node_name(&n.name)
+                .map_err(|e| bad(format!("node `{}`: {e} (it names the node's certificate)", n.name)))?;
             if let Some(a) = &n.address {
                 a.parse::<std::net::SocketAddr>()
                     .map_err(|e| bad(format!("node `{}`: address `{a}` is not ip:port ({e})", n.name)))?;
@@ -441,6 +459,14 @@ impl ClusterConfig {
             return Err(bad(format!(
                 "network.stream_window ({}) must be at least 64KiB and network.connection_window ({}) at least that",
                 net.stream_window, net.connection_window
+            )));
+        }
+        if net.socket_buffer.bytes() > MAX_SOCKET_BUFFER {
+            // The kernel takes the size as an int and doubles it: past that, it would quietly use its minimum.
+            return Err(bad(format!(
+                "network.socket_buffer {} must be at most {}",
+                net.socket_buffer,
+                ByteSize(MAX_SOCKET_BUFFER)
             )));
         }
         if !(1..=MAX_LANES).contains(&net.lanes) {
@@ -508,7 +534,8 @@ mod tests {
     fn storage_and_tenants_parse_and_name_each_nodes_file() {
         let text = "[cluster]\nname = \"x\"\n[storage]\npath = \"/nvme/t\"\nsize = \"64GiB\"\n\
                     [[tenant]]\nid = 3\ngpu = \"8GiB\"\nstorage = \"1TiB\"\n\
-                    [[node]]\nname = \"a\"\n[[node]]\nname = \"b\"\n";
+                    [[node]]\nname = \"a\"\naddress = \"10.0.0.1:7000\"\n\
+                    [[node]]\nname = \"b\"\naddress = \"10.0.0.2:7000\"\n";
         let c = ClusterConfig::from_toml(text, "t").expect("parses");
         let s = c.storage.clone().expect("[storage]");
         assert_eq!((s.size, s.depth), (ByteSize(64 << 30), 64));
@@ -526,13 +553,22 @@ mod tests {
         assert!(bad("[memory]\nchunk_size = \"1MiB\"\n").contains("chunk_size"));
         assert!(bad("[memory]\nlow_watermark_percent = 95\n").contains("watermark"));
         assert!(bad("[memory]\npage_sise = \"2MiB\"\n").contains("unknown field"));
+        assert!(bad("[memory]\ngpu_budget = -1\n").contains("cannot be negative"));
+        assert!(bad("[memory]\nhost_arena = 1.5\n").contains("whole number"));
         assert!(bad("[mover]\nthreads_per_block = 2048\n").contains("threads_per_block"));
         assert!(bad("[[node]]\nname = \"a\"\n[[node]]\nname = \"a\"\n").contains("twice"));
         assert!(bad("[[node]]\nname = \"a b\"\n").contains("node name"));
+        // Names `cluster init` would refuse, refused here first.
+        assert!(bad("[[node]]\nname = \"Gpu-A\"\n").contains("lower-case"));
+        assert!(bad("[[node]]\nname = \"1234\"\n").contains("all digits"));
+        // Files of several nodes say where each listens, on a port peers can reach.
+        assert!(bad("[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7000\"\n[[node]]\nname = \"b\"\n").contains("no address"));
+        assert!(bad("[[node]]\nname = \"a\"\naddress = \"10.0.0.1:0\"\n").contains("port 0"));
         assert!(bad("[[node]]\nname = \"a\"\naddress = \"nowhere\"\n").contains("ip:port"));
         assert!(bad("[network]\nmtu = 16384\n").contains("mtu"));
         assert!(bad("[network]\nheartbeat_ms = 500\ndead_after_ms = 400\n").contains("dead_after_ms"));
         assert!(bad("[network]\nlanes = 0\n").contains("lanes"));
+        assert!(bad("[network]\nsocket_buffer = \"4GiB\"\n").contains("socket_buffer"));
         assert!(bad("[storage]\npath = \"/x\"\nsize = \"3MiB\"\n").contains("storage.size"));
         assert!(bad("[storage]\npath = \"/x\"\nsize = \"4MiB\"\ndepth = 3\n").contains("storage.depth"));
         assert!(bad("[storage]\npath = \"\"\nsize = \"4MiB\"\n").contains("storage.path"));

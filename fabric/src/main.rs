@@ -108,13 +108,44 @@ fn cluster_init(config: &std::path::Path, out: Option<PathBuf>, ranks: Option<u1
     if dir.join("ca.pem").exists() {
         return Err(format!("{} already holds a cluster CA; remove it first to make a new one", dir.display()));
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    // Everything is made in memory first, then written into a folder of its own beside `dir` and moved into
+    // `dir` file by file: a failure leaves no CA behind to block the next try.
     let ca = ClusterCa::generate(&cfg.cluster.name).map_err(|e| e.to_string())?;
-    ca.save(&dir).map_err(|e| e.to_string())?;
     let ranks = (0..ranks.unwrap_or(0)).map(vfabric::agent::rank_name);
+    let mut ids = Vec::new();
     for name in cfg.nodes.iter().map(|n| n.name.clone()).chain(ranks) {
-        ca.issue(&name).and_then(|id| id.save(&dir)).map_err(|e| format!("node {name}: {e}"))?;
-        println!("certificate for {name} in {}", dir.display());
+        ids.push(ca.issue(&name).map_err(|e| format!("node {name}: {e}"))?);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let staging = dir.join(format!(".vfabric-init-{}", std::process::id()));
+    let written = (|| -> Result<Vec<PathBuf>, String> {
+        ca.save(&staging).map_err(|e| e.to_string())?;
+        for id in &ids {
+            id.save(&staging).map_err(|e| format!("node {}: {e}", id.name))?;
+        }
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&staging)
+            .map_err(|e| format!("{}: {e}", staging.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        // The CA's certificate last: its presence is what marks a folder as initialised.
+        files.sort_by_key(|f| f.file_name().is_some_and(|n| n == "ca.pem"));
+        let mut moved = Vec::new();
+        for f in files {
+            let to = dir.join(f.file_name().unwrap_or_default());
+            if let Err(e) = std::fs::rename(&f, &to) {
+                for m in &moved {
+                    let _ = std::fs::remove_file(m);
+                }
+                return Err(format!("moving {} into {}: {e}", f.display(), dir.display()));
+            }
+            moved.push(to);
+        }
+        Ok(moved)
+    })();
+    let _ = std::fs::remove_dir_all(&staging);
+    written?;
+    for id in &ids {
+        println!("certificate for {} in {}", id.name, dir.display());
     }
     println!("cluster CA of {} in {} (keep ca-key.pem private)", cfg.cluster.name, dir.display());
     Ok(())
@@ -140,11 +171,21 @@ fn run_agent(cfg: ClusterConfig, node: String, threads: usize) -> Result<(), Str
     })
 }
 
+/// The probe's two passes over a peer's region.
+#[derive(Clone, Copy)]
+enum Pass {
+    Write,
+    Read,
+}
+
+/// Bytes the probe writes or reads at a time.
+const PROBE_PIECE: u64 = 64 << 20;
+
 fn probe(cfg: ClusterConfig, node: String, bytes: u64) -> Result<(), String> {
     let rt = vfabric::agent::Agent::runtime(0).map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let agent = vfabric::agent::Agent::start_from_config(&cfg, &node).await.map_err(|e| e.to_string())?;
-        let data = vfabric::pattern::bytes(u64::from(agent.node()) + 1, 0, bytes as usize);
+        let seed = u64::from(agent.node()) + 1;
         let mut failed = 0;
         for (i, peer) in cfg.nodes.iter().enumerate() {
             let i = i as u16;
@@ -152,13 +193,35 @@ fn probe(cfg: ClusterConfig, node: String, bytes: u64) -> Result<(), String> {
                 continue;
             }
             let t = std::time::Instant::now();
+            // Written and read back a piece at a time: this process holds one piece, however large the probe.
             let check = async {
                 let r = agent.alloc(i, bytes, None).await?;
-                agent.write(&r, 0, &data).await?;
-                let mut back = vec![0u8; data.len()];
-                agent.read(&r, 0, &mut back).await?;
-                agent.free(&r).await?;
-                Ok::<bool, vfabric::FabricError>(back == data)
+                let passes = async {
+                    let mut same = true;
+                    for pass in [Pass::Write, Pass::Read] {
+                        let mut off = 0;
+                        while off < bytes && same {
+                            let n = PROBE_PIECE.min(bytes - off);
+                            let data = vfabric::pattern::bytes(seed, off, n as usize);
+                            match pass {
+                                Pass::Write => agent.write(&r, off, &data).await?,
+                                Pass::Read => {
+                                    let mut back = vec![0u8; data.len()];
+                                    agent.read(&r, off, &mut back).await?;
+                                    same = back == data;
+                                }
+                            }
+                            off += n;
+                        }
+                    }
+                    Ok::<bool, vfabric::FabricError>(same)
+                };
+                // The region goes whatever happened: a failed probe leaves nothing behind on the peer.
+                let same = passes.await;
+                let freed = agent.free(&r).await;
+                let same = same?;
+                freed?;
+                Ok::<bool, vfabric::FabricError>(same)
             };
             match check.await {
                 Ok(true) => {

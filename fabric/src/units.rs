@@ -74,16 +74,34 @@ impl Serialize for ByteSize {
 
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(ByteSize(n)),
-            Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(ByteSizeVisitor)
+    }
+}
+
+/// Takes a byte count as a non-negative integer or a string such as "8GiB", and says which it wanted otherwise.
+struct ByteSizeVisitor;
+
+impl serde::de::Visitor<'_> for ByteSizeVisitor {
+    type Value = ByteSize;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a size: bytes as a non-negative integer, or a string such as \"512MiB\" or \"8GiB\"")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<ByteSize, E> {
+        Ok(ByteSize(n))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<ByteSize, E> {
+        u64::try_from(n).map(ByteSize).map_err(|_| E::custom(format!("a size cannot be negative (got {n})")))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<ByteSize, E> {
+        Err(E::custom(format!("a size is a whole number of bytes or a string such as \"1536MiB\" (got {x})")))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ByteSize, E> {
+        s.parse().map_err(E::custom)
     }
 }
 

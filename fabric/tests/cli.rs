@@ -59,3 +59,107 @@ fn cluster_init_writes_a_ca_and_every_node_certificate_once() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("already holds a cluster CA"));
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// A scratch folder of its own for a test.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    dir
+}
+
+/// A two-node configuration on loopback (ports from `port`) with its certificates in `dir/certs`.
+fn two_nodes(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
+    let path = dir.join("two.toml");
+    let text = format!(
+        "[cluster]\nname = \"cli\"\n[device]\nbackend = \"emulated\"\n[memory]\npage_size = \"64KiB\"\n\
+         gpu_budget = \"8MiB\"\nhost_arena = \"16MiB\"\n[network]\ncerts = \"{}\"\n\
+         [[node]]\nname = \"a\"\naddress = \"127.0.0.1:{port}\"\n[[node]]\nname = \"b\"\naddress = \"127.0.0.1:{}\"\n",
+        dir.join("certs").display(),
+        port + 10
+    );
+    std::fs::write(&path, text).expect("write the configuration");
+    path
+}
+
+fn vfabric(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_vfabric")).args(args).output().expect("run vfabric")
+}
+
+#[test]
+fn a_failed_init_leaves_no_ca_behind() {
+    let dir = scratch("init");
+    let config = two_nodes(&dir, 47100);
+    let certs = dir.join("certs");
+    // A folder where b's certificate must go: moving the file there fails midway.
+    std::fs::create_dir_all(certs.join("b.pem").join("in-the-way")).expect("mkdir");
+    let out = vfabric(&["cluster", "init", "--config", config.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(!certs.join("ca.pem").exists() && !certs.join("ca-key.pem").exists(), "no CA left behind");
+    assert!(std::fs::read_dir(&certs).unwrap().all(|e| e.unwrap().file_name() == "b.pem"), "nothing else either");
+    std::fs::remove_dir_all(certs.join("b.pem")).expect("clear the way");
+    let out = vfabric(&["cluster", "init", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "the retry works: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(certs.join("ca.pem").exists() && certs.join("b-key.pem").exists());
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn an_agent_refuses_absurd_threads_and_unknown_nodes_clearly() {
+    let dir = scratch("agent-args");
+    let config = two_nodes(&dir, 47200);
+    let config = config.to_str().unwrap();
+    let out = vfabric(&["agent", "--config", config, "--node", "a", "--threads", "100000"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("100000 worker threads: at most"), "{out:?}");
+    let out = vfabric(&["agent", "--config", config, "--node", "zz"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no node `zz` (nodes: a, b)") && !stderr.contains("certificate"), "{stderr}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_probe_too_large_for_its_peer_fails_cleanly_and_leaves_nothing_behind() {
+    let dir = scratch("probe");
+    let config = two_nodes(&dir, 47300);
+    let config = config.to_str().unwrap();
+    assert!(vfabric(&["cluster", "init", "--config", config]).status.success());
+    let b = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["agent", "--config", config, "--node", "b"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start agent b");
+    let b = Ended(b);
+    // b answers once it is up: the first probes may find it still starting.
+    let mut small = vfabric(&["cluster", "probe", "--config", config, "--node", "a", "--bytes", "1MiB"]);
+    for _ in 0..20 {
+        if small.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        small = vfabric(&["cluster", "probe", "--config", config, "--node", "a", "--bytes", "1MiB"]);
+    }
+    assert!(small.status.success(), "{}", String::from_utf8_lossy(&small.stdout));
+    // 1 TiB: far past b's memory, and past this process's; a typed refusal, not an abort.
+    let big = vfabric(&["cluster", "probe", "--config", config, "--node", "a", "--bytes", "1TiB"]);
+    let stdout = String::from_utf8_lossy(&big.stdout);
+    assert_eq!(big.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&big.stderr));
+    assert!(stdout.contains("OutOfMemory"), "{stdout}");
+    // The region of the failed probe is gone: b holds a full probe again.
+    let again = vfabric(&["cluster", "probe", "--config", config, "--node", "a", "--bytes", "16MiB"]);
+    drop(b);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stdout));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// A child process ended (by its PID) when the test lets go of it, also when the test fails.
+struct Ended(std::process::Child);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -21,6 +21,9 @@ use crate::error::{FabricError, NetworkError};
 use crate::fabric::Fabric;
 use crate::proto::quic::CloseCode;
 
+/// Most worker threads per core an agent's runtime takes: more only cost memory and scheduling.
+pub const MAX_THREADS_PER_CORE: usize = 8;
+
 impl Agent {
     /// Starts node `name` of `config`: its fabric, its QUIC endpoint on `bind` (default: the node's configured
     /// address), the task that serves peers, and heartbeats. Runs inside a tokio runtime: [`Agent::runtime`]
@@ -130,6 +133,13 @@ impl Agent {
     /// (docs/benchmarks.md). On a multi-threaded runtime the latency lane also gets a thread of its own.
     pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let most = MAX_THREADS_PER_CORE * cores;
+        if threads > most {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{threads} worker threads: at most {most} ({MAX_THREADS_PER_CORE} per core of this machine's {cores})"),
+            ));
+        }
         match threads {
             0 if cores <= 2 => Agent::runtime(1),
             1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
@@ -141,6 +151,8 @@ impl Agent {
     /// Starts node `name` with the identity `vfabric cluster init` wrote into the configuration's
     /// `network.certs` folder.
     pub async fn start_from_config(config: &ClusterConfig, name: &str) -> Result<Agent, FabricError> {
+        // A name that is no node's is the configuration's question, not a missing certificate's.
+        config.node_index(name)?;
         let identity = NodeIdentity::load(Path::new(&config.network.certs), name)
             .map_err(|source| NetworkError::Certificate { node: name.to_string(), source })?;
         Self::start(config, name, &identity, None).await

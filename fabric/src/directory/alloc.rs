@@ -34,11 +34,13 @@ impl Directory {
             Some(s) => s,
             None => {
                 self.regions.push(None);
-                self.generations.push(0);
+                self.generations.push(u64::from(self.cfg.epoch) << 32);
                 (self.regions.len() - 1) as u32
             }
         };
-        self.generations[slot as usize] += 1;
+        // The low 32 bits count the slot's regions (wrapping within them); the high ones stay the epoch.
+        let g = &mut self.generations[slot as usize];
+        *g = (u64::from(self.cfg.epoch) << 32) | u64::from((*g as u32).wrapping_add(1));
         let handle =
             RegionHandle { slot, generation: self.generations[slot as usize], addr, len: pages * ps, page_size: ps };
         self.regions[slot as usize] =
@@ -58,6 +60,9 @@ impl Directory {
 
     /// The live region `h` names.
     pub fn region(&self, h: &RegionHandle) -> Result<&RegionEntry, DirectoryError> {
+        if h.generation >> 32 != u64::from(self.cfg.epoch) {
+            return Err(DirectoryError::StaleHandle(*h));
+        }
         match self.regions.get(h.slot as usize) {
             // The whole handle must match: one that crossed a wire may name a slot with other bounds.
             Some(Some(r)) if r.handle == *h => Ok(r),

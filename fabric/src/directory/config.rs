@@ -22,6 +22,10 @@ pub struct DirectoryConfig {
     /// many pages (or the last acquire's size, when larger) after it on its device, fetching the next half-window
     /// when fewer remain.
     pub readahead_pages: u32,
+    /// This directory's incarnation: the high 32 bits of every region generation it hands out, so that a handle
+    /// from an earlier run of the node (same address, slot and size) is refused as stale instead of naming a
+    /// region of this one. The fabric draws it at random when it starts.
+    pub epoch: u32,
 }
 
 impl Default for DirectoryConfig {
@@ -34,6 +38,7 @@ impl Default for DirectoryConfig {
             high_watermark_percent: 90,
             low_watermark_percent: 75,
             readahead_pages: 32,
+            epoch: 0,
         }
     }
 }

@@ -68,6 +68,9 @@ pub enum DirectoryError {
     /// A handle that names no region of this directory.
     #[error("no region at {0}")]
     UnknownRegion(RegionHandle),
+    /// A handle from an earlier run of this node (another epoch): whatever it named is gone.
+    #[error("region {0} is from an earlier run of its home node: it was freed when that run ended")]
+    StaleHandle(RegionHandle),
     /// A region used after it was freed.
     #[error("region {0} was freed and cannot be used")]
     UseAfterFree(RegionHandle),

@@ -166,6 +166,7 @@ impl From<DirectoryError> for FabricError {
             }
             DirectoryError::UnknownRegion(h) => FabricError::InvalidAddress(h.to_string()),
             DirectoryError::UseAfterFree(h) => FabricError::UseAfterFree(h.to_string()),
+            e @ DirectoryError::StaleHandle(_) => FabricError::UseAfterFree(e.to_string()),
             DirectoryError::DoubleFree(h) => FabricError::DoubleFree(h.to_string()),
             DirectoryError::FreeRange(source) => FabricError::InvalidAddress(source.to_string()),
             DirectoryError::OutOfBounds { offset, len, region_len } => {

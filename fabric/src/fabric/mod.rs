@@ -42,7 +42,8 @@ use node::{lock, InFlight, Inner, State};
 use parts::slice_parts;
 use traffic::Counters;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, ConfigError};
+use crate::units::ByteSize;
 use crate::directory::{
     AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseFrames, Mode, Placement,
     ReadSource, RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH, STAGING_DEPTH,
@@ -91,6 +92,13 @@ impl Fabric {
         let mut devices = Vec::new();
         for &g in &gpus {
             let total = layer.gpus()[usize::from(g)].total_memory;
+            if let Some(budget) = config.memory.gpu_budget.filter(|b| b.bytes() > total) {
+                // Asking for more than the GPU has is a mistake to say, not to shrink quietly.
+                return Err(FabricError::Config(ConfigError::Invalid {
+                    origin: config.cluster.name.clone(),
+                    message: format!("memory.gpu_budget {budget} is more than gpu{g} has ({})", ByteSize(total)),
+                }));
+            }
             devices.push((Location::Gpu(g), config.memory.gpu_arena_bytes(total) / ps * ps));
         }
         let host_bytes = config.memory.host_arena.bytes() / ps * ps;
@@ -129,6 +137,7 @@ impl Fabric {
                 high_watermark_percent: config.memory.high_watermark_percent,
                 low_watermark_percent: config.memory.low_watermark_percent,
                 readahead_pages: (config.memory.readahead.bytes() / ps).min(u64::from(u32::MAX)) as u32,
+                epoch: epoch(),
             },
             &devices,
         )?;
@@ -637,4 +646,16 @@ pub(crate) fn range_len(region: &Region, range: &Range<u64>) -> Result<u64, Fabr
         len: 0,
         region_len: region.len,
     })
+}
+
+/// A fresh directory epoch: different from one start of the fabric to the next (the time, the process and an
+/// address mixed by xxh3), so handles of an earlier run are told apart; not a secret.
+fn epoch() -> u32 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let here = &now as *const u128 as usize;
+    let mut seed = [0u8; 32];
+    seed[..16].copy_from_slice(&now.to_le_bytes());
+    seed[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+    seed[24..].copy_from_slice(&(here as u64).to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&seed) as u32
 }

@@ -41,7 +41,7 @@ pub mod runtime;
 pub mod socket;
 mod x509;
 
-pub use ca::{ClusterCa, NodeIdentity};
+pub use ca::{validate_node_name, ClusterCa, NodeIdentity};
 pub use endpoint::{connect, endpoint, endpoint_pinned, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU};
 pub use error::QuicError;
 pub use pool::{BufferPool, PoolBuf};
