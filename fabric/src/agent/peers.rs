@@ -74,7 +74,12 @@ impl Agent {
     /// The connection to peer `node` on `lane`, dialled from this node's endpoint of the same lane and greeted
     /// on first use (and again after it closed). `probe` (pings) dials even a peer thought dead: that is how one
     /// that comes back is seen again.
-    pub(crate) async fn connection(&self, node: u16, lane: usize, probe: bool) -> Result<quinn::Connection, FabricError> {
+    pub(crate) async fn connection(
+        &self,
+        node: u16,
+        lane: usize,
+        probe: bool,
+    ) -> Result<quinn::Connection, FabricError> {
         if self.is_me(node) {
             return Err(FabricError::InvalidAddress(format!("node {node} is this node")));
         }
@@ -123,9 +128,11 @@ impl Agent {
         addr: SocketAddr,
         name: &str,
     ) -> Result<quinn::Connection, FabricError> {
-        let conn = quic::connect(endpoint, addr, name)
-            .await
-            .map_err(|source| NetworkError::Connect { name: name.to_string(), addr, source })?;
+        let conn = quic::connect(endpoint, addr, name).await.map_err(|source| NetworkError::Connect {
+            name: name.to_string(),
+            addr,
+            source,
+        })?;
         let (mut send, mut recv) = conn.open_bi().await?;
         let hello = Message::Hello {
             cluster: self.shared.cluster.clone(),
@@ -139,25 +146,40 @@ impl Agent {
         match read_frame(&mut recv, self.max_frame()).await? {
             Some(Message::Welcome { node: n, .. }) if n == node => Ok(conn),
             Some(Message::Error { kind, message }) => Err(FabricError::Remote { node, kind, message }),
-            other => Err(ProtocolError::Unexpected { node, answer: other.as_ref().map_or("nothing", Message::name) }.into()),
+            other => {
+                Err(ProtocolError::Unexpected { node, answer: other.as_ref().map_or("nothing", Message::name) }.into())
+            }
         }
     }
 
-    /// Runs a call, failing with `PeerDead` when the peer stays silent for `network.dead_after_ms` (at least a
-    /// minute: bulk transfers may take longer than a heartbeat period, and what bounds them is the connection,
-    /// whose idle timeout closes it when the peer stops acknowledging).
+    /// Runs a call, failing with `PeerDead` as soon as the heartbeats declare the peer dead (within
+    /// `network.dead_after_ms` and a heartbeat of its last answer: a peer that crashed or froze does not close
+    /// its connections, which would otherwise hold the call until QUIC's idle timeout), or when the call takes
+    /// longer than `dead_after_ms` and at least a minute (bulk transfers may take longer than a heartbeat
+    /// period, and a peer that answers its heartbeats is working on them).
     pub(crate) async fn bounded<T>(
         &self,
         node: u16,
         work: impl std::future::Future<Output = Result<T, FabricError>>,
     ) -> Result<T, FabricError> {
         let limit = self.dead_after().max(Duration::from_secs(60));
-        match tokio::time::timeout(limit, work).await {
-            Ok(r) => r,
-            Err(_) => {
-                let name = self.peer(node)?.lock().await.name.clone();
-                Err(FabricError::PeerDead { node, name, why: format!("no answer within {} ms", limit.as_millis()) })
+        let period = Duration::from_millis(self.shared.net.heartbeat_ms);
+        let declared_dead = async {
+            loop {
+                tokio::time::sleep(period).await;
+                if matches!(self.is_alive(node).await, Ok(false)) {
+                    return;
+                }
             }
-        }
+        };
+        let why = tokio::select! {
+            r = tokio::time::timeout(limit, work) => match r {
+                Ok(r) => return r,
+                Err(_) => format!("no answer within {} ms", limit.as_millis()),
+            },
+            () = declared_dead => format!("no heartbeat for {} ms while the call was in flight", self.shared.net.dead_after_ms),
+        };
+        let name = self.peer(node)?.lock().await.name.clone();
+        Err(FabricError::PeerDead { node, name, why })
     }
 }
