@@ -199,7 +199,10 @@ impl From<ChunkError> for FabricError {
     fn from(e: ChunkError) -> FabricError {
         match e {
             ChunkError::Checksum { .. } => FabricError::Checksum(e.to_string()),
-            ChunkError::Outside { .. } | ChunkError::TooLarge { .. } | ChunkError::Short { .. } => {
+            ChunkError::Outside { .. }
+            | ChunkError::TooLarge { .. }
+            | ChunkError::OutOfOrder { .. }
+            | ChunkError::Short { .. } => {
                 FabricError::Protocol(ProtocolError::Chunk(e))
             }
             ChunkError::Io(_) | ChunkError::Stopped | ChunkError::Truncated { .. } => {

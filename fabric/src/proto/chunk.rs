@@ -112,6 +112,15 @@ pub enum ChunkError {
         /// The payload's length.
         payload: u64,
     },
+    /// A chunk that does not start where the one before it ended: chunks come in order on one stream, so a
+    /// gap or an overlap (a byte never written, or written twice) is refused.
+    #[error("a chunk at {offset:#x} where the next byte of its payload is {expected:#x}")]
+    OutOfOrder {
+        /// The chunk's offset.
+        offset: u64,
+        /// Where the next chunk had to start.
+        expected: u64,
+    },
     /// The payload ended before all its bytes arrived.
     #[error("{got} of the payload's {want} bytes arrived")]
     Short {
@@ -242,7 +251,9 @@ impl Payload {
     }
 
     /// Where the chunk `header` announces goes (its place from the payload's first byte), counting its bytes as
-    /// arrived; [`ChunkError::Outside`] or [`ChunkError::TooLarge`] for one that does not belong.
+    /// arrived; [`ChunkError::Outside`] or [`ChunkError::TooLarge`] for one that does not belong, and
+    /// [`ChunkError::OutOfOrder`] for one that does not start where the last ended (so that every byte of a
+    /// complete payload arrived exactly once).
     pub fn place(&mut self, header: &ChunkHeader) -> Result<u64, ChunkError> {
         let (offset, len) = (header.offset, u64::from(header.len));
         if len > self.max_chunk {
@@ -252,6 +263,9 @@ impl Payload {
         let Some(start) = start.filter(|s| s.checked_add(len).is_some_and(|end| end <= self.len)) else {
             return Err(ChunkError::Outside { offset, len, payload: self.len });
         };
+        if start != self.got {
+            return Err(ChunkError::OutOfOrder { offset, expected: self.base + self.got });
+        }
         self.got += len;
         Ok(start)
     }
@@ -332,7 +346,12 @@ mod tests {
         assert!(p.is_complete() && p.finish().is_ok());
         let mut p = Payload::at(4096, 100, 64);
         assert!(matches!(p.place(&h(4000, 10)), Err(ChunkError::Outside { .. })));
+        // In order only: a gap or a chunk sent twice would leave bytes unwritten in a payload that looks whole.
+        assert!(matches!(p.place(&h(4096 + 40, 60)), Err(ChunkError::OutOfOrder { expected: 4096, .. })));
+        assert_eq!(p.place(&h(4096, 40)).unwrap(), 0);
+        assert!(matches!(p.place(&h(4096, 40)), Err(ChunkError::OutOfOrder { expected: 4136, .. })));
         assert_eq!(p.place(&h(4096 + 40, 60)).unwrap(), 40);
+        assert!(p.is_complete() && p.finish().is_ok());
     }
 
     fn run<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -377,12 +396,12 @@ mod tests {
     fn a_stream_that_ends_inside_a_chunk_is_truncated() {
         run(async {
             let (mut a, mut b) = tokio::io::duplex(1 << 16);
-            a.write_all(&ChunkHeader::for_payload(8, b"abcdef").encode()).await.expect("header");
+            a.write_all(&ChunkHeader::for_payload(0, b"abcdef").encode()).await.expect("header");
             a.write_all(b"abc").await.expect("part");
             drop(a);
             let mut src = StreamChunks::new(&mut b, 64);
             let r = receive::<_, ChunkError>(&mut src, Payload::new(16, 64), |_, _| Ok(())).await;
-            assert!(matches!(r, Err(ChunkError::Truncated { offset: 8, len: 26, got: 23 })), "{r:?}");
+            assert!(matches!(r, Err(ChunkError::Truncated { offset: 0, len: 26, got: 23 })), "{r:?}");
         });
     }
 

@@ -323,7 +323,14 @@ async fn confirmed(connection: &Connection) -> Result<(), QuicError> {
 pub fn peer_name(conn: &Connection) -> Option<String> {
     let identity = conn.peer_identity()?;
     let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    x509::dns_names(chain.first()?)?.into_iter().next()
+    certificate_node_name(chain.first()?)
+}
+
+/// The node name a certificate (DER) carries: its first DNS subject alternative name, when that is a node name
+/// (`validate_node_name`). `None` for anything else, never a panic: this reads what peers send.
+pub fn certificate_node_name(der: &[u8]) -> Option<String> {
+    let name = x509::dns_names(der)?.into_iter().next()?;
+    super::ca::validate_node_name(&name).ok().map(|()| name)
 }
 
 #[cfg(test)]

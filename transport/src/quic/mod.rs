@@ -42,7 +42,9 @@ pub mod socket;
 mod x509;
 
 pub use ca::{validate_node_name, ClusterCa, NodeIdentity};
-pub use endpoint::{connect, endpoint, endpoint_pinned, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU};
+pub use endpoint::{
+    certificate_node_name, connect, endpoint, endpoint_pinned, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU,
+};
 pub use error::QuicError;
 pub use pool::{BufferPool, PoolBuf};
 pub use runtime::PinnedRuntime;
