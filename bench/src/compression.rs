@@ -1,5 +1,5 @@
 //! The compression figures of `vfabric-bench storage`: pages of several kinds of training data packed the way
-//! the storage tier packs them (LZ4, kept when it saves a 4 KiB block), with the ratio of page bytes to the
+//! the storage tier packs them (LZ4 or zstd, kept when it saves a 4 KiB block), with the ratio of page bytes to the
 //! bytes stored, and pack and unpack speed on one core. Synthetic tensors shaped like a model's state, and any
 //! raw tensors the caller dumps into a folder.
 
@@ -14,6 +14,8 @@ use vfabric_transport::storage::{unpack, Compression, Packer, DIRECT_ALIGN};
 pub struct CodecRow {
     /// What the pages hold.
     pub data: String,
+    /// The codec.
+    pub codec: String,
     /// Pages packed.
     pub pages: u64,
     /// Page bytes over the bytes the tier stores for them (whole blocks of packed pages, raw pages whole).
@@ -82,6 +84,9 @@ pub fn synthetic(kind: &str, len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// The codecs measured.
+pub const CODECS: [Compression; 2] = [Compression::Lz4, Compression::Zstd];
+
 /// The synthetic kinds, from least to most compressible.
 pub const SYNTHETIC: [&str; 6] = [
     "random bytes",
@@ -92,14 +97,14 @@ pub const SYNTHETIC: [&str; 6] = [
     "sparse: zeros, a number every 4 KiB",
 ];
 
-/// Packs and unpacks `data` page by page (a last partial page is left out).
-pub fn measure(name: &str, data: &[u8], page_size: usize) -> CodecRow {
+/// Packs and unpacks `data` page by page with `codec` (a last partial page is left out).
+pub fn measure(name: &str, data: &[u8], page_size: usize, codec: Compression) -> CodecRow {
     let mut packer = Packer::default();
     let pages: Vec<&[u8]> = data.chunks_exact(page_size).collect();
     let t = Instant::now();
     let mut packed: Vec<Option<Vec<u8>>> = Vec::with_capacity(pages.len());
     for p in &pages {
-        packed.push(packer.pack(Compression::Lz4, p).map(<[u8]>::to_vec));
+        packed.push(packer.pack(codec, p).map(<[u8]>::to_vec));
     }
     let pack_s = t.elapsed().as_secs_f64();
     let stored: u64 = packed
@@ -111,7 +116,7 @@ pub fn measure(name: &str, data: &[u8], page_size: usize) -> CodecRow {
     for (p, b) in pages.iter().zip(&packed) {
         let Some(b) = b else { continue };
         let t = Instant::now();
-        let ok = unpack(b, &mut out);
+        let ok = unpack(codec, b, &mut out);
         unpack_s += t.elapsed().as_secs_f64();
         unpacked += page_size as u64;
         if !ok || out[..] != p[..] {
@@ -121,6 +126,7 @@ pub fn measure(name: &str, data: &[u8], page_size: usize) -> CodecRow {
     let bytes = (pages.len() * page_size) as u64;
     CodecRow {
         data: name.to_owned(),
+        codec: codec.to_string(),
         pages: pages.len() as u64,
         ratio: if stored == 0 { 1.0 } else { bytes as f64 / stored as f64 },
         packed_share: packed.iter().filter(|p| p.is_some()).count() as f64 / pages.len().max(1) as f64,
@@ -156,10 +162,12 @@ mod tests {
     #[test]
     fn kinds_pack_as_their_values_say() {
         let ps = 64 << 10;
-        let random = measure("random", &synthetic(SYNTHETIC[0], 16 * ps, 1), ps);
-        assert_eq!((random.ratio, random.packed_share, random.bad_pages), (1.0, 0.0, 0));
-        let sparse = measure("sparse", &synthetic(SYNTHETIC[5], 16 * ps, 1), ps);
-        assert!(sparse.ratio > 8.0 && sparse.bad_pages == 0, "{sparse:?}");
+        for codec in CODECS {
+            let random = measure("random", &synthetic(SYNTHETIC[0], 16 * ps, 1), ps, codec);
+            assert_eq!((random.ratio, random.packed_share, random.bad_pages), (1.0, 0.0, 0));
+            let sparse = measure("sparse", &synthetic(SYNTHETIC[5], 16 * ps, 1), ps, codec);
+            assert!(sparse.ratio > 8.0 && sparse.bad_pages == 0, "{sparse:?}");
+        }
         let w = synthetic(SYNTHETIC[1], 4096, 3);
         // bf16 of N(0, 0.02): the high byte is a sign and an exponent near 2^-6.
         assert!(w.chunks(2).all(|b| (b[1] & 0x7F) < 0x40), "weights are small");

@@ -44,8 +44,8 @@ enum Command {
     /// A node's agent and local clients in processes of their own: acquire/release latency of a resident page
     /// and pages handed between two processes of one GPU, beside the same in the agent's process.
     Local(local::LocalArgs),
-    /// The storage tier's file I/O beside fio (O_DIRECT, io_uring, same path, depth and block size), and LZ4's
-    /// ratio and speed on pages of training data.
+    /// The storage tier's file I/O beside fio (O_DIRECT, io_uring, same path, depth and block size), and the
+    /// codecs' (LZ4, zstd) ratio and speed on pages of training data.
     Storage(storage::StorageArgs),
     /// A PyTorch allocator trace replayed through the fabric's tensor pool, beside the trace's own caching
     /// allocator: peak reserved / peak allocated.

@@ -1,7 +1,7 @@
 //! `vfabric-bench storage`: the storage tier's file I/O (io_uring, O_DIRECT, every page checksummed) writing and
 //! reading a file of pages, beside fio doing the same with O_DIRECT and io_uring on the same path, at the same
-//! queue depth and block size, in the same run; the tier's cost of LZ4 on incompressible pages and its gain on
-//! compressible ones; and the compression figures of `compression`.
+//! queue depth and block size, in the same run; the tier's cost of LZ4 and zstd on incompressible pages and
+//! their gain on compressible ones; and the compression figures of `compression`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -201,20 +201,27 @@ pub fn run(args: &StorageArgs, command_line: &str) -> Result<(), String> {
         io.extend(fio_passes(args, &path, depth)?);
     }
     let deepest = args.depth.iter().copied().max().unwrap_or(32);
-    eprintln!("depth {deepest}: the tier with LZ4, on incompressible and on sparse pages");
-    io.extend(tier_passes(args, &path, deepest, "random", Compression::Lz4)?);
-    io.extend(tier_passes(args, &path, deepest, "sparse", Compression::Lz4)?);
+    eprintln!("depth {deepest}: the tier with LZ4 and zstd, on incompressible and on sparse pages");
+    for c in compression::CODECS {
+        io.extend(tier_passes(args, &path, deepest, "random", c)?);
+        io.extend(tier_passes(args, &path, deepest, "sparse", c)?);
+    }
 
     let sample = args.codec_sample.bytes() as usize;
     let mut codec: Vec<CodecRow> = Vec::new();
     for (i, kind) in compression::SYNTHETIC.iter().enumerate() {
         eprintln!("compression: {kind}");
-        codec.push(compression::measure(kind, &compression::synthetic(kind, sample, i as u64 + 11), ps as usize));
+        let data = compression::synthetic(kind, sample, i as u64 + 11);
+        for c in compression::CODECS {
+            codec.push(compression::measure(kind, &data, ps as usize, c));
+        }
     }
     if let Some(dir) = &args.tensors {
         for (name, data) in compression::tensors(dir, sample)? {
             eprintln!("compression: {name}");
-            codec.push(compression::measure(&name, &data, ps as usize));
+            for c in compression::CODECS {
+                codec.push(compression::measure(&name, &data, ps as usize, c));
+            }
         }
     }
 
@@ -263,14 +270,15 @@ fn markdown(args: &StorageArgs, command_line: &str, date: &str, io: &[IoRow], co
             r.engine, r.op, r.data, r.compression, r.depth, r.gb_s
         );
     }
-    let _ = writeln!(md, "\n## LZ4 page by page, one core\n");
-    let _ = writeln!(md, "| data | pages | ratio | pages packed | pack GB/s | unpack GB/s | bad pages |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "\n## Codecs page by page, one core\n");
+    let _ = writeln!(md, "| data | codec | pages | ratio | pages packed | pack GB/s | unpack GB/s | bad pages |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     for c in codec {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {:.0}% | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {:.2} | {:.0}% | {:.2} | {:.2} | {} |",
             c.data,
+            c.codec,
             c.pages,
             c.ratio,
             c.packed_share * 100.0,

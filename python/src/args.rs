@@ -48,7 +48,8 @@ pub fn compression(name: &str) -> PyResult<Compression> {
     match name {
         "none" => Ok(Compression::None),
         "lz4" => Ok(Compression::Lz4),
-        _ => Err(value_error(format!("unknown compression {name:?}: use \"none\" or \"lz4\""))),
+        "zstd" => Ok(Compression::Zstd),
+        _ => Err(value_error(format!("unknown compression {name:?}: use \"none\", \"lz4\" or \"zstd\""))),
     }
 }
 

@@ -60,8 +60,8 @@ impl PyFabricBase {
     /// `device` ("gpu0", "host", ...) is where its pages go; by default the GPU with the most free memory.
     /// `priority` ("low", "normal", "high") orders eviction; `tenant` names whose quotas it counts against.
     /// `keep` matters for `connect()` only: a region not kept is freed when the client's connection ends.
-    /// `compression` ("none", "lz4") is how its pages are stored on the node's storage tier: "lz4" packs each
-    /// page that shrinks by at least a 4 KiB block, and stores the others as they are.
+    /// `compression` ("none", "lz4", "zstd") is how its pages are stored on the node's storage tier: each page
+    /// that shrinks by at least a 4 KiB block is stored packed, the others as they are.
     /// `reservation` (from `reserve`, of this fabric) is memory the region's pages take first on its device.
     #[pyo3(signature = (nbytes, device=None, priority="normal", tenant=0, keep=false, compression="none", reservation=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one parameter each

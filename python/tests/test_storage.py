@@ -74,14 +74,15 @@ def test_a_page_changed_on_the_disk_is_a_checksum_error(tiered):
         fabric.read(region, 0, len(data))
 
 
-def test_a_compressed_region_takes_less_of_the_tier_and_round_trips(tiered):
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_a_compressed_region_takes_less_of_the_tier_and_round_trips(tiered, codec):
     fabric, tier = tiered
     page = 64 << 10
     pages = 96  # 6 MiB: the GPU and host memory hold 2 MiB
     data = bytearray(pages * page)
     for p in range(pages):  # zeros but for each page's number: every page packs into one 4 KiB block
         data[p * page : p * page + 4] = p.to_bytes(4, "little")
-    region = fabric.alloc(len(data), device="gpu0", compression="lz4")
+    region = fabric.alloc(len(data), device="gpu0", compression=codec)
     fabric.write(region, 0, bytes(data))
     storage = fabric.stats()["storage"]
     assert storage["pages"] >= 64, storage

@@ -16,7 +16,7 @@ _Device = str
 """A device name: "gpu0", "gpu1", ..., or "host"."""
 _Mode = Literal["r", "w", "read", "write"]
 _Priority = Literal["low", "normal", "high"]
-_Compression = Literal["none", "lz4"]
+_Compression = Literal["none", "lz4", "zstd"]
 _DType = Any
 """An element type: a name ("uint8", "float32", ...), a NumPy dtype or scalar type, or a PyTorch dtype."""
 _Shape = Union[int, Sequence[int]]

@@ -152,11 +152,17 @@ fn sparse_page(seed: u64) -> AlignedBuffer {
 
 #[test]
 fn compressed_pages_take_fewer_blocks_and_round_trip() {
-    let t = tier("compressed", 32);
+    for codec in [Compression::Lz4, Compression::Zstd] {
+        compressed_round_trip(codec);
+    }
+}
+
+fn compressed_round_trip(codec: Compression) {
+    let t = tier(&format!("compressed-{codec}"), 32);
     // Slots 0..16 compressible, 16..32 incompressible: all in one request, with compression on.
     let pages: Vec<AlignedBuffer> = (0..32).map(|i| if i < 16 { sparse_page(i) } else { page(i) }).collect();
     let reqs: Vec<(u64, &[u8])> = pages.iter().enumerate().map(|(i, p)| (i as u64, &p[..])).collect();
-    t.write(&reqs, Compression::Lz4).expect("write");
+    t.write(&reqs, codec).expect("write");
     let (bytes, held) = t.stored();
     assert_eq!(held, 32);
     assert!(bytes < 16 * PAGE + 16 * 8192, "16 pages packed into a block or two each: {bytes} bytes");
@@ -176,9 +182,11 @@ fn a_packed_page_changed_on_disk_is_an_error_naming_its_slot() {
     let t = tier("packed-corrupt", 4);
     let pages: Vec<AlignedBuffer> = (0..4).map(sparse_page).collect();
     let reqs: Vec<(u64, &[u8])> = pages.iter().enumerate().map(|(i, p)| (i as u64, &p[..])).collect();
-    t.write(&reqs, Compression::Lz4).unwrap();
+    // Slots 0 and 1 packed with LZ4, 2 and 3 with zstd.
+    t.write(&reqs[..2], Compression::Lz4).unwrap();
+    t.write(&reqs[2..], Compression::Zstd).unwrap();
     let other = std::fs::OpenOptions::new().read(true).write(true).open(t.path()).unwrap();
-    // Slot 1's packed bytes: scramble a run of them; slot 2's: flip one byte of a literal.
+    // Slot 1's packed bytes (LZ4): scramble a run of them; slot 2's (zstd): flip one byte.
     other.write_at(&[0xAB; 64], t.slot_offset(1) + 16).unwrap();
     let mut b = [0u8; 1];
     other.read_at(&mut b, t.slot_offset(2) + 3).unwrap();

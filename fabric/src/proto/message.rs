@@ -307,7 +307,7 @@ pub enum Message {
         tenant: u32,
         /// Whether the region outlives the client's connection (else it is freed when the client goes).
         keep: bool,
-        /// How its pages are stored on the storage tier: 0 as they are, 1 LZ4.
+        /// How its pages are stored on the storage tier: 0 as they are, 1 LZ4, 2 zstd.
         compression: u8,
         /// One of the client's reservations ([`Message::Reserve`]) its pages draw on.
         reservation: Option<u64>,

@@ -49,11 +49,12 @@ pub struct StorageFile {
     held: Mutex<Vec<Option<Held>>>,
 }
 
-/// What a slot holds: the checksum of its page, and the length of its packed form when it is stored packed.
+/// What a slot holds: the checksum of its page, and the length and codec of its packed form when it is stored
+/// packed.
 #[derive(Debug, Clone, Copy)]
 struct Held {
     sum: u64,
-    packed: Option<u32>,
+    packed: Option<(u32, Compression)>,
 }
 
 /// The ring and the memory packed pages pass through, used by one request at a time.
@@ -186,7 +187,7 @@ impl StorageFile {
                 let n = packed.len();
                 place[..n].copy_from_slice(packed);
                 place[n..blocks(n)].fill(0);
-                h.packed = Some(n as u32);
+                h.packed = Some((n as u32, compression));
                 r.ptr = place.as_mut_ptr();
                 r.len = blocks(n) as u32;
             }
@@ -227,7 +228,7 @@ impl StorageFile {
             if held.iter().any(|h| h.packed.is_some()) { Some(staging(held_staging, pages.len(), ps)?) } else { None };
         if let Some(staging) = staging.as_deref_mut() {
             for (k, (r, h)) in requests.iter_mut().zip(&held).enumerate() {
-                if let Some(n) = h.packed {
+                if let Some((n, _)) = h.packed {
                     r.ptr = staging[k * ps..].as_mut_ptr();
                     r.len = blocks(n as usize) as u32;
                 }
@@ -237,8 +238,8 @@ impl StorageFile {
         let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Read, &requests)? };
         for (k, (((slot, buf), h), res)) in pages.iter_mut().zip(held).zip(results).enumerate() {
             res?;
-            if let (Some(n), Some(staging)) = (h.packed, staging.as_deref()) {
-                if !unpack(&staging[k * ps..k * ps + n as usize], buf) {
+            if let (Some((n, codec)), Some(staging)) = (h.packed, staging.as_deref()) {
+                if !unpack(codec, &staging[k * ps..k * ps + n as usize], buf) {
                     return Err(StorageError::Undecodable { slot: *slot });
                 }
             }
@@ -257,7 +258,7 @@ impl StorageFile {
         table
             .iter()
             .flatten()
-            .fold((0, 0), |(bytes, pages), h| (bytes + h.packed.map_or(ps, |n| blocks(n as usize) as u64), pages + 1))
+            .fold((0, 0), |(bytes, pages), h| (bytes + h.packed.map_or(ps, |(n, _)| blocks(n as usize) as u64), pages + 1))
     }
 
     /// Forgets a slot's page (its space is free for another).

@@ -169,6 +169,7 @@ impl AttachedClient {
             compression: match options.compression {
                 Compression::None => 0,
                 Compression::Lz4 => 1,
+                Compression::Zstd => 2,
             },
             reservation: options.reservation,
         };

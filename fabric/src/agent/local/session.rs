@@ -220,6 +220,7 @@ pub(super) fn alloc_options(
     let compression = match compression {
         0 => Compression::None,
         1 => Compression::Lz4,
+        2 => Compression::Zstd,
         c => return Err(ProtocolError::BadField { field: "compression", value: u64::from(c) }.into()),
     };
     Ok(AllocOptions { device, priority, tenant: TenantId(tenant), keep, compression, reservation })
