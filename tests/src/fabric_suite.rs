@@ -278,6 +278,8 @@ pub fn compressed_storage_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path:
     assert!(f.traffic().from_storage > 0, "stored pages came back: {:?}", f.traffic());
     f.free(&sparse).expect("free");
     f.free(&dense).expect("free");
+    let st = f.stats().storage.expect("the node has a storage tier");
+    assert_eq!((st.pages, st.file_bytes), (0, 0), "freed pages leave the tier's figures");
     drop(f);
     assert!(!path.exists(), "the fabric removes its storage file");
 }

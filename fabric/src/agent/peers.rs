@@ -164,7 +164,13 @@ impl Agent {
     ) -> Result<T, FabricError> {
         let limit = self.dead_after().max(Duration::from_secs(60));
         let period = Duration::from_millis(self.shared.net.heartbeat_ms);
+        // A call to a peer already thought dead (a heartbeat's ping, which is how one that comes back is seen
+        // again) has only the time limit.
+        let watch = matches!(self.is_alive(node).await, Ok(true));
         let declared_dead = async {
+            if !watch {
+                return std::future::pending().await;
+            }
             loop {
                 tokio::time::sleep(period).await;
                 if matches!(self.is_alive(node).await, Ok(false)) {
@@ -179,7 +185,15 @@ impl Agent {
             },
             () = declared_dead => format!("no heartbeat for {} ms while the call was in flight", self.shared.net.dead_after_ms),
         };
-        let name = self.peer(node)?.lock().await.name.clone();
-        Err(FabricError::PeerDead { node, name, why })
+        // The call was dropped midway: a grant the peer made for it would stay held there with nobody to release
+        // it. Closing the connections ends them all (the peer releases a connection's grants when it closes),
+        // and the next call dials afresh.
+        let mut p = self.peer(node)?.lock().await;
+        for c in p.conns.iter_mut() {
+            if let Some(c) = c.take() {
+                crate::proto::quic::close(&c, crate::proto::quic::CloseCode::Dead, "declared dead mid-call");
+            }
+        }
+        Err(FabricError::PeerDead { node, name: p.name.clone(), why })
     }
 }

@@ -43,6 +43,13 @@ pub struct DirectoryStats {
 }
 
 impl Directory {
+    /// The frames of `location` that hold a page now (the storage tier's: its slots in use).
+    pub fn frames_in_use(&self, location: Location) -> Vec<u32> {
+        let Ok(dev) = self.dev(location) else { return Vec::new() };
+        let users = &self.devs[usize::from(dev)].users;
+        users.iter().enumerate().filter(|(_, u)| u.is_some()).map(|(f, _)| f as u32).collect()
+    }
+
     /// Figures about every device and the tables themselves.
     pub fn stats(&self) -> DirectoryStats {
         let mut pages = 0u64;

@@ -18,7 +18,32 @@ pub(crate) enum Copying {
     /// File I/O that already ran, with the bytes it moved.
     Done(u64),
     /// File I/O running on a thread of its own.
-    Behind(std::thread::JoinHandle<Result<u64, FabricError>>),
+    Behind(Reader),
+}
+
+/// A thread doing a stage's file reads, waited for however its copy ends: dropped (a stage aborted, a fabric
+/// going away) it joins the thread, since the thread writes frames the stage took and holds the tier's file.
+pub(crate) struct Reader(Option<std::thread::JoinHandle<Result<u64, FabricError>>>);
+
+impl Reader {
+    fn is_finished(&self) -> bool {
+        self.0.as_ref().is_none_or(|h| h.is_finished())
+    }
+
+    fn join(mut self) -> Result<u64, FabricError> {
+        match self.0.take() {
+            Some(h) => h.join().map_err(|_| FabricError::Internal("a storage tier's reads panicked"))?,
+            None => Err(FabricError::Internal("a storage tier's reads were waited for twice")),
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 impl Copying {
@@ -27,7 +52,7 @@ impl Copying {
         match self {
             Copying::Mover(t) => !matches!(t.is_complete(), Ok(false)),
             Copying::Done(_) => true,
-            Copying::Behind(h) => h.is_finished(),
+            Copying::Behind(r) => r.is_finished(),
         }
     }
 
@@ -36,7 +61,7 @@ impl Copying {
         match self {
             Copying::Mover(t) => Ok(t.wait()?.bytes),
             Copying::Done(bytes) => Ok(bytes),
-            Copying::Behind(h) => h.join().map_err(|_| FabricError::Internal("a storage tier's reads panicked"))?,
+            Copying::Behind(r) => r.join(),
         }
     }
 }
@@ -97,7 +122,7 @@ pub(crate) fn storage_reads_behind(
         .name("vfabric-storage-read".into())
         .spawn(move || storage_batch(&storage, &host, page_size, &moves, false, Compression::None)?.wait())
         .map_err(|e| FabricError::Storage(vfabric_transport::storage::StorageError::Ring { what: "starting a reader thread", source: e }))?;
-    Ok(Copying::Behind(handle))
+    Ok(Copying::Behind(Reader(Some(handle))))
 }
 
 /// Whether a batch between `from` and `to` is the storage tier's (file I/O) rather than a mover's.

@@ -442,8 +442,10 @@ impl Fabric {
 
     /// Figures about the directory and the bytes moved.
     pub fn stats(&self) -> Stats {
+        let in_use = lock(&self.inner.state).dir.frames_in_use(Location::Storage);
         let storage = self.inner.storage.as_ref().map(|s| {
-            let (file_bytes, pages) = s.stored();
+            // The slots whose copies the directory still has: a dropped copy's slot keeps its bytes until reused.
+            let (file_bytes, pages) = s.stored_in(in_use.into_iter().map(u64::from));
             StorageUsage { pages, page_bytes: pages * s.page_size(), file_bytes }
         });
         Stats { directory: lock(&self.inner.state).dir.stats(), traffic: self.inner.counters.snapshot(), storage }
@@ -619,8 +621,10 @@ impl Fabric {
             StageKind::Migrate => &c.migrated,
             StageKind::WriteBack => &c.written_back,
         };
-        for (t, b) in copies.into_iter().zip(&stage.batches) {
-            let bytes = t.wait()?;
+        // Every copy is waited for, failed or not, before the stage can be aborted and its frames reused.
+        let waited: Vec<Result<u64, FabricError>> = copies.into_iter().map(Copying::wait).collect();
+        for (t, b) in waited.into_iter().zip(&stage.batches) {
+            let bytes = t?;
             if b.to == Location::Storage {
                 c.to_storage.fetch_add(bytes, Ordering::Relaxed);
             } else if b.from == Location::Storage {

@@ -41,6 +41,8 @@ pub enum CloseCode {
     Protocol = 1,
     /// The peer's certificate names no node of the cluster.
     UnknownPeer = 2,
+    /// The peer stopped answering heartbeats: declared dead. Its grants to this node end with the connection.
+    Dead = 3,
 }
 
 /// Closes `conn` with `code` and `reason` (what the peer reads, and what this side logs).

@@ -253,12 +253,17 @@ impl StorageFile {
 
     /// Bytes the tier's pages take in its file (packed pages in whole blocks), and pages it holds.
     pub fn stored(&self) -> (u64, u64) {
+        self.stored_in(0..self.slots)
+    }
+
+    /// Bytes the pages of `slots` take in the file, and how many of them hold a page: what a caller that knows
+    /// which slots are still in use (a slot's page is not forgotten when its copy is dropped) counts.
+    pub fn stored_in(&self, slots: impl IntoIterator<Item = u64>) -> (u64, u64) {
         let table = self.lock_held();
         let ps = self.page_size;
-        table
-            .iter()
-            .flatten()
-            .fold((0, 0), |(bytes, pages), h| (bytes + h.packed.map_or(ps, |(n, _)| blocks(n as usize) as u64), pages + 1))
+        slots.into_iter().filter_map(|s| table.get(s as usize).copied().flatten()).fold((0, 0), |(bytes, pages), h| {
+            (bytes + h.packed.map_or(ps, |(n, _)| blocks(n as usize) as u64), pages + 1)
+        })
     }
 
     /// Forgets a slot's page (its space is free for another).

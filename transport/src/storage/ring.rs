@@ -85,14 +85,15 @@ impl Ring {
             }
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if retry(&e) => continue,
                 Err(source) => {
-                    if in_flight == 0 || failure.is_some() {
+                    if in_flight == 0 {
                         return Err(failure.unwrap_or(StorageError::Ring { what: "submitting requests", source }));
                     }
-                    // Nothing more is queued; the requests in flight are still waited for.
-                    failure = Some(StorageError::Ring { what: "submitting requests", source });
-                    continue;
+                    // Nothing more is queued, but the requests the kernel holds still read or write their
+                    // buffers: they are waited for, however long that takes, before this returns.
+                    failure.get_or_insert(StorageError::Ring { what: "submitting requests", source });
+                    std::thread::sleep(std::time::Duration::from_millis(1));
                 }
             }
             for cqe in self.ring.completion() {
@@ -129,6 +130,13 @@ impl Ring {
             })
             .collect())
     }
+}
+
+/// Whether a failed `io_uring_enter` is worth trying again at once: interrupted, or the kernel short of room
+/// for completions for now.
+fn retry(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Interrupted
+        || matches!(e.raw_os_error(), Some(code) if code == nix::errno::Errno::EAGAIN as i32 || code == nix::errno::Errno::EBUSY as i32)
 }
 
 /// EIO, for a completion that never came (not expected: the loop waits for every one).

@@ -114,11 +114,16 @@ impl IndexStaging {
             std::ptr::copy_nonoverlapping(data.as_ptr() as *const u8, at, bytes);
             at
         };
+        // Made before the copy: once the copy is queued, its place must be recorded as read until it has run.
+        let landed = Event::new(Arc::clone(ctx), false)?;
         // SAFETY: `dst` holds `bytes` (the caller reserved them in stream order); `src` stays untouched until the
         // event recorded after the copy has passed.
         unsafe { cu!(cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, stream.raw()))? };
-        let landed = Event::new(Arc::clone(ctx), false)?;
-        landed.record(stream)?;
+        if let Err(e) = landed.record(stream) {
+            // Without the event nothing would say when the place is free again: wait for the copy here.
+            stream.synchronize()?;
+            return Err(e);
+        }
         self.ring.push(range, landed);
         Ok(true)
     }
