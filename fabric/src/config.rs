@@ -257,6 +257,9 @@ pub struct NetworkSection {
     /// its own (its endpoint, its connections, the calls made and served on it). It is lane 0, on the node's
     /// port; the `lanes` take the ports after it. The same for every node of a cluster.
     pub latency_lane: bool,
+    /// Local clients (processes of the node on the agent's Unix socket) served at once: each has a thread and
+    /// buffers of its own, so past this a new one is refused (it reads why) instead of growing the agent.
+    pub max_local_clients: u32,
 }
 
 impl Default for NetworkSection {
@@ -274,6 +277,7 @@ impl Default for NetworkSection {
             lanes: 1,
             socket_buffer: ByteSize(4 << 20),
             latency_lane: true,
+            max_local_clients: 1024,
         }
     }
 }
@@ -468,6 +472,9 @@ impl ClusterConfig {
                 net.socket_buffer,
                 ByteSize(MAX_SOCKET_BUFFER)
             )));
+        }
+        if net.max_local_clients == 0 {
+            return Err(bad("network.max_local_clients must be at least 1".into()));
         }
         if !(1..=MAX_LANES).contains(&net.lanes) {
             return Err(bad(format!("network.lanes {} must be within 1..={MAX_LANES}", net.lanes)));

@@ -1,6 +1,7 @@
-//! An agent out of file descriptors keeps serving: while it cannot accept, clients wait in the socket's backlog
-//! or fail to connect; once descriptors are free again, the next client is served. The agent runs in a process
-//! of its own with a small descriptor limit (and is ended by this test, by its PID).
+//! The agent's limits on local clients: out of file descriptors it keeps serving (while it cannot accept,
+//! clients wait in the socket's backlog; once descriptors are free again, the next client is served), and past
+//! `network.max_local_clients` a new client is refused with a reason. The agent runs in a process of its own
+//! (ended by the test, by its PID).
 
 use std::io::ErrorKind;
 use std::os::unix::net::UnixStream;
@@ -33,16 +34,22 @@ fn welcomed(socket: &std::path::Path, wait: Duration) -> bool {
     matches!(read_frame_blocking(&mut s, 1 << 20), Ok(Some(Message::Welcome { .. })))
 }
 
-#[test]
-fn an_agent_out_of_descriptors_serves_again_once_they_are_free() {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("limits-{}", std::process::id()));
+/// A one-node agent in a process of its own (its `[network]` given `network` more lines; its descriptors limited
+/// to `files` when given), serving its socket: the scratch folder, the socket, and the process.
+fn start_agent(
+    name: &str,
+    port: u16,
+    network: &str,
+    files: Option<u64>,
+) -> (std::path::PathBuf, std::path::PathBuf, Ended) {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch folder");
     let config = dir.join("solo.toml");
     let text = format!(
         "[cluster]\nname = \"limits\"\n[device]\nbackend = \"emulated\"\n[memory]\npage_size = \"64KiB\"\n\
-         gpu_budget = \"8MiB\"\nhost_arena = \"16MiB\"\n[network]\ncerts = \"{}\"\n\
-         [[node]]\nname = \"solo\"\naddress = \"127.0.0.1:47500\"\n",
+         gpu_budget = \"8MiB\"\nhost_arena = \"16MiB\"\n[network]\ncerts = \"{}\"\n{network}\
+         [[node]]\nname = \"solo\"\naddress = \"127.0.0.1:{port}\"\n",
         dir.join("certs").display()
     );
     std::fs::write(&config, text).expect("write the configuration");
@@ -55,12 +62,14 @@ fn an_agent_out_of_descriptors_serves_again_once_they_are_free() {
         .env("TMPDIR", &dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 96, 96)
-                .map_err(std::io::Error::from)
-        });
+    if let Some(files) = files {
+        // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, files, files)
+                    .map_err(std::io::Error::from)
+            });
+        }
     }
     let agent = Ended(cmd.spawn().expect("start the agent"));
     let socket = dir.join("vfabric-limits-solo.sock");
@@ -69,6 +78,12 @@ fn an_agent_out_of_descriptors_serves_again_once_they_are_free() {
         assert!(start.elapsed() < Duration::from_secs(30), "the agent never served its socket");
         std::thread::sleep(Duration::from_millis(100));
     }
+    (dir, socket, agent)
+}
+
+#[test]
+fn an_agent_out_of_descriptors_serves_again_once_they_are_free() {
+    let (dir, socket, agent) = start_agent("limits", 47500, "", Some(96));
     // Clients until the agent can take no more: each holds descriptors there while it stays connected.
     let mut held = Vec::new();
     let mut refused = 0;
@@ -91,6 +106,38 @@ fn an_agent_out_of_descriptors_serves_again_once_they_are_free() {
         assert!(start.elapsed() < Duration::from_secs(30), "the agent stopped serving for good");
         std::thread::sleep(Duration::from_millis(100));
     }
+    drop(agent);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// Past `network.max_local_clients` a new client is refused at once, reading why, and the agent serves the next
+/// one once another has gone.
+#[test]
+fn clients_past_the_limit_are_refused_with_a_reason() {
+    let (dir, socket, agent) = start_agent("clients", 47520, "max_local_clients = 3\n", None);
+    let hello =
+        Message::Hello { cluster: "limits".into(), node: 0, protocol: PROTOCOL_VERSION, lanes: 0, latency_lane: false };
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = UnixStream::connect(&socket).expect("connect");
+        write_frame_blocking(&mut s, &hello, 1 << 20).expect("hello");
+        let answer = read_frame_blocking(&mut s, 1 << 20).expect("answer");
+        assert!(matches!(answer, Some(Message::Welcome { .. })), "{answer:?}");
+        held.push(s);
+    }
+    let mut extra = UnixStream::connect(&socket).expect("connect");
+    let _ = write_frame_blocking(&mut extra, &hello, 1 << 20);
+    match read_frame_blocking(&mut extra, 1 << 20) {
+        Ok(Some(Message::Error { message, .. })) => assert!(message.contains("max_local_clients"), "{message}"),
+        other => panic!("a fourth client: {other:?}"),
+    }
+    drop(held.pop());
+    let start = Instant::now();
+    while !welcomed(&socket, Duration::from_secs(2)) {
+        assert!(start.elapsed() < Duration::from_secs(30), "the agent never took a client again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(held);
     drop(agent);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -124,4 +124,10 @@ pub enum NetworkError {
     /// The agent closed a local client's connection.
     #[error("the agent closed the connection")]
     AgentClosed,
+    /// The agent serves as many local clients as it may (`network.max_local_clients`).
+    #[error("the agent serves {most} local clients already (network.max_local_clients): try again later")]
+    TooManyClients {
+        /// The limit.
+        most: usize,
+    },
 }

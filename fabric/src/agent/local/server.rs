@@ -95,8 +95,16 @@ impl Agent {
             tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), agent_uid = me, "refused a local client of another user");
             return Ok(());
         }
-        let s = stream.into_std()?;
+        let mut s = stream.into_std()?;
         s.set_nonblocking(false)?;
+        let most = self.shared.net.max_local_clients as usize;
+        if clients.lock().len() >= most {
+            // Served at once, with no thread: the client reads why, and the agent stays the size it is.
+            tracing::warn!(most, "refused a local client: as many as network.max_local_clients are connected");
+            let why = FabricError::Network(NetworkError::TooManyClients { most });
+            let _ = send(&mut s, &refusal(&why), self.max_frame());
+            return Ok(());
+        }
         clients.lock().insert(id, s.try_clone()?);
         let (agent, rt, registry) = (self.clone(), Handle::current(), clients.clone());
         let spawned = std::thread::Builder::new().name(format!("vfabric-local-{id}")).spawn(move || {
