@@ -927,23 +927,30 @@ fn a_region_far_beyond_the_node_costs_what_it_uses() {
     assert!(matches!(s.dir.free(&again), Ok(Step::Done(()))));
 }
 
-/// A region larger than a GPU and host memory together: writes spill from the GPU to host memory and from
-/// host memory to the storage tier; every page reads back right, and acquires on both GPUs bring stored pages
-/// back through host memory (never a copy between storage and a GPU), with write leases among them.
-#[test]
-fn pages_spill_to_the_storage_tier_and_come_back_through_host_memory() {
+/// A storage-tier simulation with one region of `pages` on GPU 0 (larger than it and host memory together),
+/// written `step` pages at a time, checked after each write: its later pages went down to storage.
+fn spilled(pages: u32, step: u32) -> (Sim, RegionHandle) {
     let mut s = sim_on(&WITH_STORAGE, 0, 90, 75);
-    let pages = 30u32;
     let h = s.dir.alloc(u64::from(pages) * PAGE, Placement::on(Location::Gpu(0))).expect("alloc");
     for p in 0..pages {
         s.model.insert(key(&h, p), 0);
     }
     s.regions.push(h);
-    for start in (0..pages).step_by(3) {
-        let w = Op::Write { region: 0, page: start, pages: 3 };
+    for start in (0..pages).step_by(step as usize) {
+        let w = Op::Write { region: 0, page: start, pages: step };
         s.apply(&w);
         s.check(&w);
     }
+    (s, h)
+}
+
+/// A region larger than a GPU and host memory together: writes spill from the GPU to host memory and from
+/// host memory to the storage tier; every page reads back right, and acquires on both GPUs bring stored pages
+/// back through host memory (never a copy between storage and a GPU), with write leases among them.
+#[test]
+fn pages_spill_to_the_storage_tier_and_come_back_through_host_memory() {
+    let (mut s, h) = spilled(30, 3);
+    let pages = 30u32;
     let stored = |s: &Sim| s.dir.stats().devices[3].owned;
     assert!(stored(&s) >= 12, "pages past GPU 0 and host memory went to storage: {:?}", s.dir.stats().devices);
     let mut max_stored = 0;
@@ -972,18 +979,8 @@ fn pages_spill_to_the_storage_tier_and_come_back_through_host_memory() {
 /// leased byte is right.
 #[test]
 fn a_walk_prefetches_stored_pages_through_host_memory() {
-    let mut s = sim_on(&WITH_STORAGE, 0, 90, 75);
+    let (mut s, _) = spilled(40, 4);
     let pages = 40u32;
-    let h = s.dir.alloc(u64::from(pages) * PAGE, Placement::on(Location::Gpu(0))).expect("alloc");
-    for p in 0..pages {
-        s.model.insert(key(&h, p), 0);
-    }
-    s.regions.push(h);
-    for start in (0..pages).step_by(4) {
-        let w = Op::Write { region: 0, page: start, pages: 4 };
-        s.apply(&w);
-        s.check(&w);
-    }
     assert!(s.dir.stats().devices[3].owned >= 20, "most pages went down to storage");
     for start in (0..pages).step_by(2) {
         let op = Op::Acquire { region: 0, page: start, pages: 2, device: 0, write: false };

@@ -55,6 +55,17 @@ fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
     out
 }
 
+/// `cfg` with host memory of 8 pages and a storage tier of `slots` pages in the file `path` (a filesystem with
+/// O_DIRECT), and that path.
+fn with_storage(cfg: &ClusterConfig, path: &std::path::Path, slots: u64) -> (ClusterConfig, std::path::PathBuf) {
+    let mut cfg = cfg.clone();
+    let ps = cfg.memory.page_size.bytes();
+    cfg.memory.host_arena = vfabric::ByteSize(8 * ps);
+    let size = vfabric::ByteSize(slots * ps);
+    cfg.storage = Some(vfabric::config::StorageSection { path: path.to_owned(), size, depth: 16 });
+    (cfg, path.to_owned())
+}
+
 /// A region larger than a GPU is written (the GPU fills up and pages go to host memory), read back, acquired
 /// piece by piece on every GPU (evicted pages come back, others leave), and every byte is right, both through
 /// host reads and in the device copies the leases point to.
@@ -181,12 +192,8 @@ pub fn hints_write_back_and_prefetch_every_byte(cfg: &ClusterConfig) {
 /// then pages changed on the disk behind the fabric's back are refused as corrupt, never returned as data.
 /// `dir` holds the tier's file (a filesystem with O_DIRECT).
 pub fn storage_tier_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path) {
-    let mut cfg = cfg.clone();
+    let (cfg, path) = with_storage(cfg, &dir.join("storage-suite.tier"), 64);
     let ps = cfg.memory.page_size.bytes();
-    cfg.memory.host_arena = vfabric::ByteSize(8 * ps);
-    let path = dir.join("storage-suite.tier");
-    cfg.storage =
-        Some(vfabric::config::StorageSection { path: path.clone(), size: vfabric::ByteSize(64 * ps), depth: 16 });
     cfg.check("the suite's storage configuration").expect("valid");
     let f = fabric(&cfg);
     let g = gpus(&f)[0];
@@ -235,12 +242,8 @@ fn sparse_page(page: u64, ps: u64) -> Vec<u8> {
 /// the others as they are; the tier's file holds them in fewer bytes than their pages, and every byte comes
 /// back, through host reads and under leases on the GPU.
 pub fn compressed_storage_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path) {
-    let mut cfg = cfg.clone();
+    let (cfg, path) = with_storage(cfg, &dir.join("storage-compressed.tier"), 160);
     let ps = cfg.memory.page_size.bytes();
-    cfg.memory.host_arena = vfabric::ByteSize(8 * ps);
-    let path = dir.join("storage-compressed.tier");
-    cfg.storage =
-        Some(vfabric::config::StorageSection { path: path.clone(), size: vfabric::ByteSize(160 * ps), depth: 16 });
     let f = fabric(&cfg);
     let g = gpus(&f)[0];
     let n = frames_of(&f, g) + 8 + 12;
