@@ -3,24 +3,17 @@
 //! `network.max_local_clients` a new client is refused with a reason. The agent runs in a process of its own
 //! (ended by the test, by its PID).
 
+mod common;
+use common::Ended;
+
 use std::io::ErrorKind;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vfabric::proto::codec::{read_frame_blocking, write_frame_blocking, PROTOCOL_VERSION};
 use vfabric::proto::Message;
-
-/// A child process ended by its PID when the test lets go of it, also when the test fails.
-struct Ended(Child);
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Says hello on a new connection; whether the agent welcomed it within `wait`.
 fn welcomed(socket: &std::path::Path, wait: Duration) -> bool {

@@ -1,5 +1,8 @@
 //! The `vfabric` command as a new user runs it.
 
+mod common;
+use common::Ended;
+
 use std::process::Command;
 
 #[test]
@@ -152,14 +155,4 @@ fn a_probe_too_large_for_its_peer_fails_cleanly_and_leaves_nothing_behind() {
     drop(b);
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stdout));
     std::fs::remove_dir_all(&dir).expect("cleanup");
-}
-
-/// A child process ended (by its PID) when the test lets go of it, also when the test fails.
-struct Ended(std::process::Child);
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

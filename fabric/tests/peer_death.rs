@@ -2,23 +2,14 @@
 //! with `PeerDead` once the heartbeats declare it dead, instead of waiting for QUIC's idle timeout. The peer is
 //! an agent in a process of its own, frozen with SIGSTOP (and ended by this test, by its PID).
 
-use std::process::{Child, Command, Stdio};
+mod common;
+use common::Ended;
+
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use vfabric::agent::Agent;
 use vfabric::{ClusterConfig, FabricError};
-
-/// A child process ended by its PID when the test lets go of it, also when the test fails.
-struct Ended(Child);
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn a_call_to_a_frozen_peer_fails_as_peer_dead() {

@@ -72,7 +72,7 @@ impl Directory {
             // A page here is pinned by another lease where it is: it cannot move into a run.
             req.contiguous = false;
         }
-        if self.in_flight.iter().any(|f| f.slot == slot && f.pages.start < first + n && first < f.pages.end) {
+        if self.in_flight_over(slot, first..first + n) {
             // Pages of the request are on their way, moving into a run, or being written back: their frames
             // change at commit, and a write lease would drop the copies the stage reads.
             return Ok(Step::Wait);

@@ -37,7 +37,7 @@ impl Directory {
         }
         let slot = h.slot;
         let pages = first..first + n;
-        if self.in_flight.iter().any(|f| f.slot == slot && f.pages.start < pages.end && pages.start < f.pages.end) {
+        if self.in_flight_over(slot, pages.clone()) {
             return Ok(Step::Done(None));
         }
         if self.in_flight.len() >= HINT_DEPTH {
@@ -66,7 +66,7 @@ impl Directory {
             return Ok(Step::Done(None));
         }
         if self.in_flight.len() >= HINT_DEPTH
-            || self.in_flight.iter().any(|f| f.slot == slot && f.pages.start < first + n && first < f.pages.end)
+            || self.in_flight_over(slot, first..first + n)
         {
             return Ok(Step::Wait);
         }

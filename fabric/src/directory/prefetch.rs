@@ -211,6 +211,11 @@ impl Directory {
         !e.write_leased && e.owner().is_some() && e.copies().all(|c| Some(c.dev) == self.storage)
     }
 
+    /// Whether a stage in flight covers any of `pages` of region `slot`.
+    pub(super) fn in_flight_over(&self, slot: u32, pages: Range<u32>) -> bool {
+        self.in_flight.iter().any(|f| f.slot == slot && f.pages.start < pages.end && pages.start < f.pages.end)
+    }
+
     /// Prefetch stages in flight.
     pub fn prefetches_in_flight(&self) -> usize {
         self.in_flight.len()

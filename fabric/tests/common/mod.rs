@@ -6,6 +6,7 @@ use std::path::PathBuf;
 /// How to get everything these tests need on Debian/Ubuntu in one go.
 const CI_RUN: &str = "or run `bash .ci/run` from the repository root, which installs what the tests need and runs them";
 
+#[allow(dead_code)] // each test file is its own crate; not every one shells out to a tool
 /// The path of `tool` on PATH; panics naming the tool, the Debian/Ubuntu package that has it, and `.ci/run`.
 pub fn require_tool(tool: &str, package: &str, what: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -37,7 +38,22 @@ pub fn require_root(why: &str, test: &str) {
     }
 }
 
+#[allow(dead_code)]
 fn is_executable(path: &std::path::Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+/// A child process ended by its PID when the test lets go of it, also when the test fails (a stopped one is
+/// continued first, so that it can be killed and reaped).
+#[allow(dead_code)] // each test file is its own crate; not every one starts processes
+pub struct Ended(pub std::process::Child);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
