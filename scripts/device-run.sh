@@ -35,9 +35,9 @@ step() {
     case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
     echo "===== $name: $*" | tee -a "$LOG"
     local t0=$SECONDS
-    "$@" > "$W/$name.log" 2>&1
-    local rc=$?
-    cat "$W/$name.log" >> "$LOG"
+    # Into the log as it comes: a step the call's time limit cuts off still leaves what it printed.
+    "$@" 2>&1 | tee "$W/$name.log" >> "$LOG"
+    local rc=${PIPESTATUS[0]}
     summary+=("$(printf '%-8s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
     echo "===== $name: rc=$rc in $((SECONDS - t0))s" | tee -a "$LOG"
 }

@@ -14,6 +14,21 @@ fn fabric(cfg: &ClusterConfig) -> Fabric {
     Fabric::embedded(cfg).unwrap_or_else(|e| panic!("starting the fabric: {e}"))
 }
 
+/// Where the storage checks put their tier's file: `VFABRIC_TEST_DIR` when set, else the build's scratch folder
+/// (`built`, cargo's `CARGO_TARGET_TMPDIR`) where it exists, else the system's temporary folder: the GPU machine
+/// runs test executables built on another machine, whose folders it does not have.
+pub fn scratch_dir(built: &str) -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("VFABRIC_TEST_DIR") {
+        return dir.into();
+    }
+    let built = std::path::Path::new(built);
+    if built.is_dir() {
+        built.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
 fn gpus(f: &Fabric) -> Vec<Location> {
     f.devices().into_iter().filter(|l| matches!(l, Location::Gpu(_))).collect()
 }
@@ -55,11 +70,13 @@ fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
     out
 }
 
-/// `cfg` with host memory of 8 pages and a storage tier of `slots` pages in the file `path` (a filesystem with
-/// O_DIRECT), and that path.
+/// `cfg` with GPU budgets of 16 pages, host memory of 8 pages and a storage tier of `slots` pages in the file `path` (a
+/// filesystem with O_DIRECT), and that path.
 fn with_storage(cfg: &ClusterConfig, path: &std::path::Path, slots: u64) -> (ClusterConfig, std::path::PathBuf) {
     let mut cfg = cfg.clone();
     let ps = cfg.memory.page_size.bytes();
+    // A GPU budget of the emulated suite's size on every device layer: the tier's slots are counted for it.
+    cfg.memory.gpu_budget = Some(vfabric::ByteSize(16 * ps));
     cfg.memory.host_arena = vfabric::ByteSize(8 * ps);
     let size = vfabric::ByteSize(slots * ps);
     cfg.storage = Some(vfabric::config::StorageSection { path: path.to_owned(), size, depth: 16 });
@@ -522,7 +539,7 @@ macro_rules! fabric_suite_tests {
         fn storage_tier_keeps_every_byte() {
             $crate::fabric_suite::storage_tier_keeps_every_byte(
                 &$config,
-                std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
             );
         }
 
@@ -530,7 +547,7 @@ macro_rules! fabric_suite_tests {
         fn compressed_storage_keeps_every_byte() {
             $crate::fabric_suite::compressed_storage_keeps_every_byte(
                 &$config,
-                std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
             );
         }
 
