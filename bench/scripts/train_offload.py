@@ -630,6 +630,7 @@ def main():
         torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
     waited0 = streamed.waited if streamed is not None else None
+    stalls0 = fabric.stats()["stalls"] if fabric is not None else None
     if "moved" in info:
         mv0 = dict(info["moved"])
     for it in range(a.steps):
@@ -646,6 +647,8 @@ def main():
             mv1 = {k: info["moved"][k] - mv0[k] for k in mv0}
         if it == a.warmup - 1 and streamed is not None:
             waited0 = streamed.waited
+            if fabric is not None:
+                stalls0 = fabric.stats()["stalls"]
     meas = times[a.warmup:] if len(times) > a.warmup else times
     med = statistics.median(meas)
     res = {"tag": a.tag, "mode": a.mode, "layers": a.layers, "d": a.d, "heads": a.heads, "vocab": a.vocab,
@@ -671,6 +674,14 @@ def main():
     if fabric is not None:
         traffic = fabric.stats()["traffic"]
         res["fabric_traffic_GB"] = {k: round(v / 1e9, 1) for k, v in traffic.items() if k != "stages"}
+        # Where the fabric's callers waited, a measured step's share (milliseconds; counts as they are).
+        if a.steps > a.warmup:
+            stalls = fabric.stats()["stalls"]
+            per = a.steps - a.warmup
+            res["fabric_stalls_per_step"] = {
+                k.replace("_ns", "_ms"): round((v - stalls0[k]) / per / (1e6 if k.endswith("_ns") else 1), 1)
+                for k, v in stalls.items()
+            }
     if "moved" in info:
         res["pcie_bytes_per_step"] = mv1
         info = {k: v for k, v in info.items() if k != "moved"}

@@ -569,7 +569,9 @@ mod tests {
         assert!(bad("[[node]]\nname = \"Gpu-A\"\n").contains("lower-case"));
         assert!(bad("[[node]]\nname = \"1234\"\n").contains("all digits"));
         // Files of several nodes say where each listens, on a port peers can reach.
-        assert!(bad("[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7000\"\n[[node]]\nname = \"b\"\n").contains("no address"));
+        assert!(
+            bad("[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7000\"\n[[node]]\nname = \"b\"\n").contains("no address")
+        );
         assert!(bad("[[node]]\nname = \"a\"\naddress = \"10.0.0.1:0\"\n").contains("port 0"));
         assert!(bad("[[node]]\nname = \"a\"\naddress = \"nowhere\"\n").contains("ip:port"));
         assert!(bad("[network]\nmtu = 16384\n").contains("mtu"));

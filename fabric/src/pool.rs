@@ -229,7 +229,10 @@ impl<S: PoolSource> TensorPool<S> {
 
     /// Gives a block back.
     pub fn free(&mut self, ptr: u64) -> Result<(), FabricError> {
-        let size = self.sizes.remove(&ptr).ok_or_else(|| FabricError::InvalidAddress(format!("{ptr:#x} is not a live block of this pool")))?;
+        let size = self
+            .sizes
+            .remove(&ptr)
+            .ok_or_else(|| FabricError::InvalidAddress(format!("{ptr:#x} is not a live block of this pool")))?;
         self.stats.allocated -= size;
         if let Some(held) = self.large.remove(&ptr) {
             self.stats.large -= 1;
@@ -245,7 +248,8 @@ impl<S: PoolSource> TensorPool<S> {
             }
             return self.give_back(held);
         }
-        let (&base, slab) = self.slabs.range_mut(..=ptr).next_back().ok_or(FabricError::Internal("a pool block outside its slabs"))?;
+        let (&base, slab) =
+            self.slabs.range_mut(..=ptr).next_back().ok_or(FabricError::Internal("a pool block outside its slabs"))?;
         slab.ranges.free(ptr - base).map_err(|_| FabricError::Internal("a pool block its slab does not know"))?;
         if slab.ranges.live_count() == 0 && self.slabs.values().filter(|s| s.ranges.live_count() == 0).count() > 1 {
             // Keep one empty slab for the next allocation; give the others back.

@@ -9,8 +9,8 @@ use tokio::sync::OwnedRwLockReadGuard;
 use vfabric_allocator::Location;
 
 use super::forwarding::{routed, Route};
-use super::remote_lease::{AgentLease, LeaseKind};
 use super::lane_use::pages_of;
+use super::remote_lease::{AgentLease, LeaseKind};
 use super::shared::{in_place, Agent};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::FabricError;

@@ -20,7 +20,12 @@ const MOVE_PIECE: u64 = 64 << 20;
 
 impl Agent {
     /// Allocates a region of `size` bytes on `device` of `node`.
-    pub(crate) async fn alloc_direct(&self, node: u16, size: u64, device: Option<Location>) -> Result<Region, FabricError> {
+    pub(crate) async fn alloc_direct(
+        &self,
+        node: u16,
+        size: u64,
+        device: Option<Location>,
+    ) -> Result<Region, FabricError> {
         if self.is_me(node) {
             let placement = device.map(Placement::on).unwrap_or_default();
             return in_place(|| self.shared.fabric.alloc(size, placement));

@@ -115,8 +115,10 @@ impl Agent {
             None
         };
         let name = rank_name(job.rank);
-        let identity = vfabric_transport::quic::NodeIdentity::load(std::path::Path::new(&cfg.network.certs), &name)
-            .map_err(|source| NetworkError::Certificate { node: format!("{name} (from {})", cfg.network.certs), source })?;
+        let identity =
+            vfabric_transport::quic::NodeIdentity::load(std::path::Path::new(&cfg.network.certs), &name).map_err(
+                |source| NetworkError::Certificate { node: format!("{name} (from {})", cfg.network.certs), source },
+            )?;
         let agent = Agent::start(&cfg, &name, &identity, Some(bind)).await?;
         let me = agent.local_addr();
         let serve = async {
@@ -186,9 +188,7 @@ async fn exchange(
             Err(e) => return Err(LaunchError::rendezvous(rendezvous)(e).into()),
         }
     };
-    sock.write_all(format!("{} {me}\n", job.rank).as_bytes())
-        .await
-        .map_err(LaunchError::rendezvous(rendezvous))?;
+    sock.write_all(format!("{} {me}\n", job.rank).as_bytes()).await.map_err(LaunchError::rendezvous(rendezvous))?;
     let mut lines = BufReader::new(sock).lines();
     let mut table = Vec::new();
     let read = async {

@@ -86,8 +86,9 @@ impl Drop for RemoteLease {
         let (agent, home, lane, id, copy) = (self.agent.clone(), self.home, self.lane, self.id, self.copy);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let release =
-                    async { agent.call_on(home, &agent.hold_lane(home, lane)?, &Message::Release { lease: id }, &[]).await };
+                let release = async {
+                    agent.call_on(home, &agent.hold_lane(home, lane)?, &Message::Release { lease: id }, &[]).await
+                };
                 if let Err(e) = release.await {
                     tracing::warn!(home, lease = id, error = %e, "releasing a dropped remote lease failed");
                 }

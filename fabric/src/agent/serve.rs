@@ -16,7 +16,6 @@ use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
 use crate::proto::quic::{answer as finish_with, close as quic_close, CloseCode};
 
-
 /// Accepts connections on lane `lane`'s endpoint until it closes.
 pub(crate) async fn accept_loop(shared: Arc<Shared>, lane: usize) {
     let Some(endpoint) = shared.endpoints.get(lane).cloned() else { return };
@@ -192,10 +191,12 @@ async fn answer(
         }
         Message::Release { lease } => take_back(agent, peer, lease, &mut recv).await,
         // Migrations copy whole regions: off the lane's thread, which keeps serving meanwhile.
-        Message::Migrate { region, device } => migrate(agent, &region, None, device.into()).await.map(|_| Message::Done),
-        Message::MigrateTo { region, node, device } => {
-            migrate(agent, &region, Some(node), device.into()).await.map(|to| Message::Moved { to: WireRegion::from(&to) })
+        Message::Migrate { region, device } => {
+            migrate(agent, &region, None, device.into()).await.map(|_| Message::Done)
         }
+        Message::MigrateTo { region, node, device } => migrate(agent, &region, Some(node), device.into())
+            .await
+            .map(|to| Message::Moved { to: WireRegion::from(&to) }),
         Message::Unforward { region, to } => match home_region(agent, &region) {
             Ok(r) => {
                 agent.shared.moves.unforward(&r, &Region::from(&to)).await;

@@ -253,6 +253,8 @@ fn bind_lanes(
 fn configured_addr(config: &ClusterConfig, node: u16) -> Result<Option<SocketAddr>, FabricError> {
     match config.nodes.get(usize::from(node)).and_then(|n| n.address.as_deref()) {
         None => Ok(None),
-        Some(a) => a.parse().map(Some).map_err(|_| FabricError::InvalidAddress(format!("address `{a}` of node {node}"))),
+        Some(a) => {
+            a.parse().map(Some).map_err(|_| FabricError::InvalidAddress(format!("address `{a}` of node {node}")))
+        }
     }
 }

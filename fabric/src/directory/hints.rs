@@ -65,9 +65,7 @@ impl Directory {
         if dev == self.host || Some(dev) == self.storage {
             return Ok(Step::Done(None));
         }
-        if self.in_flight.len() >= HINT_DEPTH
-            || self.in_flight_over(slot, first..first + n)
-        {
+        if self.in_flight.len() >= HINT_DEPTH || self.in_flight_over(slot, first..first + n) {
             return Ok(Step::Wait);
         }
         let r = self.region(h)?;

@@ -78,4 +78,3 @@ impl LaunchError {
         move |source| LaunchError::Rendezvous { at, source }
     }
 }
-

@@ -202,9 +202,7 @@ impl From<ChunkError> for FabricError {
             ChunkError::Outside { .. }
             | ChunkError::TooLarge { .. }
             | ChunkError::OutOfOrder { .. }
-            | ChunkError::Short { .. } => {
-                FabricError::Protocol(ProtocolError::Chunk(e))
-            }
+            | ChunkError::Short { .. } => FabricError::Protocol(ProtocolError::Chunk(e)),
             ChunkError::Io(_) | ChunkError::Stopped | ChunkError::Truncated { .. } => {
                 FabricError::Network(NetworkError::Stream(e))
             }

@@ -121,7 +121,12 @@ pub(crate) fn storage_reads_behind(
     let handle = std::thread::Builder::new()
         .name("vfabric-storage-read".into())
         .spawn(move || storage_batch(&storage, &host, page_size, &moves, false, Compression::None)?.wait())
-        .map_err(|e| FabricError::Storage(vfabric_transport::storage::StorageError::Ring { what: "starting a reader thread", source: e }))?;
+        .map_err(|e| {
+            FabricError::Storage(vfabric_transport::storage::StorageError::Ring {
+                what: "starting a reader thread",
+                source: e,
+            })
+        })?;
     Ok(Copying::Behind(Reader(Some(handle))))
 }
 

@@ -17,11 +17,13 @@ mod lease;
 mod node;
 mod parts;
 mod reservation;
+mod stalls;
 mod stats;
 mod traffic;
 
 pub use lease::{Lease, LeasePtr, LeasedPages};
 pub use reservation::Reservation;
+pub use stalls::Stalls;
 pub use stats::{Stats, StorageUsage};
 pub use traffic::Traffic;
 
@@ -40,15 +42,16 @@ use vfabric_transport::{
 use copying::Copying;
 use node::{lock, InFlight, Inner, State};
 use parts::slice_parts;
+use stalls::StallCounters;
 use traffic::Counters;
 
 use crate::config::{ClusterConfig, ConfigError};
-use crate::units::ByteSize;
 use crate::directory::{
-    AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseFrames, Mode, Placement,
-    ReadSource, RegionHandle, Stage, StageKind, Step, PREFETCH_DEPTH, STAGING_DEPTH,
+    AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseFrames, Mode, Placement, ReadSource, RegionHandle,
+    Stage, StageKind, Step, PREFETCH_DEPTH, STAGING_DEPTH,
 };
 use crate::error::FabricError;
+use crate::units::ByteSize;
 
 /// A region of the fabric's address space: a name, not memory (where its pages live is the directory's
 /// business). Cheap to copy; using it after [`Fabric::free`] is an error, never a crash.
@@ -158,6 +161,7 @@ impl Fabric {
                 mover,
                 page_size: ps,
                 counters: Counters::default(),
+                stalls: StallCounters::default(),
                 fallback: opened.fallback_reason,
                 write_piece: match storage {
                     Some(_) => (host_bytes / 4 / ps).max(1) * ps,
@@ -448,7 +452,12 @@ impl Fabric {
             let (file_bytes, pages) = s.stored_in(in_use.into_iter().map(u64::from));
             StorageUsage { pages, page_bytes: pages * s.page_size(), file_bytes }
         });
-        Stats { directory: lock(&self.inner.state).dir.stats(), traffic: self.inner.counters.snapshot(), storage }
+        Stats {
+            directory: lock(&self.inner.state).dir.stats(),
+            traffic: self.inner.counters.snapshot(),
+            stalls: self.inner.stalls.snapshot(),
+            storage,
+        }
     }
 
     /// Bytes moved since start.
@@ -476,7 +485,7 @@ impl Fabric {
         for _ in 0..1_000_000 {
             match step(&mut st.dir)? {
                 Step::Done(t) => return Ok(t),
-                Step::Stage(stage) => match self.start(&st.dir, &stage).and_then(|c| self.finish(&stage, c)) {
+                Step::Stage(stage) => match self.carry_out(&st.dir, &stage) {
                     Ok(()) => st.dir.commit(stage),
                     Err(e) => {
                         st.dir.abort(stage);
@@ -489,11 +498,21 @@ impl Fabric {
                             "the directory waits for a prefetch the fabric does not have",
                         ));
                     }
+                    let t = Instant::now();
                     self.settle_some(st);
+                    self.inner.stalls.in_flight(t.elapsed());
                 }
             }
         }
         Err(FabricError::Internal("the directory asked for a million stages without finishing"))
+    }
+
+    /// Starts a stage's copies and waits for them, counting the wait.
+    fn carry_out(&self, dir: &Directory, stage: &Stage) -> Result<(), FabricError> {
+        let t = Instant::now();
+        let done = self.start(dir, stage).and_then(|c| self.finish(stage, c));
+        self.inner.stalls.stage(stage.kind, t.elapsed());
+        done
     }
 
     /// Starts the prefetches the directory asks for after an acquire of `region` on `device`, if any. Failures
@@ -518,7 +537,10 @@ impl Fabric {
     /// Starts a stage that stays in flight across calls (a prefetch or a write-back); aborts it if a copy
     /// cannot start.
     fn launch(&self, st: &mut State, stage: Stage) -> Result<(), FabricError> {
-        match self.start(&st.dir, &stage) {
+        let t = Instant::now();
+        let started = self.start(&st.dir, &stage);
+        self.inner.stalls.launch(t.elapsed());
+        match started {
             Ok(copies) => {
                 st.prefetch.push_back(InFlight { stage, copies });
                 Ok(())

@@ -9,6 +9,7 @@ use vfabric_transport::{Arena, DeviceError, DeviceLayer, Mover};
 
 use super::copying::Copying;
 
+use super::stalls::StallCounters;
 use super::traffic::Counters;
 use crate::directory::{Directory, Stage};
 
@@ -32,6 +33,7 @@ pub(crate) struct Inner {
     pub(crate) mover: Arc<dyn Mover>,
     pub(crate) page_size: u64,
     pub(crate) counters: Counters,
+    pub(crate) stalls: StallCounters,
     pub(crate) fallback: Option<DeviceError>,
     /// The storage tier, when the node has one (its pages move by file I/O, not by the mover). Shared with the
     /// threads a prefetch's reads run on: its file goes when the last of them does.

@@ -2,6 +2,7 @@
 
 use crate::directory::DirectoryStats;
 
+use super::stalls::Stalls;
 use super::traffic::Traffic;
 
 /// Figures about the fabric.
@@ -11,6 +12,8 @@ pub struct Stats {
     pub directory: DirectoryStats,
     /// Bytes moved since start.
     pub traffic: Traffic,
+    /// Time callers waited in the fabric, by what for.
+    pub stalls: Stalls,
     /// What the storage tier holds, when the node has one.
     pub storage: Option<StorageUsage>,
 }

@@ -171,7 +171,11 @@ pub async fn read_chunk_payload<R: AsyncRead + Unpin>(
     dst: &mut [u8],
 ) -> Result<(), ChunkError> {
     if dst.len() as u64 != u64::from(header.len) {
-        return Err(ChunkError::Outside { offset: header.offset, len: u64::from(header.len), payload: dst.len() as u64 });
+        return Err(ChunkError::Outside {
+            offset: header.offset,
+            len: u64::from(header.len),
+            payload: dst.len() as u64,
+        });
     }
     let mut got = 0;
     while got < dst.len() {

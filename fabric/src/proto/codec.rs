@@ -355,7 +355,11 @@ pub fn read_header_blocking<R: io::Read>(
 }
 
 /// Checks a frame's header (read by the caller) and reads and decodes its body, exactly.
-pub fn read_frame_body<R: io::Read>(r: &mut R, head: &[u8; FRAME_HEADER_LEN], max: usize) -> Result<Message, CodecError> {
+pub fn read_frame_body<R: io::Read>(
+    r: &mut R,
+    head: &[u8; FRAME_HEADER_LEN],
+    max: usize,
+) -> Result<Message, CodecError> {
     let len = parse_header(head, max)?;
     let mut body = Vec::with_capacity(len.min(64 << 10));
     io::Read::read_to_end(&mut io::Read::take(&mut *r, len as u64), &mut body)?;

@@ -72,7 +72,9 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
         // A reservation that cannot be met: the memory is not there.
         FabricError::Directory(DirectoryError::ReservationRefused { .. }) => ErrorKind::OutOfMemory,
         // Kinds as peers have always been told them: sizes and the directory's refusals are invalid addresses.
-        FabricError::InvalidAddress(_) | FabricError::InvalidSize(_) | FabricError::Directory(_) => ErrorKind::InvalidAddress,
+        FabricError::InvalidAddress(_) | FabricError::InvalidSize(_) | FabricError::Directory(_) => {
+            ErrorKind::InvalidAddress
+        }
         FabricError::OutOfBounds { .. } => ErrorKind::OutOfBounds,
         FabricError::DoubleFree(_) => ErrorKind::DoubleFree,
         FabricError::UseAfterFree(_) => ErrorKind::UseAfterFree,

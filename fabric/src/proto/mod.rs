@@ -31,7 +31,7 @@ pub mod quic;
 
 pub use chunk::{ChunkError, ChunkHeader, Payload, CHUNK_HEADER_LEN};
 pub use codec::{
-    encode, read_frame, read_frame_blocking, write_frame, write_frame_blocking, CodecError, FrameDecoder, DEFAULT_MAX_FRAME, FRAME_HEADER_LEN, MAGIC,
-    PROTOCOL_VERSION,
+    encode, read_frame, read_frame_blocking, write_frame, write_frame_blocking, CodecError, FrameDecoder,
+    DEFAULT_MAX_FRAME, FRAME_HEADER_LEN, MAGIC, PROTOCOL_VERSION,
 };
 pub use message::{ErrorKind, Message, WireArena, WireLocation, WireMode, WirePages, WireRegion, WireShareKind};

@@ -18,13 +18,13 @@ use super::host_agent::HostAgent;
 use super::mapped_lease::LocalLease;
 use super::{CHUNK, MAX_CHUNK};
 use crate::directory::{Mode, Priority, RegionHandle as Region};
-use vfabric_allocator::Compression;
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::fabric::LeasePtr;
 use crate::proto::chunk::{ChunkHeader, Payload, CHUNK_HEADER_LEN};
 use crate::proto::codec::PROTOCOL_VERSION;
 use crate::proto::mapped::{recv_fds, FDS_PER_MESSAGE};
 use crate::proto::message::{Message, WireMode, WirePages, WireRegion};
+use vfabric_allocator::Compression;
 
 /// How a local client's region is allocated.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

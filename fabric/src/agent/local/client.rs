@@ -27,8 +27,13 @@ impl LocalClient {
             .await
             .map_err(|source| NetworkError::Socket { path: path.to_path_buf(), source })?;
         let max_frame = DEFAULT_MAX_FRAME;
-        let hello =
-            Message::Hello { cluster: String::new(), node: u16::MAX, protocol: PROTOCOL_VERSION, lanes: 0, latency_lane: false };
+        let hello = Message::Hello {
+            cluster: String::new(),
+            node: u16::MAX,
+            protocol: PROTOCOL_VERSION,
+            lanes: 0,
+            latency_lane: false,
+        };
         write_frame(&mut stream, &hello, max_frame).await?;
         match read_frame(&mut stream, max_frame).await? {
             Some(Message::Welcome { node, .. }) => Ok(LocalClient { stream: Mutex::new(stream), max_frame, node }),
@@ -68,7 +73,12 @@ impl LocalClient {
     }
 
     /// `msg`'s answer, which must be what `want` takes.
-    async fn expect<T>(&self, msg: &Message, payload: &[u8], want: impl Fn(Message) -> Option<T>) -> Result<T, FabricError> {
+    async fn expect<T>(
+        &self,
+        msg: &Message,
+        payload: &[u8],
+        want: impl Fn(Message) -> Option<T>,
+    ) -> Result<T, FabricError> {
         let reply = self.call(msg, payload, None).await?;
         let answer = reply.name();
         want(reply).ok_or(ProtocolError::Unexpected { node: self.node, answer }.into())

@@ -51,11 +51,29 @@ impl LocalLease {
         first: u64,
     ) -> Self {
         let ptr = LeasePtr::Pages(Vec::new());
-        LocalLease { client, id, region, device, mode, first, ptr, arena: None, mover: None, page_size: 1, released: false }
+        LocalLease {
+            client,
+            id,
+            region,
+            device,
+            mode,
+            first,
+            ptr,
+            arena: None,
+            mover: None,
+            page_size: 1,
+            released: false,
+        }
     }
 
     /// The lease with its pages, in `arena` as this process maps it (and this process's mover).
-    pub(super) fn with_pages(mut self, arena: Arc<dyn Arena>, mover: Arc<dyn Mover>, ptr: LeasePtr, page_size: u64) -> Self {
+    pub(super) fn with_pages(
+        mut self,
+        arena: Arc<dyn Arena>,
+        mover: Arc<dyn Mover>,
+        ptr: LeasePtr,
+        page_size: u64,
+    ) -> Self {
         self.arena = Some(arena);
         self.mover = Some(mover);
         self.ptr = ptr;

@@ -6,12 +6,12 @@ use std::os::unix::net::UnixStream;
 
 use tokio::runtime::Handle;
 
-use crate::proto::codec::write_frame_blocking as send;
 use super::{CHUNK, MAX_CHUNK};
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::chunk::{ChunkError, ChunkHeader, Payload, CHUNK_HEADER_LEN};
+use crate::proto::codec::write_frame_blocking as send;
 use crate::proto::convert::refusal;
 use crate::proto::message::Message;
 

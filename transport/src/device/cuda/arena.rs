@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::context::GpuContext;
 use super::driver::cu;
 use super::host::{PinnedHostMemory, RegisteredHostMemory};
+use super::stream::Stream;
 use super::vmm::{set_access, Mapping, PhysicalChunk, VirtualRange};
 use crate::device::arena::{check_bounds, copy_parts, write_gathered, Arena};
 use crate::device::error::DeviceError;
@@ -20,6 +21,10 @@ pub struct GpuArena {
     /// Pinned host memory for small writes (made at the first one): a copy from it is one DMA that is done when
     /// the call returns, where pageable memory costs the driver's own staging and a context synchronisation.
     staging: std::sync::Mutex<Option<PinnedHostMemory>>,
+    /// The stream fills run on (made at the first one): a stream of its own that does not wait for other
+    /// work, so a fill costs only itself. On the legacy default stream, with the context synchronised after it
+    /// as before, it waited for every copy the movers had queued and for the caller's own kernels.
+    fill_stream: std::sync::Mutex<Option<Stream>>,
     // Field order is drop order: unmap, then release the chunks, then free the range.
     _mappings: Vec<Mapping>,
     chunks: Vec<PhysicalChunk>,
@@ -87,7 +92,15 @@ impl GpuArena {
             off += c.len();
         }
         set_access(range.base(), off, accessors)?;
-        Ok(GpuArena { staging: std::sync::Mutex::new(None), _mappings: mappings, chunks, range, gpu, ctx })
+        Ok(GpuArena {
+            staging: std::sync::Mutex::new(None),
+            fill_stream: std::sync::Mutex::new(None),
+            _mappings: mappings,
+            chunks,
+            range,
+            gpu,
+            ctx,
+        })
     }
 
     /// Number of physical chunks.
@@ -173,11 +186,16 @@ impl Arena for GpuArena {
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {
         check_bounds(self.location(), self.len(), offset, len)?;
         self.ctx.bind()?;
-        // SAFETY: the range is inside the mapped arena (checked).
-        unsafe {
-            cu!(cuMemsetD8_v2(self.range.base() + offset, byte, len as usize))?;
-            cu!(cuCtxSynchronize())
+        let mut stream = self.fill_stream.lock().unwrap_or_else(|p| p.into_inner());
+        if stream.is_none() {
+            *stream = Some(Stream::new(Arc::clone(&self.ctx))?);
         }
+        let Some(stream) = stream.as_ref() else {
+            return Err(DeviceError::InvalidArgument("no fill stream".into()));
+        };
+        // SAFETY: the range is inside the mapped arena (checked); the stream is this context's.
+        unsafe { cu!(cuMemsetD8Async(self.range.base() + offset, byte, len as usize, stream.raw()))? };
+        stream.synchronize()
     }
 
     fn as_any(&self) -> &dyn Any {
