@@ -237,11 +237,21 @@ def setup_resident(a):
     return accumulating_step(a, model, opt), info
 
 
-@torch.no_grad()
-def dump_tensors(a, model, opt, inp, out_dir, limit=256 << 20):
+def dump_tensors(a, model, opt, inp, tgt, out_dir, limit=256 << 20):
     """Writes the middle block's state after training as raw little-endian files (at most `limit` bytes each):
-    what the fabric's storage tier would hold of a real model, for its compression figures."""
+    what the fabric's storage tier would hold of a real model, for its compression figures. The gradients are
+    those of one more micro-batch (the training loop leaves none behind)."""
     os.makedirs(out_dir, exist_ok=True)
+    first = lambda t: t[0] if isinstance(t, list) else t
+    with autocast():
+        loss = model(first(inp), first(tgt))
+    loss.backward()
+    with torch.no_grad():
+        _dump_block(a, model, opt, first(inp), out_dir, limit)
+    opt.zero_grad(set_to_none=True)
+
+
+def _dump_block(a, model, opt, inp, out_dir, limit):
     blk = model.blocks[len(model.blocks) // 2]
     params = [getattr(blk, n) for n in blk.names]
     flat = lambda ts: torch.cat([t.detach().reshape(-1) for t in ts])
@@ -253,7 +263,7 @@ def dump_tensors(a, model, opt, inp, out_dir, limit=256 << 20):
         "grads.bf16": flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in params]).to(BF16),
     }
     with autocast():
-        x = model.embed(inp[0] if isinstance(inp, list) else inp)
+        x = model.embed(inp)
         for b in model.blocks[: len(model.blocks) // 2 + 1]:
             x = b(x)
     files["activations.bf16"] = x.reshape(-1).to(BF16)
@@ -692,7 +702,7 @@ def main():
         with open(a.json, "a") as f:
             f.write(line + "\n")
     if a.dump_tensors:
-        dump_tensors(a, *dump, inp, a.dump_tensors)
+        dump_tensors(a, *dump, inp, tgt, a.dump_tensors)
     if a.mode == "fsdp":
         import torch.distributed as dist
         dist.destroy_process_group()

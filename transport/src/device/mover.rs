@@ -111,13 +111,17 @@ pub fn choose_engine(plan: &Plan, from: Location, to: Location, config: &MoverCo
 }
 
 /// Which way a move goes as seen from the GPU that executes it: each GPU has one queue (stream) per way, so a
-/// GPU sending and receiving at once runs both concurrently.
+/// GPU sending and receiving at once runs both concurrently, and moves within it never wait behind either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Way {
     /// The executing GPU is the destination (fetches, pulls).
     Inbound,
-    /// The executing GPU is the source, or source and destination (evictions, pushes, compaction).
+    /// The executing GPU is the source (evictions, write-backs, pushes).
     Outbound,
+    /// Source and destination are the executing GPU (compaction, pages gathered into a lease's run): copies at
+    /// the memory's speed that a caller usually waits for, so they have a queue of their own instead of
+    /// waiting behind gigabytes of write-backs queued at PCIe speed.
+    Within,
 }
 
 /// Where and how a batch runs: the engine, the GPU whose queue it goes on, and which of its queues.
@@ -152,7 +156,7 @@ pub fn plan_execution(
         KernelSide::Auto => config.sm_blocks >= 16,
     };
     let (gpu, way) = match (from, to) {
-        (Location::Gpu(a), Location::Gpu(b)) if a == b => (a, Way::Outbound),
+        (Location::Gpu(a), Location::Gpu(b)) if a == b => (a, Way::Within),
         (Location::Gpu(a), Location::Gpu(b)) => match engine {
             Engine::SmKernel if pull => (b, Way::Inbound),
             _ => (a, Way::Outbound),
@@ -363,6 +367,10 @@ mod tests {
         assert_eq!(e.blocks, 4, "PCIe needs few SMs");
         let e = plan_execution(&p, Location::Gpu(1), Location::Gpu(0), k, &cfg).unwrap();
         assert_eq!(e.blocks, 16);
+        for engine in [k, EngineChoice::CopyEngine] {
+            let e = plan_execution(&p, Location::Gpu(1), Location::Gpu(1), engine, &cfg).unwrap();
+            assert_eq!((e.gpu, e.way), (1, Way::Within), "moves within a GPU queue apart from its PCIe traffic");
+        }
         assert!(MoverConfig { host_sm_blocks: 0, ..cfg }.validate().is_err());
         assert!(MoverConfig { threads_per_block: 2048, ..cfg }.validate().is_err());
         assert!(cfg.validate().is_ok());

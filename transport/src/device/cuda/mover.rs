@@ -75,6 +75,7 @@ struct GpuLanes {
     ctx: Arc<GpuContext>,
     inbound: Mutex<Lane>,
     outbound: Mutex<Lane>,
+    within: Mutex<Lane>,
     kernel: Kernel,
 }
 
@@ -104,6 +105,7 @@ impl CudaMover {
                 ctx: Arc::clone(ctx),
                 inbound: lane()?,
                 outbound: lane()?,
+                within: lane()?,
                 kernel: module.kernel(PAGE_COPY_KERNEL)?,
             });
         }
@@ -122,6 +124,7 @@ impl CudaMover {
         let m = match exec.way {
             Way::Inbound => &g.inbound,
             Way::Outbound => &g.outbound,
+            Way::Within => &g.within,
         };
         // A panic while a lane was held leaves nothing half-done that matters here: the stream is still valid.
         Ok((g, m.lock().unwrap_or_else(|p| p.into_inner())))

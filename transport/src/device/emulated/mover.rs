@@ -48,7 +48,7 @@ impl Drop for Worker {
 /// Moves pages between emulated arenas.
 pub struct EmulatedMover {
     config: MoverConfig,
-    workers: HashMap<(u16, bool), Mutex<Worker>>,
+    workers: HashMap<(u16, Way), Mutex<Worker>>,
     gpus: usize,
 }
 
@@ -57,9 +57,8 @@ impl EmulatedMover {
         config.validate().map_err(|e| DeviceError::InvalidArgument(e.to_string()))?;
         let mut workers = HashMap::new();
         for g in 0..gpus.max(1) as u16 {
-            for inbound in [false, true] {
-                let name = format!("vf-emu-gpu{g}-{}", if inbound { "in" } else { "out" });
-                workers.insert((g, inbound), Mutex::new(Worker::spawn(name)?));
+            for (way, name) in [(Way::Inbound, "in"), (Way::Outbound, "out"), (Way::Within, "within")] {
+                workers.insert((g, way), Mutex::new(Worker::spawn(format!("vf-emu-gpu{g}-{name}"))?));
             }
         }
         Ok(EmulatedMover { config, workers, gpus })
@@ -102,7 +101,7 @@ impl Mover for EmulatedMover {
         let (plan, exec) = prepare(src.as_ref(), dst.as_ref(), batch, engine, &self.config, ours)?;
         let worker = self
             .workers
-            .get(&(exec.gpu, exec.way == Way::Inbound))
+            .get(&(exec.gpu, exec.way))
             .ok_or(DeviceError::NoSuchGpu { gpu: exec.gpu, count: self.gpus })?;
         let slot: Slot = Arc::new((Mutex::new(None), Condvar::new()));
         let (s, d, job_slot, job_plan) = (Arc::clone(src), Arc::clone(dst), Arc::clone(&slot), plan.clone());
