@@ -82,10 +82,10 @@ impl Directory {
         if all_here && (in_run || !req.contiguous) {
             return Ok(Step::Done(self.grant(req, dev, first, cur.into_iter().flatten().collect(), in_run)));
         }
-        if !self.in_flight.is_empty() {
-            // Stages take frames and evict: only with no prefetch in flight (it may hold pages this one wants).
-            return Ok(Step::Wait);
-        }
+        // Stages in flight elsewhere do not hold this one up: those over the request's pages made it wait
+        // above, and the frames the others write or read are pinned, so the evictions and compaction planned
+        // here leave them be (as a prefetch's own room-making does). Waiting for every one of them made each
+        // acquire that needed a copy wait for all write-backs queued at PCIe speed.
         if dev != self.host {
             // Pages only on the storage tier come through host memory.
             let away: Vec<u32> = (0..n).filter(|&k| cur[k as usize].is_none()).map(|k| first + k).collect();
