@@ -38,6 +38,16 @@ impl Directory {
     /// One step of an acquire: either the lease, or the next stage of copies it needs (evictions, compaction,
     /// fetches), after which the caller commits and calls again.
     pub fn step_acquire(&mut self, req: &mut AcquireRequest) -> Result<Step<LeaseGrant>, DirectoryError> {
+        match self.plan_acquire(req) {
+            // The frames stages in flight hold (pinned) come free as they land: wait for them before calling
+            // the device full.
+            Err(DirectoryError::OutOfMemory { .. }) if !self.in_flight.is_empty() => Ok(Step::Wait),
+            other => other,
+        }
+    }
+
+    /// [`Directory::step_acquire`], but for waiting on stages in flight when the device seems full.
+    fn plan_acquire(&mut self, req: &mut AcquireRequest) -> Result<Step<LeaseGrant>, DirectoryError> {
         let (first, n) = self.span(&req.region, req.offset, req.len)?;
         let dev = self.dev(req.device)?;
         if Some(dev) == self.storage {
@@ -104,25 +114,31 @@ impl Directory {
                     return Ok(Step::Stage(stage));
                 }
                 if self.available(dev) < n {
+                    if !self.in_flight.is_empty() {
+                        // What stages in flight pin comes free as they land.
+                        return Ok(Step::Wait);
+                    }
                     // Nothing more can leave: place page by page where there is room.
                     req.contiguous = false;
-                    return self.step_acquire(req);
+                    return self.plan_acquire(req);
                 }
             }
             let d = &self.devs[usize::from(dev)];
             if d.frames.largest_free_run() < n {
                 return match d.frames.compaction_plan(n) {
                     Ok(plan) if !plan.is_noop() => Ok(Step::Stage(self.compaction_stage(dev, plan))),
+                    // Every window holds a pinned frame: those of stages in flight come free as they land.
+                    _ if !self.in_flight.is_empty() => Ok(Step::Wait),
                     _ => {
                         req.contiguous = false;
-                        self.step_acquire(req)
+                        self.plan_acquire(req)
                     }
                 };
             }
             let run = self.devs[usize::from(dev)].frames.free_runs().find(|r| r.len >= n).map(|r| r.start);
             let Some(start) = run else {
                 req.contiguous = false;
-                return self.step_acquire(req);
+                return self.plan_acquire(req);
             };
             self.take_run(dev, start, n, tenant)?;
             let targets: Vec<u32> = (start..start + n).collect();

@@ -1,0 +1,160 @@
+"""The layer stream's traffic pattern at the training benchmark's proportions, on the emulated device (no GPU, no
+torch): what the fabric moves and where its callers wait, per step, for a schedule change made on a machine
+without a GPU. Not a speed figure (the emulated device copies in host memory); the bytes compacted, fetched
+and written back, and the number of stages and waits, are the large model's in miniature.
+
+    python3 bench/scripts/stream_proxy.py [--layers 20] [--host-layers 10] [--steps 6]   # vfabric importable
+
+Proportions of the large run (`train_bench.sh` large_vfabric): a block's optimizer states in about 26 parts of
+48 pages (2 MiB pages there, 64 KiB here), a fabric arena about four blocks' states, half the blocks stepping on
+the CPU. Here: d 512, hidden 2048 (2.1 M parameters a block, 25 MB of states), parts of 48 pages, an arena of
+four blocks' states.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import vfabric
+from vfabric.streaming import AdamW, LayerStream, ParamSpec
+
+PAGE = 64 << 10
+OPT = AdamW(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+class NumpyOps:
+    """The stream's array operations on NumPy (the emulated device's memory is host memory)."""
+
+    def flat(self, lease):
+        return lease.numpy()
+
+    def view(self, flat, offset, dtype, shape):
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        return flat[offset : offset + n].view(dt).reshape(shape)
+
+    def buffer(self, nbytes):
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def copy(self, dst, src):
+        np.copyto(dst, src, casting="unsafe")
+
+    def add(self, dst, src):
+        dst += src
+
+    def adamw(self, p, g, m, v, step, opt):
+        # The bytes an optimizer step touches, not its arithmetic: the pattern is what is measured.
+        p -= np.float32(opt.lr) * g
+
+    def event(self):
+        return _Done()
+
+
+class _Done:
+    def wait(self):
+        pass
+
+
+def config(budget_mib, host_mib):
+    return f"""
+[cluster]
+name = "stream-proxy"
+[device]
+backend = "emulated"
+emulated_gpus = 1
+emulated_gpu_memory = "{budget_mib * 2}MiB"
+[memory]
+page_size = "64KiB"
+gpu_budget = "{budget_mib}MiB"
+host_arena = "{host_mib}MiB"
+readahead = "0"
+[[node]]
+name = "local"
+"""
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=20)
+    p.add_argument("--host-layers", type=int, default=10)
+    p.add_argument("--d", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--part-pages", type=int, default=48, help="pages of optimizer states a part")
+    p.add_argument("--arena-blocks", type=float, default=4.0, help="the fabric's GPU arena, in blocks' states")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--json", help="append the result line here")
+    a = p.parse_args()
+
+    specs = [ParamSpec("a", (a.d, a.hidden), "float16"), ParamSpec("b", (a.hidden, a.d), "float16")]
+    numel = 2 * a.d * a.hidden
+    state_bytes = 12 * numel
+    budget_mib = max(8, int(a.arena_blocks * state_bytes / (1 << 20)))
+    host_mib = int(a.layers * (state_bytes + 10 * numel) / (1 << 20)) + 256
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "proxy.toml")
+        with open(path, "w") as f:
+            f.write(config(budget_mib, host_mib))
+        fabric = vfabric.Fabric(path)
+    stream = LayerStream(fabric, "gpu0", NumpyOps(), OPT, lookahead=2, host_ops=NumpyOps(),
+                         piece_bytes=a.part_pages * PAGE)
+    rng = np.random.default_rng(1)
+    for i in range(a.layers):
+        vals = {s.name: (rng.standard_normal(s.shape) * 0.02).astype(np.float32).reshape(-1) for s in specs}
+        stream.add_layer(specs, lambda name, v=vals: v[name], on_host=i >= a.layers - a.host_layers)
+    grads = {s.name: np.full(s.shape, 1e-3, dtype=np.float32) for s in specs}
+    x = np.zeros((4, a.d), dtype=np.float32)
+
+    def step():
+        for i in range(a.layers):
+            w = stream.forward_weights(i)
+            x[0, 0] += float(w["a"][0, 0])  # touches the lease
+            del w
+            stream.forward_done(i)
+        for i in reversed(range(a.layers)):
+            w = stream.backward_weights(i)
+            del w
+            stream.backward_done(i, grads)
+
+    def figures():
+        st = fabric.stats()
+        return st["traffic"], st["stalls"], dict(stream.waited)
+
+    times = []
+    for k in range(a.steps):
+        if k == a.warmup:
+            t0, s0, w0 = figures()
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    stream.flush()
+    t1, s1, w1 = figures()
+    n = a.steps - a.warmup
+    per = lambda new, old, scale: {k: round((new[k] - old[k]) / n / scale, 3) for k in new}
+    res = {
+        "layers": a.layers,
+        "host_layers": a.host_layers,
+        "part_pages": a.part_pages,
+        "arena_MiB": budget_mib,
+        "block_state_MiB": round(state_bytes / (1 << 20), 1),
+        "traffic_MiB_per_step": per(t1, t0, 1 << 20),
+        "stalls_per_step": {k.replace("_ns", "_ms"): round(v / 1e6, 1) if k.endswith("_ns") else v
+                            for k, v in per(s1, s0, 1).items()},
+        "waited_s_per_step": per(w1, w0, 1),
+        "step_s": [round(t, 3) for t in times],
+    }
+    print(json.dumps(res, indent=1))
+    if a.json:
+        with open(a.json, "a") as f:
+            f.write(json.dumps(res) + "\n")
+    stream.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
