@@ -36,6 +36,11 @@ pub struct StorageArgs {
     /// Pages a call hands the tier (as an eviction stage does).
     #[arg(long, default_value_t = 64)]
     pub batch: u64,
+    /// Callers handing the tier calls at once (1, 2 or 4; the fabric's evictions and prefetch windows run
+    /// beside each other), sharing the depth: each keeps `depth / callers` requests in flight, so the tier
+    /// never has more in flight than fio.
+    #[arg(long, default_value_t = 2)]
+    pub callers: u32,
     /// The fio to run beside it.
     #[arg(long, default_value = "fio")]
     pub fio: PathBuf,
@@ -66,6 +71,8 @@ pub struct IoRow {
     pub compression: String,
     /// Requests in flight.
     pub depth: u32,
+    /// Callers at once (the tier's; fio runs one job).
+    pub callers: u32,
     /// Page bytes moved.
     pub bytes: u64,
     /// Seconds.
@@ -91,6 +98,7 @@ fn row(
         data,
         compression: c.to_string(),
         depth,
+        callers: 1,
         bytes,
         seconds: secs,
         gb_s: bytes as f64 / secs.max(1e-9) / 1e9,
@@ -99,7 +107,8 @@ fn row(
 }
 
 /// The tier writing every slot in order, reading them back in order, then in a random order, `batch` pages a
-/// call; the file is removed at the end. Every read is checked by the tier; the bytes are compared here too.
+/// call, the calls dealt round-robin to `args.callers` threads sharing the depth; the file is removed at the
+/// end. Every read is checked by the tier; the bytes are compared here too.
 fn tier_passes(
     args: &StorageArgs,
     path: &Path,
@@ -110,46 +119,80 @@ fn tier_passes(
     let ps = args.page_size.bytes();
     let slots = args.size.bytes() / ps;
     let batch = args.batch.clamp(1, slots.max(1));
-    let tier = StorageFile::create(&StorageSpec { path: path.to_owned(), bytes: slots * ps, page_size: ps, depth })
-        .map_err(|e| e.to_string())?;
-    let mut src = AlignedBuffer::new((batch * ps) as usize).ok_or("no memory for the pages")?;
+    let callers = args.callers.max(1);
+    let per_caller = (depth / callers).max(1);
+    let tier = StorageFile::create(&StorageSpec {
+        path: path.to_owned(),
+        bytes: slots * ps,
+        page_size: ps,
+        depth: per_caller,
+    })
+    .map_err(|e| e.to_string())?;
     let fill = compression::synthetic(
         if data == "sparse" { "sparse: zeros, a number every 4 KiB" } else { "random bytes" },
-        src.len(),
+        (batch * ps) as usize,
         7,
     );
-    src.copy_from_slice(&fill);
-    let mut dst = AlignedBuffer::new((batch * ps) as usize).ok_or("no memory for the pages")?;
-    let calls: Vec<Vec<u64>> = (0..slots).collect::<Vec<_>>().chunks(batch as usize).map(<[u64]>::to_vec).collect();
-    let t = Instant::now();
-    for call in &calls {
-        let pages: Vec<(u64, &[u8])> =
-            call.iter().enumerate().map(|(k, &s)| (s, &src[k * ps as usize..(k + 1) * ps as usize])).collect();
-        tier.write(&pages, c).map_err(|e| e.to_string())?;
-    }
-    let mut rows = vec![row("vfabric", "write", data, c, depth, slots * ps, t.elapsed().as_secs_f64())];
-    let (file_bytes, _) = tier.stored();
-    rows[0].stored_share = Some(file_bytes as f64 / (slots * ps) as f64);
+    let sequential: Vec<u64> = (0..slots).collect();
     let random: Vec<u64> = shuffled(slots as u32, 0x5EED).into_iter().map(u64::from).collect();
-    for (op, order) in [("read", (0..slots).collect::<Vec<u64>>()), ("randread", random)] {
+    let mut rows = Vec::new();
+    for (op, order) in [("write", &sequential), ("read", &sequential), ("randread", &random)] {
+        let calls: Vec<&[u64]> = order.chunks(batch as usize).collect();
         let t = Instant::now();
-        let mut bad = 0u64;
-        for call in order.chunks(batch as usize) {
-            let mut pages: Vec<(u64, &mut [u8])> = call.iter().copied().zip(dst.chunks_mut(ps as usize)).collect();
-            tier.read(&mut pages).map_err(|e| e.to_string())?;
-            // Slot s holds the page written from place s % batch of the source.
-            for (&s, got) in call.iter().zip(dst.chunks(ps as usize)) {
-                let k = (s % batch) as usize * ps as usize;
-                bad += u64::from(got != &src[k..k + ps as usize]);
-            }
-        }
+        let bad: u64 = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..callers as usize)
+                .map(|w| {
+                    let (tier, fill, calls) = (&tier, &fill, &calls);
+                    scope.spawn(move || caller(tier, op, fill, calls.iter().skip(w).step_by(callers as usize), ps, c))
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a caller panicked".into())))
+                .sum::<Result<u64, String>>()
+        })?;
         let secs = t.elapsed().as_secs_f64();
         if bad > 0 {
             return Err(format!("{bad} pages read back from the tier differ from what was written"));
         }
-        rows.push(row("vfabric", op, data, c, depth, slots * ps, secs));
+        let mut r = row("vfabric", op, data, c, depth, slots * ps, secs);
+        r.callers = callers;
+        if op == "write" {
+            let (file_bytes, _) = tier.stored();
+            r.stored_share = Some(file_bytes as f64 / (slots * ps) as f64);
+        }
+        rows.push(r);
     }
     Ok(rows)
+}
+
+/// One caller's share of a pass: its calls in turn, from and into buffers of its own. Slot s holds the page
+/// written from place s % batch of `fill`. Returns the pages read back wrong.
+fn caller<'a>(
+    tier: &StorageFile,
+    op: &str,
+    fill: &[u8],
+    calls: impl Iterator<Item = &'a &'a [u64]>,
+    ps: u64,
+    c: Compression,
+) -> Result<u64, String> {
+    let batch = fill.len() / ps as usize;
+    let mut src = AlignedBuffer::new(fill.len()).ok_or("no memory for the pages")?;
+    src.copy_from_slice(fill);
+    let mut dst = AlignedBuffer::new(fill.len()).ok_or("no memory for the pages")?;
+    let page = |s: u64| &src[(s as usize % batch) * ps as usize..][..ps as usize];
+    let mut bad = 0;
+    for call in calls {
+        if op == "write" {
+            let pages: Vec<(u64, &[u8])> = call.iter().map(|&s| (s, page(s))).collect();
+            tier.write(&pages, c).map_err(|e| e.to_string())?;
+            continue;
+        }
+        let mut pages: Vec<(u64, &mut [u8])> = call.iter().copied().zip(dst.chunks_mut(ps as usize)).collect();
+        tier.read(&mut pages).map_err(|e| e.to_string())?;
+        bad += call.iter().zip(dst.chunks(ps as usize)).filter(|&(&s, got)| got != page(s)).count() as u64;
+    }
+    Ok(bad)
 }
 
 /// fio over the same path: write in order, read in order, random read, each its own job; the file removed.
@@ -195,6 +238,12 @@ pub fn run(args: &StorageArgs, command_line: &str) -> Result<(), String> {
     let path = args.dir.join("vfabric-storage-bench.tier");
     let _ = std::fs::remove_file(&path);
     let mut io = Vec::new();
+    if ![1, 2, 4].contains(&args.callers) {
+        return Err(format!("--callers {}: 1, 2 or 4", args.callers));
+    }
+    if let Some(d) = args.depth.iter().find(|&&d| d < args.callers || !d.is_power_of_two()) {
+        return Err(format!("--depth {d}: a power of two, at least --callers ({})", args.callers));
+    }
     for &depth in &args.depth {
         eprintln!("depth {depth}: the tier, then fio, over {} of {} pages", args.size, args.page_size);
         io.extend(tier_passes(args, &path, depth, "random", Compression::None)?);
@@ -248,11 +297,12 @@ fn markdown(args: &StorageArgs, command_line: &str, date: &str, io: &[IoRow], co
     let _ = writeln!(md, "- command: `{command_line}`");
     let _ = writeln!(
         md,
-        "- file of {} in `{}`, pages of {}, {} pages a call to the tier; fio: one job, `--direct=1 --ioengine=io_uring`, the same block size, depth and path; the tier checks every page's xxh3 as it reads, and the benchmark compares every page read back with what was written, both inside the timed reads; fio checks nothing",
+        "- file of {} in `{}`, pages of {}, {} pages a call to the tier from {} callers at once sharing the depth; fio: one job, `--direct=1 --ioengine=io_uring`, the same block size, depth and path; the tier checks every page's xxh3 as it reads, and the benchmark compares every page read back with what was written, both inside the timed reads; fio checks nothing",
         args.size,
         args.dir.display(),
         args.page_size,
-        args.batch
+        args.batch,
+        args.callers
     );
     let _ = writeln!(md, "\n## The tier beside fio\n");
     let _ = writeln!(md, "| engine | op | data | compression | depth | GB/s | tier / fio | file bytes / page bytes |");

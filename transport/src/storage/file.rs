@@ -18,12 +18,16 @@ use super::buffer::{AlignedBuffer, DIRECT_ALIGN};
 use super::codec::{blocks, unpack, Packer};
 use super::error::StorageError;
 use super::ring::{Op, Request, Ring};
+use super::rings::{Rings, Taken};
 
 /// The first bytes of a tier's file: a file that starts with them is a tier of an earlier run (reset, never
 /// trusted); one that does not is somebody else's (left alone).
 const MAGIC: &[u8; 8] = b"VFABTIER";
 /// The header block before the first slot.
 const HEADER: u64 = DIRECT_ALIGN as u64;
+/// Most rings (callers with requests in flight at once) a tier has: the fabric's evictions beside its
+/// prefetch's staging windows.
+const RINGS: usize = 4;
 
 /// What a storage tier is: where, how large, in pages of what size, and how many requests it keeps in flight.
 #[derive(Debug, Clone)]
@@ -44,7 +48,8 @@ pub struct StorageFile {
     path: PathBuf,
     page_size: u64,
     slots: u64,
-    io: Mutex<Io>,
+    depth: u32,
+    io: Rings<Io>,
     /// Per slot, the page it holds, if it holds one.
     held: Mutex<Vec<Option<Held>>>,
 }
@@ -57,7 +62,7 @@ struct Held {
     packed: Option<(u32, Compression)>,
 }
 
-/// The ring and the memory packed pages pass through, used by one request at a time.
+/// A ring and the memory packed pages pass through, used by one batch at a time.
 struct Io {
     ring: Ring,
     packer: Packer,
@@ -79,6 +84,12 @@ fn staging(
         })?);
     }
     Ok(held.as_mut().expect("just made"))
+}
+
+impl Io {
+    fn new(depth: u32) -> Result<Io, StorageError> {
+        Ok(Io { ring: Ring::new(depth)?, packer: Packer::default(), staging: None })
+    }
 }
 
 impl StorageFile {
@@ -120,7 +131,8 @@ impl StorageFile {
             path: path.clone(),
             page_size: ps,
             slots: spec.bytes / ps,
-            io: Mutex::new(Io { ring: Ring::new(spec.depth)?, packer: Packer::default(), staging: None }),
+            depth: spec.depth,
+            io: Rings::new(Io::new(spec.depth)?, RINGS),
             held: Mutex::new(vec![None; (spec.bytes / ps) as usize]),
         };
         // From here on, dropping `tier` removes the file.
@@ -177,7 +189,7 @@ impl StorageFile {
                 table[r.slot as usize] = None;
             }
         }
-        let mut io = self.lock_io();
+        let mut io = self.take_io()?;
         let Io { ring, packer, staging: held_staging } = &mut *io;
         if compression != Compression::None {
             let staging = staging(held_staging, pages.len(), ps)?;
@@ -222,7 +234,7 @@ impl StorageFile {
             }
         }
         self.check_distinct(&requests)?;
-        let mut io = self.lock_io();
+        let mut io = self.take_io()?;
         let Io { ring, staging: held_staging, .. } = &mut *io;
         let mut staging =
             if held.iter().any(|h| h.packed.is_some()) { Some(staging(held_staging, pages.len(), ps)?) } else { None };
@@ -299,9 +311,8 @@ impl StorageFile {
         }
     }
 
-    fn lock_io(&self) -> std::sync::MutexGuard<'_, Io> {
-        // A panic while the ring was held leaves it drained (`Ring::run` collects every completion first).
-        self.io.lock().unwrap_or_else(|p| p.into_inner())
+    fn take_io(&self) -> Result<Taken<'_, Io>, StorageError> {
+        self.io.take(|| Io::new(self.depth))
     }
 
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Vec<Option<Held>>> {
