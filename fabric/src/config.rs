@@ -129,6 +129,12 @@ pub struct TenantSection {
     pub host: Option<ByteSize>,
     /// Bytes of the storage tier.
     pub storage: Option<ByteSize>,
+    /// Unix users whose local clients act as this tenant: the node's agent admits them (its socket then opens
+    /// to every user; their credentials decide), charges what they allocate to this tenant, and refuses them
+    /// other tenants' regions and the operator's calls (mapping the node's memory, migrations, the node's
+    /// figures). The agent's own user stays the operator, acting for any tenant.
+    #[serde(default)]
+    pub uids: Vec<u32>,
 }
 
 /// `[device]`: which device layer runs.
@@ -423,6 +429,11 @@ impl ClusterConfig {
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
             return Err(bad(format!("tenant {} is listed twice", w[0])));
+        }
+        let mut uids: Vec<u32> = self.tenants.iter().flat_map(|t| t.uids.iter().copied()).collect();
+        uids.sort_unstable();
+        if let Some(w) = uids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(bad(format!("uid {} belongs to more than one tenant", w[0])));
         }
         self.mover.validate().map_err(|e| bad(e.to_string()))?;
         if self.device.emulated_gpus == 0 {

@@ -1,7 +1,7 @@
 //! The agent's limits on local clients: out of file descriptors it keeps serving (while it cannot accept,
-//! clients wait in the socket's backlog; once descriptors are free again, the next client is served), and past
-//! `network.max_local_clients` a new client is refused with a reason. The agent runs in a process of its own
-//! (ended by the test, by its PID).
+//! clients wait in the socket's backlog; once descriptors are free again, the next client is served), past
+//! `network.max_local_clients` a new client is refused with a reason, and a tenant's client is held to its own
+//! tenant. The agent runs in a process of its own (ended by the test, by its PID).
 
 mod common;
 use common::Ended;
@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vfabric::proto::codec::{read_frame_blocking, write_frame_blocking, PROTOCOL_VERSION};
-use vfabric::proto::Message;
+use vfabric::proto::{ErrorKind as Refused, Message, WireRegion};
 
 /// Says hello on a new connection; whether the agent welcomed it within `wait`.
 fn welcomed(socket: &std::path::Path, wait: Duration) -> bool {
@@ -35,7 +35,8 @@ fn start_agent(
     network: &str,
     files: Option<u64>,
 ) -> (std::path::PathBuf, std::path::PathBuf, Ended) {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    // Under the system's temporary folder, which other users can reach (the tenants' clients run as them).
+    let dir = std::env::temp_dir().join(format!("vfabric-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch folder");
     let config = dir.join("solo.toml");
@@ -137,6 +138,121 @@ fn clients_past_the_limit_are_refused_with_a_reason() {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(held);
+    drop(agent);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// Runs `/usr/bin/python3` as `uid`: connects to `socket` and sends each item of `items` (bytes; `true` when an
+/// answer frame follows, read before the next item). Returns the answers in order, `None` where none came (the
+/// agent closed the connection).
+fn as_user(uid: u32, socket: &std::path::Path, items: &[(Vec<u8>, bool)]) -> Vec<Option<Message>> {
+    let script = "import socket,sys\n\
+                  s=socket.socket(socket.AF_UNIX)\ns.settimeout(10)\ns.connect(sys.argv[1])\n\
+                  def take(n):\n  b=b''\n  while len(b)<n:\n    c=s.recv(n-len(b))\n    if not c: return None\n    b+=c\n  return b\n\
+                  try:\n  for item in sys.argv[2:]:\n    kind,data=item.split(':')\n    s.sendall(bytes.fromhex(data))\n\
+                  \x20   if kind=='f':\n      h=take(12)\n      b=take(int.from_bytes(h[8:12],'big')) if h else None\n\
+                  \x20     print((h+b).hex() if b is not None else '-')\n\
+                  except (ConnectionResetError, BrokenPipeError):\n  print('-')\n";
+    let args: Vec<String> = items
+        .iter()
+        .map(|(bytes, answer)| {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{}:{hex}", if *answer { "f" } else { "r" })
+        })
+        .collect();
+    let out = Command::new("/usr/bin/python3").args(["-c", script]).arg(socket).args(&args).uid(uid).output();
+    let out = out.expect("/usr/bin/python3 (apt-get install python3)");
+    assert!(out.status.success(), "the client as uid {uid} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let bytes: Vec<u8> =
+                (0..l.len() / 2).filter_map(|i| u8::from_str_radix(&l[2 * i..2 * i + 2], 16).ok()).collect();
+            read_frame_blocking(&mut std::io::Cursor::new(bytes), 1 << 20).ok().flatten()
+        })
+        .collect()
+}
+
+fn frame(m: &Message) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    vfabric::proto::codec::encode(m, 1 << 20, &mut out).expect("encode");
+    (out, true)
+}
+
+/// A `Write` of one 4 KiB chunk to `region`: the frame, then its payload (no answer between them).
+fn write_of(region: WireRegion) -> [(Vec<u8>, bool); 2] {
+    let bytes = vec![0x5au8; 4096];
+    let mut payload = vfabric::proto::ChunkHeader::for_payload(0, &bytes).encode().to_vec();
+    payload.extend_from_slice(&bytes);
+    let (head, _) = frame(&Message::Write { region, offset: 0, len: 4096 });
+    [(head, false), (payload, true)]
+}
+
+fn denied(answer: &Option<Message>) -> String {
+    match answer {
+        Some(Message::Error { kind: Refused::PermissionDenied, message }) => message.clone(),
+        other => panic!("expected PermissionDenied, got {other:?}"),
+    }
+}
+
+/// Users a `[[tenant]]` lists act as that tenant: they allocate under its name only, touch only its regions (a
+/// handle of another tenant's region gets the answer a handle naming none gets), and cannot make the
+/// operator's calls; a user no tenant lists gets no answer at all; the agent's own user is served as before.
+#[test]
+fn a_tenants_client_sees_only_its_own_regions() {
+    common::require_root("its clients run as other users (uids 65532-65534)", "agent_limits");
+    let tenants = "[[tenant]]\nid = 7\nuids = [65534]\n[[tenant]]\nid = 8\nuids = [65533]\n";
+    let (dir, socket, agent) = start_agent("tenants", 47540, tenants, None);
+    let hello = frame(&Message::Hello {
+        cluster: "limits".into(),
+        node: 0,
+        protocol: PROTOCOL_VERSION,
+        lanes: 0,
+        latency_lane: false,
+    });
+    let alloc = |tenant: u32| {
+        frame(&Message::AllocWith {
+            size: 1 << 20,
+            device: None,
+            priority: 1,
+            tenant,
+            keep: true,
+            compression: 0,
+            reservation: None,
+        })
+    };
+    // Tenant 7 allocates without naming itself: the region is its.
+    let got = as_user(65534, &socket, &[hello.clone(), alloc(0)]);
+    assert!(matches!(got[0], Some(Message::Welcome { .. })), "{got:?}");
+    let Some(Message::Allocated { region }) = got[1].clone() else { panic!("tenant 7's allocation: {got:?}") };
+    let mut none = region.clone();
+    none.addr += 64 << 20;
+    // Tenant 8: refused tenant 7's region as it is a handle naming none, the operator's calls, and 7's name.
+    let mut items = vec![
+        hello.clone(),
+        frame(&Message::Read { region: region.clone(), offset: 0, len: 4096 }),
+        frame(&Message::Read { region: none, offset: 0, len: 4096 }),
+        frame(&Message::Free { region: region.clone() }),
+    ];
+    items.extend(write_of(region.clone()));
+    items.extend([frame(&Message::Stats), frame(&Message::Attach), alloc(7)]);
+    let got = as_user(65533, &socket, &items);
+    assert_eq!(got.len(), 8, "{got:?}");
+    let (theirs, nobodys) = (denied(&got[1]), denied(&got[2]));
+    let shape = |m: &str| m.split(" at ").next().unwrap_or_default().to_owned();
+    assert_eq!(shape(&theirs), shape(&nobodys), "another tenant's region and no region look alike");
+    for answer in &got[3..] {
+        denied(answer);
+    }
+    // Tenant 7 writes its region and frees it, on a connection that saw no refusal.
+    let mut items = vec![hello.clone()];
+    items.extend(write_of(region.clone()));
+    items.push(frame(&Message::Free { region }));
+    let got = as_user(65534, &socket, &items);
+    assert!(matches!(got[..], [Some(Message::Welcome { .. }), Some(Message::Done), Some(Message::Done)]), "{got:?}");
+    // A user no tenant lists gets no answer; the agent's own user is welcomed.
+    assert_eq!(as_user(65532, &socket, &[hello]), vec![None]);
+    assert!(welcomed(&socket, Duration::from_secs(5)), "the operator is served");
     drop(agent);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -73,6 +73,7 @@ exceptions! {
     OutOfBounds(FabricError) => "A byte range beyond the end of its region or of its lease.";
     InvalidAddress(FabricError) => "A region handle that names no region of the fabric.";
     UseAfterFree(FabricError) => "A region used after it was freed.";
+    PermissionDenied(FabricError) => "The caller's tenant may not do this: another tenant's region, another tenant's name, or an operator's call.";
     DoubleFree(FabricError) => "A region freed twice.";
     LeasedElsewhere(FabricError) => "Pages leased in a way that excludes this call (written elsewhere, or read while a write is asked).";
     DeviceUnavailable(FabricError) => "A device this node does not have, or that failed.";
@@ -103,6 +104,7 @@ pub fn to_py(e: RustError) -> PyErr {
         RustError::OutOfBounds { .. } => OutOfBounds::err(message),
         RustError::DoubleFree(_) => DoubleFree::err(message),
         RustError::UseAfterFree(_) => UseAfterFree::err(message),
+        RustError::PermissionDenied(_) => PermissionDenied::err(message),
         RustError::LeasedElsewhere { .. } => LeasedElsewhere::err(message),
         RustError::DeviceUnavailable(_) => DeviceUnavailable::err(message),
         RustError::ReadOnlyLease(_) => ReadOnlyLease::err(message),
@@ -151,6 +153,7 @@ fn remote(kind: ErrorKind, message: String) -> PyErr {
         ErrorKind::OutOfBounds => OutOfBounds::err(message),
         ErrorKind::DoubleFree => DoubleFree::err(message),
         ErrorKind::UseAfterFree => UseAfterFree::err(message),
+        ErrorKind::PermissionDenied => PermissionDenied::err(message),
         ErrorKind::LeasedElsewhere => LeasedElsewhere::err(message),
         ErrorKind::DeviceUnavailable => DeviceUnavailable::err(message),
         ErrorKind::UnknownLease => UnknownLease::err(message),

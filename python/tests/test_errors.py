@@ -14,6 +14,7 @@ ALL = [
     "OutOfBounds",
     "InvalidAddress",
     "UseAfterFree",
+    "PermissionDenied",
     "DoubleFree",
     "LeasedElsewhere",
     "DeviceUnavailable",

@@ -42,6 +42,9 @@ class InvalidAddress(FabricError):
 class UseAfterFree(FabricError):
     """A region used after it was freed."""
 
+class PermissionDenied(FabricError):
+    """The caller's tenant may not do this: another tenant's region, another tenant's name, or an operator's call."""
+
 class DoubleFree(FabricError):
     """A region freed twice."""
 

@@ -19,7 +19,13 @@ vfabric_tests::fabric_suite_tests!(config());
 fn tenant_quotas_come_from_the_configuration() {
     use vfabric::{Fabric, FabricError, Mode, Placement, TenantId};
     let mut c = config();
-    c.tenants.push(vfabric::config::TenantSection { id: 7, gpu: Some(ByteSize(2 << 20)), host: None, storage: None });
+    c.tenants.push(vfabric::config::TenantSection {
+        id: 7,
+        gpu: Some(ByteSize(2 << 20)),
+        host: None,
+        storage: None,
+        uids: Vec::new(),
+    });
     let f = Fabric::embedded(&c).expect("fabric");
     let g = vfabric::Location::Gpu(0);
     let q =

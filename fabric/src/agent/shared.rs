@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) buffers: BufferPool,
     /// Where the pages of other nodes' regions were last found.
     pub(crate) hints: Hints,
+    /// The cluster's tenants: which local users act as which (`local/tenancy.rs`).
+    pub(crate) tenants: Vec<crate::config::TenantSection>,
 }
 
 /// A lease a peer holds here: the peer, the connection it came over (the lease ends when that connection

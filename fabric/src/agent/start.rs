@@ -102,6 +102,7 @@ impl Agent {
             // Enough for the chunks in flight on every lane at the default windows (64 x 1 MiB).
             buffers: quic::BufferPool::new(64),
             net,
+            tenants: config.tenants.clone(),
         });
         let agent = Agent { shared };
         let serving = (0..agent.shared.endpoints.len())

@@ -73,6 +73,10 @@ pub enum FabricError {
     /// A region used after it was freed.
     #[error("region {0} was freed and cannot be used")]
     UseAfterFree(String),
+    /// A caller asked for what its tenant may not do or see: another tenant's region (or a handle naming none:
+    /// the two are not told apart), another tenant's name on an allocation, or an operator's call.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// A page is leased in a way that excludes this call (written elsewhere, or read while a write is asked).
     #[error("page {page} of region {region} is leased {how}")]
     LeasedElsewhere {

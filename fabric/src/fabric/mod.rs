@@ -437,6 +437,11 @@ impl Fabric {
         Ok((self.inner.counters.compacted.load(Ordering::Relaxed) - before) / self.inner.page_size)
     }
 
+    /// The tenant a region is charged to (what its placement named).
+    pub fn tenant_of(&self, region: &Region) -> Result<TenantId, FabricError> {
+        Ok(lock(&self.inner.state).dir.region(region)?.placement.tenant)
+    }
+
     /// The version of a byte range of a region: it changes whenever a write to one of its pages is released,
     /// so a copy of the range made at one version is current exactly while the version stays the same.
     pub fn version(&self, region: &Region, range: Range<u64>) -> Result<u64, FabricError> {

@@ -78,6 +78,7 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
         FabricError::OutOfBounds { .. } => ErrorKind::OutOfBounds,
         FabricError::DoubleFree(_) => ErrorKind::DoubleFree,
         FabricError::UseAfterFree(_) => ErrorKind::UseAfterFree,
+        FabricError::PermissionDenied(_) => ErrorKind::PermissionDenied,
         FabricError::LeasedElsewhere { .. } => ErrorKind::LeasedElsewhere,
         FabricError::DeviceUnavailable(_) => ErrorKind::DeviceUnavailable,
         FabricError::UnknownLease(_) => ErrorKind::UnknownLease,

@@ -109,6 +109,8 @@ pub enum ErrorKind {
     Checksum,
     /// A bug or an unexpected failure on the answering side.
     Internal,
+    /// The caller's tenant may not do this (added at the end: the variant order is the wire format).
+    PermissionDenied,
 }
 
 /// One control message. Every request goes on its own bidirectional stream: the requester writes one request

@@ -28,6 +28,7 @@ mod reserve;
 mod server;
 mod session;
 mod spin;
+mod tenancy;
 
 pub use attached::{AllocOptions, AttachedClient};
 pub use client::{default_socket, LocalClient};

@@ -16,13 +16,14 @@ use crate::proto::convert::refusal;
 use crate::proto::message::Message;
 
 impl Agent {
-    /// Takes a write's chunks, each verified before it is written (no buffer of the claimed size): the call's
-    /// result, or `Err` when the connection must close (a bad chunk leaves the stream out of step).
+    /// Takes a write's chunks, each verified before it is written to `r` (no buffer of the claimed size; with
+    /// no region, a refused write's chunks are only taken): the call's result, or `Err` when the connection
+    /// must close (a bad chunk leaves the stream out of step).
     pub(super) fn take_write(
         &self,
         s: &mut UnixStream,
         rt: &Handle,
-        r: &Region,
+        r: Option<&Region>,
         offset: u64,
         len: u64,
     ) -> Result<Result<Message, FabricError>, FabricError> {
@@ -44,7 +45,7 @@ impl Agent {
                 return Err(ProtocolError::Chunk(short).into());
             }
             header.verify(xxhash_rust::xxh3::xxh3_64(&bytes)).map_err(|e| FabricError::Checksum(e.to_string()))?;
-            if result.is_ok() {
+            if let (Ok(_), Some(r)) = (&result, r) {
                 result = rt.block_on(self.write(r, offset.saturating_add(at), &bytes)).map(|()| Message::Done);
             }
         }

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 
 use tokio::net::UnixListener;
 use tokio::runtime::Handle;
-use vfabric_allocator::Location;
+use vfabric_allocator::{Location, TenantId};
 
 use super::session::{alloc_options, Session};
 use super::spin;
+use super::tenancy::{admits_others, caller_of, Caller};
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
@@ -60,7 +61,9 @@ impl Agent {
             std::fs::remove_file(path).map_err(failed)?;
         }
         let listener = UnixListener::bind(path).map_err(failed)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
+        // Only the agent's user may connect, unless a tenant admits others: their credentials decide then.
+        let mode = if admits_others(&self.shared.tenants) { 0o666 } else { 0o600 };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(failed)?;
         let agent = self.clone();
         let task = tokio::spawn(async move {
             let clients = Clients::default();
@@ -91,10 +94,14 @@ impl Agent {
     fn start_client(&self, stream: tokio::net::UnixStream, id: u64, clients: &Clients) -> std::io::Result<()> {
         let me = nix::unistd::geteuid().as_raw();
         let cred = stream.peer_cred()?;
-        if cred.uid() != me {
-            tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), agent_uid = me, "refused a local client of another user");
-            return Ok(());
-        }
+        let tenant = match caller_of(cred.uid(), me, &self.shared.tenants) {
+            Some(Caller::Operator) => None,
+            Some(Caller::Tenant(t)) => Some(t),
+            None => {
+                tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), agent_uid = me, "refused a local client of another user");
+                return Ok(());
+            }
+        };
         let mut s = stream.into_std()?;
         s.set_nonblocking(false)?;
         let most = self.shared.net.max_local_clients as usize;
@@ -108,7 +115,7 @@ impl Agent {
         clients.lock().insert(id, s.try_clone()?);
         let (agent, rt, registry) = (self.clone(), Handle::current(), clients.clone());
         let spawned = std::thread::Builder::new().name(format!("vfabric-local-{id}")).spawn(move || {
-            agent.serve_client(s, &rt);
+            agent.serve_client(s, &rt, tenant);
             registry.lock().remove(&id);
         });
         if let Err(e) = spawned {
@@ -119,8 +126,9 @@ impl Agent {
     }
 
     /// One client: its hello, its requests; then what it held is let go.
-    fn serve_client(&self, mut s: UnixStream, rt: &Handle) {
+    fn serve_client(&self, mut s: UnixStream, rt: &Handle, tenant: Option<TenantId>) {
         let mut session = Session::default();
+        session.tenant = tenant;
         if let Err(e) = self.client_requests(&mut s, &mut session, rt) {
             tracing::warn!(error = %e, "closing a local client's connection");
         }
@@ -142,8 +150,22 @@ impl Agent {
         // The next call often follows soon (a release after its acquire): poll for it before sleeping.
         loop {
             let answered = Instant::now();
-            let Some(msg) = spin::read_frame(s, max, window)? else { break };
+            let Some(mut msg) = spin::read_frame(s, max, window)? else { break };
             window = spin::window(answered.elapsed(), max_spin);
+            let refused = match session.tenant {
+                Some(t) => self.authorise(t, &mut msg).err(),
+                None => None,
+            };
+            if let Some(e) = refused {
+                if let Message::Write { len, .. } = msg {
+                    // Its payload is taken all the same, to keep the stream in step; nothing is written.
+                    let answer = self.take_write(s, rt, None, 0, len)?.err().unwrap_or(e);
+                    send(s, &refusal(&answer), max)?;
+                } else {
+                    send(s, &refusal(&e), max)?;
+                }
+                continue;
+            }
             let reply = match msg {
                 Message::Ping { nonce } => Ok(Message::Pong { nonce }),
                 Message::Attach => {
@@ -187,7 +209,7 @@ impl Agent {
                     .map(|json| Message::Figures { json })
                     .map_err(|_| FabricError::Internal("the fabric's figures could not be written as JSON")),
                 Message::Write { region, offset, len } => {
-                    self.take_write(s, rt, &Region::from(&region), offset, len)?
+                    self.take_write(s, rt, Some(&Region::from(&region)), offset, len)?
                 }
                 Message::Read { region, offset, len } => {
                     self.answer_read(s, rt, &Region::from(&region), offset, len)?;

@@ -35,6 +35,8 @@ pub(super) struct Session {
     /// Its reservations, by the ids it was given (`reserve.rs`); given back when the session ends.
     pub(super) reservations: HashMap<u64, Reservation>,
     pub(super) next_reservation: u64,
+    /// The tenant its calls are checked against (`tenancy.rs`); `None` for the node's operator.
+    pub(super) tenant: Option<TenantId>,
 }
 
 /// Prefetch hints one client may have in flight; more are dropped (they are hints), so a client cannot pile up
