@@ -60,7 +60,7 @@ class _Done:
         pass
 
 
-def config(budget_mib, host_mib):
+def config(budget_mib, host_mib, host_link):
     return f"""
 [cluster]
 name = "stream-proxy"
@@ -68,6 +68,7 @@ name = "stream-proxy"
 backend = "emulated"
 emulated_gpus = 1
 emulated_gpu_memory = "{budget_mib * 2}MiB"
+emulated_host_link = "{host_link}"
 [memory]
 page_size = "64KiB"
 gpu_budget = "{budget_mib}MiB"
@@ -88,6 +89,9 @@ def main():
     p.add_argument("--arena-blocks", type=float, default=4.0, help="the fabric's GPU arena, in blocks' states")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--host-link", default="550MiB",
+                   help="the emulated GPU's PCIe link, bytes a second each way (a hundredth of the H200's 55 GB/s; "
+                        "\"0\": unpaced)")
     p.add_argument("--json", help="append the result line here")
     a = p.parse_args()
 
@@ -99,7 +103,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "proxy.toml")
         with open(path, "w") as f:
-            f.write(config(budget_mib, host_mib))
+            f.write(config(budget_mib, host_mib, a.host_link))
         fabric = vfabric.Fabric(path)
     stream = LayerStream(fabric, "gpu0", NumpyOps(), OPT, lookahead=2, host_ops=NumpyOps(),
                          piece_bytes=a.part_pages * PAGE)
@@ -141,6 +145,7 @@ def main():
         "host_layers": a.host_layers,
         "part_pages": a.part_pages,
         "arena_MiB": budget_mib,
+        "host_link": a.host_link,
         "block_state_MiB": round(state_bytes / (1 << 20), 1),
         "traffic_MiB_per_step": per(t1, t0, 1 << 20),
         "stalls_per_step": {k.replace("_ns", "_ms"): round(v / 1e6, 1) if k.endswith("_ns") else v

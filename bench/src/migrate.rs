@@ -140,6 +140,7 @@ pub fn run(args: &MigrateArgs, command_line: &str) -> Result<Vec<Row>, String> {
         emulated_gpus: cfg.device.emulated_gpus,
         // Room for the rig's arenas whatever --size says.
         emulated_gpu_memory: cfg.device.emulated_gpu_memory.bytes().max(4 * args.size.map_or(64 << 20, |s| s.bytes())),
+        emulated_host_link: cfg.device.emulated_host_link.bytes(),
     })
     .map_err(|e| e.to_string())?;
     let layer = opened.layer;

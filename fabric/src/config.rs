@@ -147,11 +147,20 @@ pub struct DeviceSection {
     pub emulated_gpus: u16,
     /// Memory of each emulated GPU.
     pub emulated_gpu_memory: ByteSize,
+    /// Bytes a second each way between an emulated GPU and host memory (its PCIe link), so that copies there
+    /// take the time they would on a GPU machine, scaled: schedules then meet the waits they meet there. "0"
+    /// (the default): as fast as memory copies go.
+    pub emulated_host_link: ByteSize,
 }
 
 impl Default for DeviceSection {
     fn default() -> Self {
-        DeviceSection { backend: Backend::Auto, emulated_gpus: 2, emulated_gpu_memory: ByteSize(1 << 30) }
+        DeviceSection {
+            backend: Backend::Auto,
+            emulated_gpus: 2,
+            emulated_gpu_memory: ByteSize(1 << 30),
+            emulated_host_link: ByteSize(0),
+        }
     }
 }
 

@@ -78,6 +78,7 @@ impl Fabric {
             backend: config.device.backend,
             emulated_gpus: config.device.emulated_gpus,
             emulated_gpu_memory: config.device.emulated_gpu_memory.bytes(),
+            emulated_host_link: config.device.emulated_host_link.bytes(),
         })?;
         let layer = opened.layer;
         let page = config.memory.page();

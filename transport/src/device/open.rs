@@ -49,11 +49,13 @@ pub struct OpenOptions {
     pub emulated_gpus: u16,
     /// How much memory each emulated GPU has, in bytes (arenas beyond it fail as a full GPU would).
     pub emulated_gpu_memory: u64,
+    /// Bytes a second each way between an emulated GPU and host memory; 0: as fast as memory copies go.
+    pub emulated_host_link: u64,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { backend: Backend::Auto, emulated_gpus: 2, emulated_gpu_memory: 4 << 30 }
+        OpenOptions { backend: Backend::Auto, emulated_gpus: 2, emulated_gpu_memory: 4 << 30, emulated_host_link: 0 }
     }
 }
 
@@ -67,8 +69,12 @@ pub struct Opened {
 
 /// Opens the device layer that `options` ask for.
 pub fn open(options: &OpenOptions) -> Result<Opened, DeviceError> {
-    let emulated =
-        || -> Arc<dyn DeviceLayer> { Arc::new(EmulatedNode::new(options.emulated_gpus, options.emulated_gpu_memory)) };
+    let emulated = || -> Arc<dyn DeviceLayer> {
+        Arc::new(
+            EmulatedNode::new(options.emulated_gpus, options.emulated_gpu_memory)
+                .with_host_link(options.emulated_host_link),
+        )
+    };
     match options.backend {
         Backend::Emulated => Ok(Opened { layer: emulated(), fallback_reason: None }),
         Backend::Cuda => Ok(Opened { layer: Arc::new(CudaNode::open()?), fallback_reason: None }),

@@ -105,7 +105,12 @@ impl AttachedClient {
         });
         let backend = if cuda { Backend::Cuda } else { Backend::Emulated };
         // The emulated GPUs of a client hold only its own scratch arenas (the imported ones are charged to the agent).
-        let options = OpenOptions { backend, emulated_gpus: gpus.max().unwrap_or(0), emulated_gpu_memory: 1 << 40 };
+        let options = OpenOptions {
+            backend,
+            emulated_gpus: gpus.max().unwrap_or(0),
+            emulated_gpu_memory: 1 << 40,
+            emulated_host_link: 0,
+        };
         let layer = vfabric_transport::open(&options)?.layer;
         let mut arenas = Vec::with_capacity(shares.len());
         let mut rest = fds.into_iter();

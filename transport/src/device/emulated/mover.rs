@@ -12,6 +12,7 @@ use crate::device::batch::{KernelLayout, PageBatch, Plan};
 use crate::device::engine::{Engine, EngineChoice};
 use crate::device::error::{DeviceError, MoveError};
 use crate::device::mover::{prepare, Mover, MoverConfig, Pending, Transfer, Way};
+use vfabric_allocator::Location;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -50,6 +51,8 @@ pub struct EmulatedMover {
     config: MoverConfig,
     workers: HashMap<(u16, Way), Mutex<Worker>>,
     gpus: usize,
+    /// Bytes a second of a GPU <-> host queue (0: unpaced).
+    host_link: u64,
 }
 
 impl EmulatedMover {
@@ -61,8 +64,24 @@ impl EmulatedMover {
                 workers.insert((g, way), Mutex::new(Worker::spawn(format!("vf-emu-gpu{g}-{name}"))?));
             }
         }
-        Ok(EmulatedMover { config, workers, gpus })
+        Ok(EmulatedMover { config, workers, gpus, host_link: 0 })
     }
+
+    /// Paces batches between a GPU and host memory to `bytes_per_s` (each queue, so each way): a batch takes at
+    /// least its bytes over that rate, as on a PCIe link. 0 leaves them unpaced.
+    pub(crate) fn with_host_link(mut self, bytes_per_s: u64) -> Self {
+        self.host_link = bytes_per_s;
+        self
+    }
+}
+
+/// How long a batch of `bytes` between `from` and `to` takes at least on a host link of `rate` bytes a second.
+fn paced(from: Location, to: Location, bytes: u64, rate: u64) -> Duration {
+    let over_link = (from == Location::Host) != (to == Location::Host);
+    if rate == 0 || !over_link {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(bytes as f64 / rate as f64)
 }
 
 /// Copies what the copy engine would: each run in one piece.
@@ -106,6 +125,7 @@ impl Mover for EmulatedMover {
         let slot: Slot = Arc::new((Mutex::new(None), Condvar::new()));
         let (s, d, job_slot, job_plan) = (Arc::clone(src), Arc::clone(dst), Arc::clone(&slot), plan.clone());
         let blocks = exec.blocks;
+        let least = paced(src.location(), dst.location(), plan.bytes(), self.host_link);
         let job: Job = Box::new(move || {
             let t = Instant::now();
             let (sa, da) =
@@ -118,6 +138,10 @@ impl Mover for EmulatedMover {
                 Engine::SmKernel => run_kernel(sa, da, job_plan.page_size(), &job_plan.kernel_layout(blocks)),
             }
             let (m, cv) = &*job_slot;
+            // The queue is busy for as long as the link would be (the next batch on it waits, as on a stream).
+            if let Some(rest) = least.checked_sub(t.elapsed()) {
+                std::thread::sleep(rest);
+            }
             *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(t.elapsed()));
             cv.notify_all();
         });
@@ -181,5 +205,21 @@ impl Drop for EmulatedPending {
         if !self.done {
             let _ = self.take(true);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_batches_over_the_host_link_are_paced() {
+        let (g0, g1, h) = (Location::Gpu(0), Location::Gpu(1), Location::Host);
+        assert_eq!(paced(g0, h, 2_000_000, 1_000_000_000), Duration::from_millis(2));
+        assert_eq!(paced(h, g1, 500_000, 1_000_000_000), Duration::from_micros(500));
+        assert_eq!(paced(g0, g1, 2_000_000, 1_000_000_000), Duration::ZERO, "between GPUs");
+        assert_eq!(paced(g0, g0, 2_000_000, 1_000_000_000), Duration::ZERO, "within a GPU");
+        assert_eq!(paced(h, h, 2_000_000, 1_000_000_000), Duration::ZERO, "within host memory");
+        assert_eq!(paced(g0, h, 2_000_000, 0), Duration::ZERO, "unpaced");
     }
 }

@@ -19,6 +19,8 @@ use std::os::fd::OwnedFd;
 pub struct EmulatedNode {
     gpus: Vec<GpuInfo>,
     used: Arc<Vec<AtomicU64>>,
+    /// Bytes a second each way between a GPU and host memory (0: unpaced).
+    host_link: u64,
 }
 
 impl EmulatedNode {
@@ -37,7 +39,14 @@ impl EmulatedNode {
                 fd_export: false,
             })
             .collect();
-        EmulatedNode { gpus: infos, used: Arc::new((0..gpus).map(|_| AtomicU64::new(0)).collect()) }
+        EmulatedNode { gpus: infos, used: Arc::new((0..gpus).map(|_| AtomicU64::new(0)).collect()), host_link: 0 }
+    }
+
+    /// The same node with its movers' copies between a GPU and host memory paced to `bytes_per_s` each way (a
+    /// PCIe link, scaled to what this machine's memory copies can beat); 0 leaves them unpaced.
+    pub fn with_host_link(mut self, bytes_per_s: u64) -> Self {
+        self.host_link = bytes_per_s;
+        self
     }
 }
 
@@ -95,7 +104,7 @@ impl DeviceLayer for EmulatedNode {
     }
 
     fn mover(&self, config: MoverConfig) -> Result<Arc<dyn Mover>, DeviceError> {
-        Ok(Arc::new(EmulatedMover::new(self.gpus.len(), config)?))
+        Ok(Arc::new(EmulatedMover::new(self.gpus.len(), config)?.with_host_link(self.host_link)))
     }
 
     fn import_arena(&self, share: &ArenaShare, fds: Vec<OwnedFd>) -> Result<Arc<dyn Arena>, DeviceError> {
