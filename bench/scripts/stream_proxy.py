@@ -6,9 +6,10 @@ and written back, and the number of stages and waits, are the large model's in m
     python3 bench/scripts/stream_proxy.py [--layers 20] [--host-layers 10] [--steps 6]   # vfabric importable
 
 Proportions of the large run (`train_bench.sh` large_vfabric): a block's optimizer states in about 26 parts of
-48 pages (2 MiB pages there, 64 KiB here), a fabric arena about four blocks' states, half the blocks stepping on
-the CPU. Here: d 512, hidden 2048 (2.1 M parameters a block, 25 MB of states), parts of 48 pages, an arena of
-four blocks' states.
+48 pages (2 MiB pages there, 64 KiB here), its compute copy in parts of four sizes, a fabric arena about four
+blocks' states, half the blocks stepping on the CPU. Here: a GPT block of d 512 (3.1 M parameters, 36 MiB of
+states in 13 parts of 48 pages; compute parts of 8 to 32 pages), an arena of four blocks' states; `--block mlp`
+two matrices instead.
 """
 
 import argparse
@@ -84,7 +85,10 @@ def main():
     p.add_argument("--layers", type=int, default=20)
     p.add_argument("--host-layers", type=int, default=10)
     p.add_argument("--d", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--hidden", type=int, default=2048, help="the MLP block's hidden size (--block mlp)")
+    p.add_argument("--block", choices=["mlp", "gpt"], default="gpt",
+                   help="gpt: a GPT block's six parameters (parts of the compute copy of four sizes, as in the "
+                        "training benchmark); mlp: two matrices")
     p.add_argument("--part-pages", type=int, default=48, help="pages of optimizer states a part")
     p.add_argument("--arena-blocks", type=float, default=4.0, help="the fabric's GPU arena, in blocks' states")
     p.add_argument("--steps", type=int, default=6)
@@ -95,8 +99,16 @@ def main():
     p.add_argument("--json", help="append the result line here")
     a = p.parse_args()
 
-    specs = [ParamSpec("a", (a.d, a.hidden), "float16"), ParamSpec("b", (a.hidden, a.d), "float16")]
-    numel = 2 * a.d * a.hidden
+    if a.block == "gpt":
+        # A GPT block's parameters, as the training benchmark's: attention in, attention out, the MLP's two
+        # matrices (hidden = 4 d), two norms' weights.
+        d, h = a.d, 4 * a.d
+        specs = [ParamSpec("qkv", (d, 3 * d), "float16"), ParamSpec("proj", (d, d), "float16"),
+                 ParamSpec("fc1", (d, h), "float16"), ParamSpec("fc2", (h, d), "float16"),
+                 ParamSpec("ln1", (d,), "float32"), ParamSpec("ln2", (d,), "float32")]
+    else:
+        specs = [ParamSpec("a", (a.d, a.hidden), "float16"), ParamSpec("b", (a.hidden, a.d), "float16")]
+    numel = sum(int(np.prod(sp.shape)) for sp in specs)
     state_bytes = 12 * numel
     budget_mib = max(8, int(a.arena_blocks * state_bytes / (1 << 20)))
     host_mib = int(a.layers * (state_bytes + 10 * numel) / (1 << 20)) + 256
@@ -111,13 +123,13 @@ def main():
     for i in range(a.layers):
         vals = {s.name: (rng.standard_normal(s.shape) * 0.02).astype(np.float32).reshape(-1) for s in specs}
         stream.add_layer(specs, lambda name, v=vals: v[name], on_host=i >= a.layers - a.host_layers)
-    grads = {s.name: np.full(s.shape, 1e-3, dtype=np.float32) for s in specs}
+    grads = {sp.name: np.full(sp.shape, 1e-3, dtype=np.float32) for sp in specs}
     x = np.zeros((4, a.d), dtype=np.float32)
 
     def step():
         for i in range(a.layers):
             w = stream.forward_weights(i)
-            x[0, 0] += float(w["a"][0, 0])  # touches the lease
+            x[0, 0] += float(w[specs[0].name][0, 0])  # touches the lease
             del w
             stream.forward_done(i)
         for i in reversed(range(a.layers)):
@@ -146,6 +158,7 @@ def main():
         "part_pages": a.part_pages,
         "arena_MiB": budget_mib,
         "host_link": a.host_link,
+        "block": a.block,
         "block_state_MiB": round(state_bytes / (1 << 20), 1),
         "traffic_MiB_per_step": per(t1, t0, 1 << 20),
         "stalls_per_step": {k.replace("_ns", "_ms"): round(v / 1e6, 1) if k.endswith("_ns") else v
