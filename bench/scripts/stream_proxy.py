@@ -7,7 +7,8 @@ and written back, and the number of stages and waits, are the large model's in m
 
 Proportions of the large run (`train_bench.sh` large_vfabric): a block's optimizer states in about 26 parts of
 48 pages (2 MiB pages there, 64 KiB here), its compute copy in parts of four sizes, a fabric arena about four
-blocks' states, half the blocks stepping on the CPU. Here: a GPT block of d 512 (3.1 M parameters, 36 MiB of
+blocks' states, the run's memory settings (headroom 2%, watermarks 100/100), half the blocks stepping on the
+CPU. Here: a GPT block of d 512 (3.1 M parameters, 36 MiB of
 states in 13 parts of 48 pages; compute parts of 8 to 32 pages), an arena of four blocks' states; `--block mlp`
 two matrices instead.
 """
@@ -61,7 +62,7 @@ class _Done:
         pass
 
 
-def config(budget_mib, host_mib, host_link):
+def config(budget_mib, host_mib, host_link, headroom, high, low):
     return f"""
 [cluster]
 name = "stream-proxy"
@@ -75,6 +76,9 @@ page_size = "64KiB"
 gpu_budget = "{budget_mib}MiB"
 host_arena = "{host_mib}MiB"
 readahead = "0"
+headroom_percent = {headroom}
+high_watermark_percent = {high}
+low_watermark_percent = {low}
 [[node]]
 name = "local"
 """
@@ -96,6 +100,9 @@ def main():
     p.add_argument("--host-link", default="550MiB",
                    help="the emulated GPU's PCIe link, bytes a second each way (a hundredth of the H200's 55 GB/s; "
                         "\"0\": unpaced)")
+    p.add_argument("--headroom", type=int, default=2, help="headroom_percent (the training benchmark's: 2)")
+    p.add_argument("--watermarks", type=int, nargs=2, default=[100, 100], metavar=("HIGH", "LOW"),
+                   help="high and low watermark percent (the training benchmark's: 100 100)")
     p.add_argument("--json", help="append the result line here")
     a = p.parse_args()
 
@@ -115,7 +122,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "proxy.toml")
         with open(path, "w") as f:
-            f.write(config(budget_mib, host_mib, a.host_link))
+            f.write(config(budget_mib, host_mib, a.host_link, a.headroom, *a.watermarks))
         fabric = vfabric.Fabric(path)
     stream = LayerStream(fabric, "gpu0", NumpyOps(), OPT, lookahead=2, host_ops=NumpyOps(),
                          piece_bytes=a.part_pages * PAGE)
@@ -158,6 +165,8 @@ def main():
         "part_pages": a.part_pages,
         "arena_MiB": budget_mib,
         "host_link": a.host_link,
+        "headroom_percent": a.headroom,
+        "watermarks": a.watermarks,
         "block": a.block,
         "block_state_MiB": round(state_bytes / (1 << 20), 1),
         "traffic_MiB_per_step": per(t1, t0, 1 << 20),
