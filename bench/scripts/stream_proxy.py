@@ -1,16 +1,15 @@
 """The layer stream's traffic pattern at the training benchmark's proportions, on the emulated device (no GPU, no
 torch): what the fabric moves and where its callers wait, per step, for a schedule change made on a machine
-without a GPU. Not a speed figure (the emulated device copies in host memory); the bytes compacted, fetched
-and written back, and the number of stages and waits, are the large model's in miniature.
+without a GPU. With the emulated GPU's host link paced (`--host-link`, a hundredth of the H200's PCIe by
+default), its step times are a PCIe-bound step's in miniature; unpaced, only the bytes and waits mean anything.
 
     python3 bench/scripts/stream_proxy.py [--layers 20] [--host-layers 10] [--steps 6]   # vfabric importable
 
 Proportions of the large run (`train_bench.sh` large_vfabric): a block's optimizer states in about 26 parts of
 48 pages (2 MiB pages there, 64 KiB here), its compute copy in parts of four sizes, a fabric arena about four
 blocks' states, the run's memory settings (headroom 2%, watermarks 100/100), half the blocks stepping on the
-CPU. Here: a GPT block of d 512 (3.1 M parameters, 36 MiB of
-states in 13 parts of 48 pages; compute parts of 8 to 32 pages), an arena of four blocks' states; `--block mlp`
-two matrices instead.
+CPU. Here: a GPT block of d 512 (3.1 M parameters, 36 MiB of states in 13 parts of 48 pages; compute parts of 8
+to 32 pages), an arena of four blocks' states; `--block mlp` two matrices instead.
 """
 
 import argparse
