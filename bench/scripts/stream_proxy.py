@@ -94,6 +94,7 @@ def main():
                         "training benchmark); mlp: two matrices")
     p.add_argument("--part-pages", type=int, default=48, help="pages of optimizer states a part")
     p.add_argument("--arena-blocks", type=float, default=4.0, help="the fabric's GPU arena, in blocks' states")
+    p.add_argument("--lookahead", type=int, default=2, help="layers prefetched ahead (the training run's: 2)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--host-link", default="550MiB",
@@ -123,7 +124,7 @@ def main():
         with open(path, "w") as f:
             f.write(config(budget_mib, host_mib, a.host_link, a.headroom, *a.watermarks))
         fabric = vfabric.Fabric(path)
-    stream = LayerStream(fabric, "gpu0", NumpyOps(), OPT, lookahead=2, host_ops=NumpyOps(),
+    stream = LayerStream(fabric, "gpu0", NumpyOps(), OPT, lookahead=a.lookahead, host_ops=NumpyOps(),
                          piece_bytes=a.part_pages * PAGE)
     rng = np.random.default_rng(1)
     for i in range(a.layers):
