@@ -263,6 +263,8 @@ impl Directory {
                 self.page_mut(page).read_leases += 1;
             }
             self.pin(here);
+            // Taken: from now on it ages like any other copy.
+            self.devs[usize::from(dev)].fresh[f as usize] = false;
         }
         let n = frames.len() as u32;
         if let Some(r) = self.regions[slot as usize].as_mut() {

@@ -1,23 +1,28 @@
 //! Committing a stage whose copies arrived, or aborting one whose copies failed.
 
 use super::page::Copy;
-use super::stage::{Stage, Update};
+use super::stage::{Stage, StageKind, Update};
 use super::state::Directory;
 
 impl Directory {
     /// Applies a stage whose copies all arrived.
     pub fn commit(&mut self, stage: Stage) {
         self.forget_in_flight(&stage);
+        let prefetched = stage.kind == StageKind::Prefetch;
         for u in stage.updates {
             match u {
                 Update::Relocate { page, old, new } => {
                     self.page_mut(page).replace(old, new);
                     self.set_user(new, page);
+                    // A copy gathered into a prefetch's run was waiting for its lease as much as the others.
+                    let was_fresh = self.devs[usize::from(old.dev)].fresh[old.frame as usize];
                     self.release_frame(old);
+                    self.mark_fresh(new, prefetched || was_fresh);
                 }
                 Update::Add { page, copy } => {
                     self.page_mut(page).add(copy);
                     self.set_user(copy, page);
+                    self.mark_fresh(copy, prefetched);
                 }
                 Update::Drop { page, copy } => {
                     self.drop_copy(page, copy);
@@ -34,6 +39,7 @@ impl Directory {
                         let d = &mut self.devs[usize::from(dev)];
                         d.users[mv.from as usize] = None;
                         d.users[mv.to as usize] = Some(page);
+                        d.fresh[mv.to as usize] = std::mem::take(&mut d.fresh[mv.from as usize]);
                         // The page keeps its place in the eviction order: moved pages made MRU would outlive the
                         // pages around them, leaving scattered frames behind when they finally go.
                         d.lru.replace(mv.from, mv.to);
@@ -41,6 +47,13 @@ impl Directory {
                 }
             }
         }
+    }
+
+    /// Marks a GPU copy as prefetched and not yet leased (or not). Copies staged into host memory on their way
+    /// up from storage are not marked: no lease takes them there, so the mark would never go.
+    fn mark_fresh(&mut self, c: Copy, fresh: bool) {
+        let d = &mut self.devs[usize::from(c.dev)];
+        d.fresh[c.frame as usize] = fresh && d.is_gpu();
     }
 
     /// Forgets a stage whose copies failed: frees the frames it took. The pages stay where they were.

@@ -53,7 +53,11 @@ impl Directory {
         }
         let candidates: Vec<(u32, PageRef)> = {
             let d = &self.devs[usize::from(dev)];
-            d.lru.iter().filter_map(|f| d.users[f as usize].map(|p| (f, p))).collect()
+            let listed = d.lru.iter().filter_map(|f| d.users[f as usize].map(|p| (f, p)));
+            // Prefetched copies no lease has taken yet go last, each group in its own order.
+            let (mut c, fresh): (Vec<_>, Vec<_>) = listed.partition(|&(f, _)| !d.fresh[f as usize]);
+            c.extend(fresh);
+            c
         };
         let mut dropped: HashMap<PageRef, u32> = HashMap::new();
         let mut chosen = 0;

@@ -60,6 +60,11 @@ impl Directory {
                 }
             }
         }
+        for d in &self.devs {
+            if let Some(f) = d.fresh.iter().zip(&d.users).position(|(&fresh, user)| fresh && user.is_none()) {
+                return Err(broken(format!("frame {f} of {} is marked prefetched but holds no copy", d.location)));
+            }
+        }
         for f in &self.in_flight {
             let Some(r) = self.regions.get(f.slot as usize).and_then(|r| r.as_ref()) else {
                 return Err(broken(format!("a prefetch is in flight for freed region slot {}", f.slot)));

@@ -70,6 +70,7 @@ impl Directory {
     pub(super) fn release_frame(&mut self, c: Copy) {
         self.lru_remove(c);
         self.devs[usize::from(c.dev)].users[c.frame as usize] = None;
+        self.devs[usize::from(c.dev)].fresh[c.frame as usize] = false;
         self.untake(c);
     }
 

@@ -20,6 +20,10 @@ pub(super) struct DeviceState {
     pub(super) users: Vec<Option<PageRef>>,
     /// Eviction order of the frames whose copy is not pinned by a lease.
     pub(super) lru: Lru,
+    /// Frames of a GPU holding a copy a prefetch brought that no lease has taken since: evicted only when
+    /// nothing else can go, so that a caller streaming through more than the device holds does not evict what
+    /// it is about to use (prefetched and waiting) in favour of what it has just used.
+    pub(super) fresh: Vec<bool>,
 }
 
 impl DeviceState {
@@ -94,7 +98,7 @@ impl Directory {
             )
             .map_err(|source| DirectoryError::InvalidArena { location, source })?;
             let n = frames.frames() as usize;
-            devs.push(DeviceState { location, frames, users: vec![None; n], lru: Lru::new(n) });
+            devs.push(DeviceState { location, frames, users: vec![None; n], lru: Lru::new(n), fresh: vec![false; n] });
         }
         if devs.len() > usize::from(DevIdx::MAX) {
             return Err(DirectoryError::TooManyDevices(devs.len()));
