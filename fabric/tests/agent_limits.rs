@@ -225,16 +225,16 @@ fn a_tenants_client_sees_only_its_own_regions() {
     let got = as_user(65534, &socket, &[hello.clone(), alloc(0)]);
     assert!(matches!(got[0], Some(Message::Welcome { .. })), "{got:?}");
     let Some(Message::Allocated { region }) = got[1].clone() else { panic!("tenant 7's allocation: {got:?}") };
-    let mut none = region.clone();
+    let mut none = region;
     none.addr += 64 << 20;
     // Tenant 8: refused tenant 7's region as it is a handle naming none, the operator's calls, and 7's name.
     let mut items = vec![
         hello.clone(),
-        frame(&Message::Read { region: region.clone(), offset: 0, len: 4096 }),
+        frame(&Message::Read { region, offset: 0, len: 4096 }),
         frame(&Message::Read { region: none, offset: 0, len: 4096 }),
-        frame(&Message::Free { region: region.clone() }),
+        frame(&Message::Free { region }),
     ];
-    items.extend(write_of(region.clone()));
+    items.extend(write_of(region));
     items.extend([frame(&Message::Stats), frame(&Message::Attach), alloc(7)]);
     let got = as_user(65533, &socket, &items);
     assert_eq!(got.len(), 8, "{got:?}");
@@ -246,7 +246,7 @@ fn a_tenants_client_sees_only_its_own_regions() {
     }
     // Tenant 7 writes its region and frees it, on a connection that saw no refusal.
     let mut items = vec![hello.clone()];
-    items.extend(write_of(region.clone()));
+    items.extend(write_of(region));
     items.push(frame(&Message::Free { region }));
     let got = as_user(65534, &socket, &items);
     assert!(matches!(got[..], [Some(Message::Welcome { .. }), Some(Message::Done), Some(Message::Done)]), "{got:?}");

@@ -80,7 +80,7 @@ impl Agent {
                 Err(FabricError::PermissionDenied(format!("tenant {} cannot act for tenant {name}", tenant.0)))
             }
             Need::OwnRegion(region) => {
-                let r = Region::from(&*region);
+                let r = Region::from(region);
                 let owner = self.is_me(r.addr.node().0).then(|| self.fabric().tenant_of(&r).ok()).flatten();
                 if owner == Some(tenant) {
                     Ok(())
