@@ -221,10 +221,12 @@ fn a_tenants_client_sees_only_its_own_regions() {
             reservation: None,
         })
     };
-    // Tenant 7 allocates without naming itself: the region is its.
-    let got = as_user(65534, &socket, &[hello.clone(), alloc(0)]);
+    // Tenant 7 allocates without naming itself, and with a plain `Alloc`: both regions are its.
+    let plain = frame(&Message::Alloc { size: 1 << 20, device: None });
+    let got = as_user(65534, &socket, &[hello.clone(), alloc(0), plain]);
     assert!(matches!(got[0], Some(Message::Welcome { .. })), "{got:?}");
-    let Some(Message::Allocated { region }) = got[1].clone() else { panic!("tenant 7's allocation: {got:?}") };
+    let Some(Message::Allocated { region }) = got[1] else { panic!("tenant 7's allocation: {got:?}") };
+    let Some(Message::Allocated { region: other }) = got[2] else { panic!("tenant 7's plain allocation: {got:?}") };
     let mut none = region;
     none.addr += 64 << 20;
     // Tenant 8: refused tenant 7's region as it is a handle naming none, the operator's calls, and 7's name.
@@ -233,23 +235,28 @@ fn a_tenants_client_sees_only_its_own_regions() {
         frame(&Message::Read { region, offset: 0, len: 4096 }),
         frame(&Message::Read { region: none, offset: 0, len: 4096 }),
         frame(&Message::Free { region }),
+        frame(&Message::Free { region: other }),
     ];
     items.extend(write_of(region));
     items.extend([frame(&Message::Stats), frame(&Message::Attach), alloc(7)]);
     let got = as_user(65533, &socket, &items);
-    assert_eq!(got.len(), 8, "{got:?}");
+    assert_eq!(got.len(), 9, "{got:?}");
     let (theirs, nobodys) = (denied(&got[1]), denied(&got[2]));
     let shape = |m: &str| m.split(" at ").next().unwrap_or_default().to_owned();
     assert_eq!(shape(&theirs), shape(&nobodys), "another tenant's region and no region look alike");
     for answer in &got[3..] {
         denied(answer);
     }
-    // Tenant 7 writes its region and frees it, on a connection that saw no refusal.
+    // Tenant 7 writes its region and frees both, on a connection that saw no refusal.
     let mut items = vec![hello.clone()];
     items.extend(write_of(region));
-    items.push(frame(&Message::Free { region }));
+    items.extend([frame(&Message::Free { region }), frame(&Message::Free { region: other })]);
     let got = as_user(65534, &socket, &items);
-    assert!(matches!(got[..], [Some(Message::Welcome { .. }), Some(Message::Done), Some(Message::Done)]), "{got:?}");
+    let done = Some(Message::Done);
+    assert!(
+        matches!(got[0], Some(Message::Welcome { .. })) && got[1..] == [done.clone(), done.clone(), done],
+        "{got:?}"
+    );
     // A user no tenant lists gets no answer; the agent's own user is welcomed.
     assert_eq!(as_user(65532, &socket, &[hello]), vec![None]);
     assert!(welcomed(&socket, Duration::from_secs(5)), "the operator is served");

@@ -16,6 +16,7 @@ use tokio::net::UnixListener;
 use tokio::runtime::Handle;
 use vfabric_allocator::{Location, TenantId};
 
+use super::attached::AllocOptions;
 use super::session::{alloc_options, Session};
 use super::spin;
 use super::tenancy::{admits_others, caller_of, Caller};
@@ -171,6 +172,16 @@ impl Agent {
                 Message::Attach => {
                     self.attach_client(s)?;
                     continue;
+                }
+                // A tenant's plain allocation is its tenant's, here, and outlives the connection as any does.
+                Message::Alloc { size, device } if session.tenant.is_some() => {
+                    let tenant = session.tenant.unwrap_or_default();
+                    let device = device.map(Location::from);
+                    self.alloc_for(
+                        session,
+                        size,
+                        AllocOptions { device, tenant, keep: true, ..AllocOptions::default() },
+                    )
                 }
                 Message::Alloc { size, device } => rt
                     .block_on(self.alloc(self.node(), size, device.map(Location::from)))

@@ -39,7 +39,8 @@ pub(super) fn admits_others(tenants: &[TenantSection]) -> bool {
 
 /// What a message needs of a tenant's client.
 enum Need<'a> {
-    /// Nothing: pings, its own leases and reservations (held in its session).
+    /// Nothing: pings, plain allocations (charged to its tenant, here: `server.rs`), its own leases and
+    /// reservations (held in its session).
     Nothing,
     /// Its tenant's name where the message names one (0, the default, stands for its own).
     OwnName(&'a mut u32),
@@ -57,7 +58,6 @@ fn need(msg: &mut Message) -> Need<'_> {
         | Message::WriteBack { region, .. }
         | Message::Write { region, .. }
         | Message::Read { region, .. } => Need::OwnRegion(region),
-        Message::Alloc { .. } => Need::Operator("an allocation without a tenant (send AllocWith)"),
         Message::Attach => Need::Operator("mapping the node's memory"),
         Message::AcquireMapped { .. } => Need::Operator("an acquire through the node's mapped memory"),
         Message::Migrate { .. } => Need::Operator("a migration"),
