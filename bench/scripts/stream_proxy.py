@@ -95,6 +95,7 @@ def main():
     p.add_argument("--part-pages", type=int, default=48, help="pages of optimizer states a part")
     p.add_argument("--arena-blocks", type=float, default=4.0, help="the fabric's GPU arena, in blocks' states")
     p.add_argument("--lookahead", type=int, default=2, help="layers prefetched ahead (the training run's: 2)")
+    p.add_argument("--accum", type=int, default=1, help="micro-batches a step (gradient accumulation)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--host-link", default="550MiB",
@@ -134,15 +135,18 @@ def main():
     x = np.zeros((4, a.d), dtype=np.float32)
 
     def step():
-        for i in range(a.layers):
-            w = stream.forward_weights(i)
-            x[0, 0] += float(w[specs[0].name][0, 0])  # touches the lease
-            del w
-            stream.forward_done(i)
-        for i in reversed(range(a.layers)):
-            w = stream.backward_weights(i)
-            del w
-            stream.backward_done(i, grads)
+        for k in range(a.accum):
+            # Gradients add up over the micro-batches; the last one steps.
+            stream.accumulating = k < a.accum - 1
+            for i in range(a.layers):
+                w = stream.forward_weights(i)
+                x[0, 0] += float(w[specs[0].name][0, 0])  # touches the lease
+                del w
+                stream.forward_done(i)
+            for i in reversed(range(a.layers)):
+                w = stream.backward_weights(i)
+                del w
+                stream.backward_done(i, grads)
 
     def figures():
         st = fabric.stats()
@@ -162,6 +166,7 @@ def main():
     res = {
         "layers": a.layers,
         "host_layers": a.host_layers,
+        "accum": a.accum,
         "part_pages": a.part_pages,
         "arena_MiB": budget_mib,
         "host_link": a.host_link,
