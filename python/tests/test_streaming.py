@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import vfabric
+from vfabric.numpy_ops import NumpyOps, adamw
 from vfabric.streaming import AdamW, LayerStream, ParamSpec
 
 D, H, LAYERS, ROWS = 64, 256, 6, 32
@@ -33,51 +34,6 @@ low_watermark_percent = 100
 [[node]]
 name = "local"
 """
-
-
-class NumpyOps:
-    """The stream's array operations on NumPy (the emulated device's memory is host memory)."""
-
-    def flat(self, lease):
-        return lease.numpy()
-
-    def view(self, flat, offset, dtype, shape):
-        dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
-        return flat[offset : offset + n].view(dt).reshape(shape)
-
-    def buffer(self, nbytes):
-        return np.empty(nbytes, dtype=np.uint8)
-
-    def copy(self, dst, src):
-        np.copyto(dst, src, casting="unsafe")
-
-    def add(self, dst, src):
-        dst += src
-
-    def adamw(self, p, g, m, v, step, opt):
-        adamw(p, g, m, v, step, opt)
-
-    def event(self):
-        return Done()
-
-
-class Done:
-    def wait(self):
-        pass
-
-
-def adamw(p, g, m, v, step, opt):
-    """AdamW as torch.optim.AdamW computes it, in place, in fp32."""
-    b1, b2 = opt.betas
-    p *= np.float32(1 - opt.lr * opt.weight_decay)
-    m *= np.float32(b1)
-    m += np.float32(1 - b1) * g
-    v *= np.float32(b2)
-    v += np.float32(1 - b2) * g * g
-    denom = np.sqrt(v) / np.float32(np.sqrt(1 - b2**step)) + np.float32(opt.eps)
-    p -= np.float32(opt.lr / (1 - b1**step)) * m / denom
-
 
 def specs():
     return [ParamSpec("a", (D, H), "float16"), ParamSpec("b", (H, D), "float16"), ParamSpec("bias", (D,), "float32")]

@@ -21,7 +21,6 @@ use crate::directory::{Mode, Priority, RegionHandle as Region};
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::fabric::LeasePtr;
 use crate::proto::chunk::{ChunkHeader, Payload, CHUNK_HEADER_LEN};
-use crate::proto::codec::PROTOCOL_VERSION;
 use crate::proto::mapped::{recv_fds, FDS_PER_MESSAGE};
 use crate::proto::message::{Message, WireMode, WirePages, WireRegion};
 use vfabric_allocator::Compression;
@@ -74,13 +73,7 @@ impl AttachedClient {
     /// Connects to the agent serving `socket` and maps its arenas.
     pub fn attach(socket: &Path) -> Result<AttachedClient, FabricError> {
         let mut s = UnixStream::connect(socket).map_err(io(socket))?;
-        let hello = Message::Hello {
-            cluster: String::new(),
-            node: u16::MAX,
-            protocol: PROTOCOL_VERSION,
-            lanes: 0,
-            latency_lane: false,
-        };
+        let hello = super::client_hello();
         let node = match exchange(&mut s, u16::MAX, &hello)? {
             Message::Welcome { node, .. } => node,
             other => return Err(ProtocolError::Unexpected { node: u16::MAX, answer: other.name() }.into()),

@@ -10,7 +10,7 @@ use super::{CHUNK, MAX_CHUNK};
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::chunk::{copy_pieces, receive, write_chunk, Payload, StreamChunks};
-use crate::proto::codec::{read_frame, write_frame, DEFAULT_MAX_FRAME, PROTOCOL_VERSION};
+use crate::proto::codec::{read_frame, write_frame, DEFAULT_MAX_FRAME};
 use crate::proto::message::{Message, WireRegion};
 
 /// A process's handle on its node's agent, over the agent's Unix socket.
@@ -27,13 +27,7 @@ impl LocalClient {
             .await
             .map_err(|source| NetworkError::Socket { path: path.to_path_buf(), source })?;
         let max_frame = DEFAULT_MAX_FRAME;
-        let hello = Message::Hello {
-            cluster: String::new(),
-            node: u16::MAX,
-            protocol: PROTOCOL_VERSION,
-            lanes: 0,
-            latency_lane: false,
-        };
+        let hello = super::client_hello();
         write_frame(&mut stream, &hello, max_frame).await?;
         match read_frame(&mut stream, max_frame).await? {
             Some(Message::Welcome { node, .. }) => Ok(LocalClient { stream: Mutex::new(stream), max_frame, node }),

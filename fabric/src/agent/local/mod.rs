@@ -35,6 +35,17 @@ pub use client::{default_socket, LocalClient};
 pub use join::{job_socket, JoinOptions};
 pub use mapped_lease::LocalLease;
 
+/// The hello a local client opens its connection with: no cluster, no node id of its own (`u16::MAX`), no lanes.
+fn client_hello() -> crate::proto::message::Message {
+    crate::proto::message::Message::Hello {
+        cluster: String::new(),
+        node: u16::MAX,
+        protocol: crate::proto::codec::PROTOCOL_VERSION,
+        lanes: 0,
+        latency_lane: false,
+    }
+}
+
 /// Largest payload chunk on the socket.
 const MAX_CHUNK: u64 = 16 << 20;
 
