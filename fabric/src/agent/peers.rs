@@ -180,6 +180,11 @@ impl Agent {
         };
         let why = tokio::select! {
             r = tokio::time::timeout(limit, work) => match r {
+                // Another call to the same peer may have declared it dead first and closed the connections this
+                // one shared: its network error then says only "locally closed", and the cause is the death.
+                Ok(Err(FabricError::Network(e))) if watch && matches!(self.is_alive(node).await, Ok(false)) => {
+                    format!("no heartbeat for {} ms while the call was in flight ({e})", self.shared.net.dead_after_ms)
+                }
                 Ok(r) => return r,
                 Err(_) => format!("no answer within {} ms", limit.as_millis()),
             },
