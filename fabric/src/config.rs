@@ -275,15 +275,22 @@ pub struct NetworkSection {
     /// Local clients (processes of the node on the agent's Unix socket) served at once: each has a thread and
     /// buffers of its own, so past this a new one is refused (it reads why) instead of growing the agent.
     pub max_local_clients: u32,
+    /// Nodes that hold each region's released writes, its home included, unless the region asks otherwise:
+    /// `1` keeps them on the home only; `2` also keeps a standby copy in the host memory of the next node of
+    /// the list that answers, which takes over as the region's home when the home dies (at most 2 for now).
+    pub replicas: u8,
 }
+
+/// The most nodes a region's writes are kept on (its home and one standby).
+pub const MAX_REPLICAS: u8 = 2;
 
 impl Default for NetworkSection {
     fn default() -> Self {
         NetworkSection {
             mtu: 1452,
             certs: "certs".into(),
-            heartbeat_ms: 500,
-            dead_after_ms: 3000,
+            heartbeat_ms: 250,
+            dead_after_ms: 2000,
             chunk: ByteSize(1 << 20),
             max_frame: ByteSize(1 << 20),
             replica_cache: ByteSize(256 << 20),
@@ -293,6 +300,7 @@ impl Default for NetworkSection {
             socket_buffer: ByteSize(4 << 20),
             latency_lane: true,
             max_local_clients: 1024,
+            replicas: 1,
         }
     }
 }
@@ -399,6 +407,16 @@ impl ClusterConfig {
     /// Checks the values: the first problem found, as a [`ConfigError::Invalid`] naming `origin`.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let bad = |message: String| ConfigError::Invalid { origin: origin.to_string(), message };
+        let replicas = self.network.replicas;
+        if replicas == 0 || replicas > MAX_REPLICAS {
+            return Err(bad(format!("network.replicas is {replicas}: it must be 1 or 2 (the home and one standby)")));
+        }
+        if usize::from(replicas) > self.nodes.len().max(1) {
+            return Err(bad(format!(
+                "network.replicas is {replicas}, but the cluster has {} node(s): each copy needs a node of its own",
+                self.nodes.len()
+            )));
+        }
         let m = &self.memory;
         PageSize::new(m.page_size.bytes()).map_err(|e| bad(format!("memory.page_size: {e}")))?;
         if m.headroom_percent >= 100 {

@@ -25,9 +25,12 @@ fn every_message() -> Vec<Message> {
         },
         Message::Hello { cluster: String::new(), node: u16::MAX, protocol: 0, lanes: 0, latency_lane: false },
         Message::Ping { nonce: u64::MAX },
-        Message::Alloc { size: 1 << 30, device: Some(WireLocation::Gpu(7)) },
-        Message::Alloc { size: 0, device: Some(WireLocation::Host) },
-        Message::Alloc { size: 4096, device: None },
+        Message::Alloc { size: 1 << 30, device: Some(WireLocation::Gpu(7)), replicas: 2 },
+        Message::Alloc { size: 0, device: Some(WireLocation::Host), replicas: u8::MAX },
+        Message::Alloc { size: 4096, device: None, replicas: 0 },
+        Message::Standby { region },
+        Message::Replicate { copy: region, offset: 1 << 20, len: 0 },
+        Message::Failover { region },
         Message::Free { region },
         Message::Write { region, offset: 4096, len: 1 << 20 },
         Message::Read { region, offset: 0, len: u64::MAX },
@@ -279,7 +282,8 @@ fn data_message() -> impl Strategy<Value = Message> {
             offset,
             len
         }),
-        (any::<u64>(), proptest::option::of(location())).prop_map(|(size, device)| Message::Alloc { size, device }),
+        (any::<u64>(), proptest::option::of(location()), any::<u8>())
+            .prop_map(|(size, device, replicas)| Message::Alloc { size, device, replicas }),
     ]
 }
 

@@ -21,6 +21,7 @@ ALL = [
     "ReadOnlyLease",
     "UnknownLease",
     "PeerDead",
+    "Unavailable",
     "NetworkError",
     "ProtocolError",
     "ChecksumError",

@@ -63,6 +63,9 @@ class UnknownLease(FabricError):
 class PeerDead(FabricError):
     """A node the call depends on stopped answering."""
 
+class Unavailable(FabricError):
+    """What the call needs cannot be reached now: a replicated region's standby copy, or nodes enough for its replicas."""
+
 class NetworkError(FabricError):
     """The network failed: binding, connecting, a stream, TLS, the local socket."""
 

@@ -18,12 +18,27 @@ use crate::proto::convert::unexpected;
 use crate::proto::message::{Message, WireRegion};
 
 impl Agent {
-    /// Allocates a region whose home is `node` (this one or a peer), placed on `device` of that node if given.
+    /// Allocates a region whose home is `node` (this one or a peer), placed on `device` of that node if given,
+    /// and kept on the cluster's `network.replicas` nodes.
     pub async fn alloc(&self, node: u16, size: u64, device: Option<Location>) -> Result<Region, FabricError> {
-        self.alloc_direct(node, size, device).await
+        self.alloc_direct(node, size, device, 0).await
     }
 
-    /// Frees a region at its home (and its pages wherever they moved).
+    /// [`Agent::alloc`] of a region kept on `replicas` nodes: with 2, its home and a standby copy in another
+    /// node's host memory, which every write reaches before it returns and which takes over when the home
+    /// dies (callers then reach the region there, with the same handle). `0` takes `network.replicas`.
+    pub async fn alloc_replicated(
+        &self,
+        node: u16,
+        size: u64,
+        device: Option<Location>,
+        replicas: u8,
+    ) -> Result<Region, FabricError> {
+        self.alloc_direct(node, size, device, replicas).await
+    }
+
+    /// Frees a region at its home (and its pages wherever they moved); a replicated region whose home died is
+    /// freed where its standby took over.
     pub async fn free(&self, region: &Region) -> Result<(), FabricError> {
         let home = region.addr.node().0;
         let freed = if self.is_me(home) {
@@ -32,6 +47,10 @@ impl Agent {
             match self.call(home, &Message::Free { region: WireRegion::from(region) }, &[]).await {
                 Ok(Message::Done) => Ok(()),
                 Ok(other) => Err(unexpected(home, &other)),
+                Err(e @ FabricError::PeerDead { .. }) => match self.fail_over(region).await {
+                    Some(copy) => self.free_direct(&copy).await,
+                    None => Err(e),
+                },
                 Err(e) => Err(e),
             }
         };
@@ -39,11 +58,13 @@ impl Agent {
         freed
     }
 
-    /// Writes `data` into the region at `offset`, wherever its pages are.
+    /// Writes `data` into the region at `offset`, wherever its pages are; for a replicated region, its standby
+    /// has the bytes too when this returns.
     pub async fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
-        routed!(Route::new(&self.shared.hints, region), |at| {
+        let end = offset.saturating_add(data.len() as u64);
+        routed!(self, Route::new(&self.shared.hints, region), |at| {
             match self.stay_if_here(&at).await {
-                Ok(_staying) => self.write_direct(&at, offset, data).await,
+                Ok(_staying) => self.written(&at, offset..end, self.write_direct(&at, offset, data)).await,
                 Err(e) => Err(e),
             }
         })
@@ -52,7 +73,7 @@ impl Agent {
     /// Reads the region at `offset` into `buf`, wherever its pages are. Every byte that crossed the wire was
     /// checksummed and verified.
     pub async fn read(&self, region: &Region, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
-        routed!(Route::new(&self.shared.hints, region), |at| {
+        routed!(self, Route::new(&self.shared.hints, region), |at| {
             match self.stay_if_here(&at).await {
                 Ok(_staying) => self.read_direct(&at, offset, buf).await,
                 Err(e) => Err(e),
@@ -76,7 +97,9 @@ impl Agent {
             let len = range.end.saturating_sub(range.start);
             return Err(FabricError::OutOfBounds { offset: range.start, len, region_len: region.len });
         }
-        routed!(Route::new(&self.shared.hints, region), |at| self.acquire_at(&at, range.clone(), device, mode).await)
+        routed!(self, Route::new(&self.shared.hints, region), |at| self
+            .acquire_at(&at, range.clone(), device, mode)
+            .await)
     }
 
     /// [`Agent::acquire`] on the region that has the pages (this node's, or a peer's: then it is that peer's
@@ -105,6 +128,11 @@ impl Agent {
     /// Releases a lease from [`Agent::acquire`]; a `Write` lease's pages go back to the region's home first.
     pub async fn release(&self, lease: AgentLease) -> Result<(), FabricError> {
         match lease.kind {
+            // A write lease's pages reach the region's standbys (when it has any) before the release returns.
+            LeaseKind::Local(l) if l.mode() == Mode::Write => {
+                let (region, range) = (l.region(), l.offset()..l.offset() + l.len());
+                self.written(&region, range, async { in_place(|| self.shared.fabric.release(l)) }).await
+            }
             LeaseKind::Local(l) => in_place(|| self.shared.fabric.release(l)),
             LeaseKind::Remote(r) => self.release_remote(r).await,
         }

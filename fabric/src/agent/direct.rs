@@ -6,7 +6,7 @@ use vfabric_allocator::Location;
 
 use super::calls::ReadInto;
 use super::shared::{in_place, Agent};
-use crate::directory::{Placement, RegionHandle as Region};
+use crate::directory::RegionHandle as Region;
 use crate::error::FabricError;
 use crate::proto::convert::unexpected;
 use crate::proto::message::{Message, WireRegion};
@@ -19,18 +19,19 @@ const MIN_STRIPE: usize = 256 << 10;
 const MOVE_PIECE: u64 = 64 << 20;
 
 impl Agent {
-    /// Allocates a region of `size` bytes on `device` of `node`.
+    /// Allocates a region of `size` bytes on `device` of `node`, kept on `replicas` nodes (`0`: the
+    /// cluster's `network.replicas`).
     pub(crate) async fn alloc_direct(
         &self,
         node: u16,
         size: u64,
         device: Option<Location>,
+        replicas: u8,
     ) -> Result<Region, FabricError> {
         if self.is_me(node) {
-            let placement = device.map(Placement::on).unwrap_or_default();
-            return in_place(|| self.shared.fabric.alloc(size, placement));
+            return self.alloc_at_home(size, device, replicas).await;
         }
-        match self.call(node, &Message::Alloc { size, device: device.map(Into::into) }, &[]).await? {
+        match self.call(node, &Message::Alloc { size, device: device.map(Into::into), replicas }, &[]).await? {
             Message::Allocated { region } => Ok(Region::from(&region)),
             other => Err(unexpected(node, &other)),
         }

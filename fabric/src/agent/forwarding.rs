@@ -122,8 +122,9 @@ fn lock(hints: &Hints) -> std::sync::MutexGuard<'_, HashMap<Region, Region>> {
 }
 
 /// Where one call on a region goes: the hint when there is one, else the region itself (its home), following
-/// `Moved` answers and dropping stale hints. Callers loop over `target()`, their attempt, and `settle()`
-/// ([`routed!`](crate::agent::forwarding::routed) writes that loop once).
+/// `Moved` answers, dropping stale hints, and failing over to a standby copy when the home is dead. Callers
+/// loop over `target()`, their attempt, and `settle()` ([`routed!`](crate::agent::forwarding::routed) writes
+/// that loop once).
 pub(crate) struct Route<'a> {
     hints: &'a Hints,
     region: Region,
@@ -143,13 +144,31 @@ impl<'a> Route<'a> {
         self.target
     }
 
-    /// The attempt's outcome, or `None` to try again at the new target: after `Moved` (the hint is kept) or
-    /// after a stale hint failed (it is dropped and the home is asked).
-    pub(crate) fn settle<T>(&mut self, r: Result<T, FabricError>) -> Option<Result<T, FabricError>> {
+    /// The region the call is on.
+    pub(crate) fn region(&self) -> Region {
+        self.region
+    }
+
+    /// Goes to `to` from now on (a standby copy that took over from the region's dead home), kept as a hint.
+    pub(crate) fn follow(&mut self, to: Region) {
+        lock(self.hints).insert(self.region, to);
+        self.target = to;
+        self.hops += 1;
+    }
+
+    /// What the attempt's outcome calls for: to return it, to try again at the new target (after `Moved`, whose
+    /// hint is kept, or after a stale hint failed, which is dropped so that the home is asked), or to fail over
+    /// (the region's home is dead).
+    pub(crate) fn settle<T>(&mut self, r: Result<T, FabricError>) -> Settled<T> {
         if self.hops >= MAX_HOPS {
-            return Some(r);
+            return Settled::Done(r);
         }
         match &r {
+            Err(FabricError::PeerDead { node, .. })
+                if self.target == self.region && *node == self.region.addr.node().0 =>
+            {
+                return Settled::HomeDead(r);
+            }
             Err(FabricError::Moved { to }) => {
                 lock(self.hints).insert(self.region, *to);
                 self.target = *to;
@@ -161,23 +180,40 @@ impl<'a> Route<'a> {
                 }
                 self.target = self.region;
             }
-            _ => return Some(r),
+            _ => return Settled::Done(r),
         }
         self.hops += 1;
-        None
+        Settled::Again
     }
 }
 
-/// Runs `$attempt` (an expression that may use `$at`, the region to name) along `$route` until it settles.
-/// A macro rather than a function taking the attempt as an async closure: such a closure's future cannot be
-/// proven `Send` on stable Rust, and the agent's calls run in spawned tasks.
+/// What [`Route::settle`] makes of an attempt.
+pub(crate) enum Settled<T> {
+    /// The call's outcome.
+    Done(Result<T, FabricError>),
+    /// Try again at the route's new target.
+    Again,
+    /// The region's home is dead: a standby copy may take over (`Agent::fail_over`); if none does, this is the
+    /// outcome.
+    HomeDead(Result<T, FabricError>),
+}
+
+/// Runs `$attempt` (an expression that may use `$at`, the region to name) along `$route` until it settles,
+/// failing over through `$agent` when the home is dead. A macro rather than a function taking the attempt as
+/// an async closure: such a closure's future cannot be proven `Send` on stable Rust, and the agent's calls run
+/// in spawned tasks.
 macro_rules! routed {
-    ($route:expr, |$at:ident| $attempt:expr) => {{
+    ($agent:expr, $route:expr, |$at:ident| $attempt:expr) => {{
         let mut route = $route;
         loop {
             let $at = route.target();
-            if let Some(r) = route.settle($attempt) {
-                break r;
+            match route.settle($attempt) {
+                $crate::agent::forwarding::Settled::Done(r) => break r,
+                $crate::agent::forwarding::Settled::Again => {}
+                $crate::agent::forwarding::Settled::HomeDead(r) => match $agent.fail_over(&route.region()).await {
+                    Some(copy) => route.follow(copy),
+                    None => break r,
+                },
             }
         }
     }};

@@ -12,13 +12,23 @@ use crate::proto::convert::unexpected;
 use crate::proto::message::{Message, WireRegion};
 
 impl Agent {
-    /// See [`Moves::staying`].
+    /// See [`Moves::staying`]; a replicated region is served only while its standbys answer
+    /// ([`Agent::check_home`]).
     pub(crate) async fn staying(&self, region: &Region) -> Result<OwnedRwLockReadGuard<Option<Region>>, FabricError> {
+        self.check_home(region).await?;
         self.shared.moves.staying(region).await
     }
 
-    /// Frees a region of this node: its hosted copy too when it moved.
+    /// Frees a region of this node: its hosted copy too when it moved, and its standby copies when it is
+    /// replicated (when it is itself a standby copy, it is one no longer).
     pub(crate) async fn free_at_home(&self, region: &Region) -> Result<(), FabricError> {
+        self.free_pages_at_home(region).await?;
+        self.free_standbys(region).await;
+        self.shared.backups.forget_copy(region);
+        Ok(())
+    }
+
+    async fn free_pages_at_home(&self, region: &Region) -> Result<(), FabricError> {
         let mut entry = self.shared.moves.entry(region).write_owned().await;
         match *entry {
             None => in_place(|| self.shared.fabric.free(region))?,
@@ -39,6 +49,12 @@ impl Agent {
         device: Location,
     ) -> Result<Region, FabricError> {
         self.peer_or_self(node)?;
+        if !self.is_me(node) && self.shared.backups.homed(region).is_some() {
+            return Err(FabricError::Unavailable(format!(
+                "{region} is replicated: it stays on its home (moving a replicated region to another node is not \
+                 supported yet)"
+            )));
+        }
         let mut entry = self.shared.moves.entry(region).write_owned().await;
         let before = *entry;
         let now = match before {
@@ -86,7 +102,7 @@ impl Agent {
         }
         // The region must be live before anything is allocated for it.
         self.shared.fabric.version(region, 0..1)?;
-        let fresh = self.alloc_direct(node, region.len, Some(device)).await?;
+        let fresh = self.alloc_direct(node, region.len, Some(device), 1).await?;
         let moved = async {
             self.copy_direct(region, &fresh, region.len).await?;
             in_place(|| self.shared.fabric.free(region))

@@ -15,16 +15,20 @@
 //! The files, by role, from the bottom up:
 //! - state: `shared` ([`Agent`] and what it holds), `peer` (one peer), `lane_use` (which lane a call takes),
 //!   `lanes` (the latency lane's thread), `replicas` (copies of other nodes' pages), `forwarding` (regions that
-//!   moved, and the hints that find them), `link` ([`LinkStats`]);
+//!   moved, and the hints that find them), `backups` (replicated regions and standby copies), `link`
+//!   ([`LinkStats`]);
 //! - the client side of the wire: `peers` (dialling, hello, liveness), `calls` (one request and its answer),
 //!   `direct` (a call on the node a region's address names);
-//! - what the agent does: `migrate` (regions that move), `remote_lease` ([`AgentLease`]: leases on other nodes'
+//! - what the agent does: `replication` (a home's writes reach its standbys), `failover` (a standby takes
+//!   over from a dead home), `migrate` (regions that move), `remote_lease` ([`AgentLease`]: leases on other nodes'
 //!   pages), `client` (the API), `serve` and `serve_pages` (answering peers), `start` (starting and stopping),
 //!   `local` (a node's local clients, over a Unix socket), `launch` (jobs under `mpirun` or Slurm).
 
+mod backups;
 mod calls;
 mod client;
 mod direct;
+mod failover;
 mod forwarding;
 mod lane_use;
 mod lanes;
@@ -36,6 +40,7 @@ mod peer;
 mod peers;
 mod remote_lease;
 mod replicas;
+mod replication;
 mod serve;
 mod serve_pages;
 mod shared;

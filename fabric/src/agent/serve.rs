@@ -8,7 +8,7 @@ use vfabric_transport::quic;
 use super::lane_use::{pages_of, BULK};
 use super::serve_pages::{grant, home_region, receive_write, send_read, take_back};
 use super::shared::{in_place, Agent, Shared};
-use crate::directory::{Mode, Placement, RegionHandle as Region};
+use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::{FabricError, ProtocolError};
 use crate::fabric::Lease;
 use crate::proto::codec::{read_frame, PROTOCOL_VERSION};
@@ -152,7 +152,7 @@ async fn serve_stream(
 /// The bytes of pages that request `msg` of `peer` moves, either way.
 fn pages_moved(agent: &Agent, peer: u16, msg: &Message) -> u64 {
     match msg {
-        Message::Write { len, .. } | Message::Read { len, .. } => *len,
+        Message::Write { len, .. } | Message::Read { len, .. } | Message::Replicate { len, .. } => *len,
         // An acquire moves whole pages.
         Message::Acquire { region, offset, len, .. } => pages_of(region.page_size, *offset, *len),
         // A write lease's pages come back with its release.
@@ -175,11 +175,10 @@ async fn answer(
 ) -> Result<(), ProtocolError> {
     let reply = match msg {
         Message::Ping { nonce } => Ok(Message::Pong { nonce }),
-        Message::Alloc { size, device } => {
-            let placement = device.map(|d| Placement::on(d.into())).unwrap_or_default();
-            in_place(|| agent.shared.fabric.alloc(size, placement))
-                .map(|r| Message::Allocated { region: WireRegion::from(&r) })
-        }
+        Message::Alloc { size, device, replicas } => agent
+            .alloc_at_home(size, device.map(Into::into), replicas)
+            .await
+            .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
         Message::Free { region } => match home_region(agent, &region) {
             Ok(r) => agent.free_at_home(&r).await.map(|()| Message::Done),
             Err(e) => Err(e),
@@ -202,6 +201,13 @@ async fn answer(
                 agent.shared.moves.unforward(&r, &Region::from(&to)).await;
                 Ok(Message::Done)
             }
+            Err(e) => Err(e),
+        },
+        Message::Standby { region } => agent.keep_standby(peer, &region),
+        Message::Replicate { copy, offset, len } => agent.take_replica(peer, (&copy, offset, len), &mut recv).await,
+        // Answered with where the region lives now.
+        Message::Failover { region } => match agent.take_over(&Region::from(&region)).await {
+            Ok(to) => Err(FabricError::Moved { to }),
             Err(e) => Err(e),
         },
         other => Err(ProtocolError::NotServed(other.name()).into()),

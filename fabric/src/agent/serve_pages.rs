@@ -122,13 +122,22 @@ pub(crate) async fn take_back(
         Ok::<(), FabricError>(())
     })
     .await;
-    let written = arrived.and_then(|()| match lease.mode() {
-        Mode::Write => lease.write(0, &data),
-        Mode::Read => Ok(()),
-    });
-    // The lease ends either way.
-    in_place(|| agent.shared.fabric.release(lease))?;
-    written.map(|()| Message::Done)
+    let (region, range, mode) = (lease.region(), lease.offset()..lease.offset() + lease.len(), lease.mode());
+    let finish = async {
+        let written = arrived.and_then(|()| match mode {
+            Mode::Write => lease.write(0, &data),
+            Mode::Read => Ok(()),
+        });
+        // The lease ends either way.
+        in_place(|| agent.shared.fabric.release(lease))?;
+        written
+    };
+    // A write lease's pages reach the region's standbys (when it has any) before the release is answered.
+    match mode {
+        Mode::Write => agent.written(&region, range, finish).await?,
+        Mode::Read => finish.await?,
+    }
+    Ok(Message::Done)
 }
 
 /// Takes a write's chunks off the stream, checks each one's checksum and place, and writes them. A bad chunk
@@ -144,10 +153,12 @@ pub(crate) async fn receive_write(
     // The payload stays in quinn's receive buffers until its checksum is known good; then each piece is copied
     // once, to its place, in place on this worker (no thread hop). Chunk offsets count from the write's start.
     let payload = Payload::new(len, agent.shared.net.chunk.bytes());
-    receive(&mut QuicChunks::new(recv), payload, |at, pieces| {
+    let mut chunks = QuicChunks::new(recv);
+    let arrived = receive(&mut chunks, payload, |at, pieces| {
         in_place(|| agent.shared.fabric.write_parts(&r, offset + at, pieces))
-    })
-    .await?;
+    });
+    // For a replicated region, the standbys have the bytes before the write is answered.
+    agent.written(&r, offset..offset + len, arrived).await?;
     Ok(Message::Done)
 }
 

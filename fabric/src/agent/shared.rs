@@ -6,6 +6,7 @@ use std::time::Instant;
 use tokio::sync::Mutex;
 use vfabric_transport::quic::BufferPool;
 
+use super::backups::Backups;
 use super::forwarding::{Hints, Moves};
 use super::lane_use::LaneLoads;
 use super::lanes::Lanes;
@@ -52,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) buffers: BufferPool,
     /// Where the pages of other nodes' regions were last found.
     pub(crate) hints: Hints,
+    /// This node's replicated regions, and the standby copies it keeps for other homes.
+    pub(crate) backups: Backups,
     /// The cluster's tenants: which local users act as which (`local/tenancy.rs`).
     pub(crate) tenants: Vec<crate::config::TenantSection>,
 }
@@ -92,6 +95,12 @@ impl Agent {
     /// region's home names the new copy (or for good, when that message was lost: it is best effort).
     pub fn forwarding_entries(&self) -> usize {
         self.shared.moves.forwarding()
+    }
+
+    /// How many regions of this node are replicated (have standby copies on other nodes), and how many standby
+    /// copies this node keeps for other nodes' regions (those that took over from a dead home included).
+    pub fn replication(&self) -> (usize, usize) {
+        (self.shared.backups.homed_count(), self.shared.backups.kept_count())
     }
 
     pub(crate) fn tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {

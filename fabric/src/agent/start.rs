@@ -98,6 +98,7 @@ impl Agent {
             next_grant: std::sync::atomic::AtomicU64::new(1),
             replicas: std::sync::Mutex::new(ReplicaCache::new(net.replica_cache.bytes())),
             moves: Moves::default(),
+            backups: Default::default(),
             hints: std::sync::Mutex::new(std::collections::HashMap::new()),
             // Enough for the chunks in flight on every lane at the default windows (64 x 1 MiB).
             buffers: quic::BufferPool::new(64),

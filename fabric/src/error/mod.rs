@@ -77,6 +77,11 @@ pub enum FabricError {
     /// the two are not told apart), another tenant's name on an allocation, or an operator's call.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// What the call needs cannot be reached now: a replicated region's standby copy (its home then serves it
+    /// no longer, so that a standby that takes over never leaves two homes), a standby whose home still
+    /// answers, or nodes enough for the replicas asked.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// A page is leased in a way that excludes this call (written elsewhere, or read while a write is asked).
     #[error("page {page} of region {region} is leased {how}")]
     LeasedElsewhere {

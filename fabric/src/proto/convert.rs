@@ -79,6 +79,7 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
         FabricError::DoubleFree(_) => ErrorKind::DoubleFree,
         FabricError::UseAfterFree(_) => ErrorKind::UseAfterFree,
         FabricError::PermissionDenied(_) => ErrorKind::PermissionDenied,
+        FabricError::Unavailable(_) => ErrorKind::Unavailable,
         FabricError::LeasedElsewhere { .. } => ErrorKind::LeasedElsewhere,
         FabricError::DeviceUnavailable(_) => ErrorKind::DeviceUnavailable,
         FabricError::UnknownLease(_) => ErrorKind::UnknownLease,

@@ -111,6 +111,8 @@ pub enum ErrorKind {
     Internal,
     /// The caller's tenant may not do this (added at the end: the variant order is the wire format).
     PermissionDenied,
+    /// What the call needs cannot be reached now: a region's standby copy, or nodes enough for its replicas.
+    Unavailable,
 }
 
 /// One control message. Every request goes on its own bidirectional stream: the requester writes one request
@@ -144,6 +146,8 @@ pub enum Message {
         size: u64,
         /// The device to place the region on, if the requester cares.
         device: Option<WireLocation>,
+        /// Nodes that keep its released writes, its home included (`0`: the cluster's `network.replicas`).
+        replicas: u8,
     },
     /// Frees a region.
     Free {
@@ -394,6 +398,28 @@ pub enum Message {
         /// The reservation.
         id: u64,
     },
+    /// A home asks a peer to keep a standby copy of `region`, one of the home's replicated regions (in host
+    /// memory). Answered with [`Message::Allocated`] naming the copy.
+    Standby {
+        /// The home's region.
+        region: WireRegion,
+    },
+    /// A home's released write, copied to a standby: the payload follows as for [`Message::Write`]. A copy
+    /// that took over from its home answers [`Message::Moved`] naming itself; a `len` of 0 only asks that.
+    Replicate {
+        /// The standby copy.
+        copy: WireRegion,
+        /// The byte offset in the region.
+        offset: u64,
+        /// The number of payload bytes that follow.
+        len: u64,
+    },
+    /// A caller found `region`'s home dead and asks a node that may keep its standby copy to take over:
+    /// answered [`Message::Moved`] naming the copy that now serves the region, or an error.
+    Failover {
+        /// The region whose home is dead.
+        region: WireRegion,
+    },
 }
 
 impl Message {
@@ -421,6 +447,9 @@ impl Message {
             | Message::Reserve { .. }
             | Message::Unreserve { .. }
             | Message::ReservationLeft { .. }
+            | Message::Standby { .. }
+            | Message::Replicate { .. }
+            | Message::Failover { .. }
             | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
@@ -473,6 +502,9 @@ impl Message {
             Message::Reserved { .. } => "reserved",
             Message::Unreserve { .. } => "unreserve",
             Message::ReservationLeft { .. } => "reservationleft",
+            Message::Standby { .. } => "standby",
+            Message::Replicate { .. } => "replicate",
+            Message::Failover { .. } => "failover",
         }
     }
 }
@@ -492,7 +524,7 @@ mod tests {
         vec![
             Message::Hello { cluster: "c".into(), node: 1, protocol: 1, lanes: 4, latency_lane: true },
             Message::Ping { nonce: 9 },
-            Message::Alloc { size: 4096, device: None },
+            Message::Alloc { size: 4096, device: None, replicas: 0 },
             Message::Free { region },
             Message::Write { region, offset: 0, len: 1 },
             Message::Read { region, offset: 0, len: 1 },
@@ -538,6 +570,9 @@ mod tests {
             Message::Reserved { id: 1, bytes: 1 << 20 },
             Message::Unreserve { id: 1 },
             Message::ReservationLeft { id: 1 },
+            Message::Standby { region },
+            Message::Replicate { copy: region, offset: 0, len: 1 },
+            Message::Failover { region },
         ]
     }
 
@@ -549,6 +584,7 @@ mod tests {
         expected.extend([true, false, true]);
         expected.extend([true, false, true, true, false, true, true, false, true]);
         expected.extend([true, false, true, true]);
+        expected.extend([true; 3]);
         assert_eq!(kinds, expected);
     }
 

@@ -78,9 +78,20 @@ impl LocalClient {
         want(reply).ok_or(ProtocolError::Unexpected { node: self.node, answer }.into())
     }
 
-    /// Allocates a region whose home is the agent's node.
+    /// Allocates a region whose home is the agent's node, kept on the cluster's `network.replicas` nodes.
     pub async fn alloc(&self, size: u64, device: Option<Location>) -> Result<Region, FabricError> {
-        let msg = Message::Alloc { size, device: device.map(Into::into) };
+        self.alloc_replicated(size, device, 0).await
+    }
+
+    /// Allocates a region whose home is the agent's node, kept on `replicas` nodes (its home, and a standby
+    /// copy on another node that takes over if the home dies; `0`: the cluster's `network.replicas`).
+    pub async fn alloc_replicated(
+        &self,
+        size: u64,
+        device: Option<Location>,
+        replicas: u8,
+    ) -> Result<Region, FabricError> {
+        let msg = Message::Alloc { size, device: device.map(Into::into), replicas };
         self.expect(&msg, &[], |m| match m {
             Message::Allocated { region } => Some(Region::from(&region)),
             _ => None,

@@ -174,7 +174,10 @@ impl Agent {
                     continue;
                 }
                 // A tenant's plain allocation is its tenant's, here, and outlives the connection as any does.
-                Message::Alloc { size, device } if session.tenant.is_some() => {
+                Message::Alloc { replicas: 2.., .. } if session.tenant.is_some() => Err(FabricError::Unavailable(
+                    "a tenant's regions are kept on their home only, for now: replicas must be 0 or 1".into(),
+                )),
+                Message::Alloc { size, device, .. } if session.tenant.is_some() => {
                     let tenant = session.tenant.unwrap_or_default();
                     let device = device.map(Location::from);
                     self.alloc_for(
@@ -183,8 +186,8 @@ impl Agent {
                         AllocOptions { device, tenant, keep: true, ..AllocOptions::default() },
                     )
                 }
-                Message::Alloc { size, device } => rt
-                    .block_on(self.alloc(self.node(), size, device.map(Location::from)))
+                Message::Alloc { size, device, replicas } => rt
+                    .block_on(self.alloc_replicated(self.node(), size, device.map(Location::from), replicas))
                     .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
                 Message::AllocWith { size, device, priority, tenant, keep, compression, reservation } => {
                     alloc_options(device.map(Location::from), priority, tenant, keep, compression, reservation)

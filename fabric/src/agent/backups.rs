@@ -1,0 +1,160 @@
+//! Replicated regions, as tables: this node's regions whose released writes other nodes also keep (their
+//! standby copies), and the standby copies this node keeps for other homes.
+//!
+//! A region allocated with `replicas = 2` has a standby copy in the host memory of another node, which every
+//! write and write lease released at the home reaches before the call returns (`super::replication`). When
+//! the home dies, a caller asks the standby's node to take over (`super::failover`): from then on the copy is
+//! the region, callers' location hints point at it, and the old home, should it come back, learns it at its
+//! first exchange with the copy and sends its callers there. No acknowledged write is lost, and two homes
+//! never serve one region at once:
+//!
+//! - a standby takes over only after it has heard nothing from the home for `network.dead_after_ms`;
+//! - the home serves a replicated region on its own only for half of that after its last exchange with the
+//!   standby (it then asks again first), and answers no write before the standby has it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::directory::RegionHandle as Region;
+
+/// A replicated region of this node: its standby copies and what the home knows of them. Its lock is held for
+/// the whole of each write (the write and its copy to the standbys are one step, so standbys see writes in the
+/// order the home applied them).
+#[derive(Debug, Default)]
+pub(crate) struct Standbys {
+    /// The copies, on other nodes, in the order they take over.
+    pub(crate) copies: Vec<Region>,
+    /// When the last exchange that every standby answered was sent: the home serves the region on its own
+    /// until half of `network.dead_after_ms` past it.
+    pub(crate) confirmed: Option<Instant>,
+    /// Ranges written here that a standby did not take (their write failed): sent again before anything else.
+    pub(crate) pending: Vec<std::ops::Range<u64>>,
+    /// The copy that took over from this node (which its standby's node took for dead): the region lives there now.
+    pub(crate) taken_over: Option<Region>,
+}
+
+/// A replicated region's entry at its home.
+pub(crate) type HomeEntry = Arc<tokio::sync::Mutex<Standbys>>;
+
+/// A standby copy this node keeps: the home's region, and whether the copy took over from it (behind a lock
+/// that a standby's write holds while it lands, so that none lands after the copy took over).
+#[derive(Debug, Clone)]
+pub(crate) struct Standby {
+    /// The region at its home.
+    pub(crate) home: Region,
+    /// Whether the copy took over from its home.
+    pub(crate) promoted: Arc<tokio::sync::RwLock<bool>>,
+}
+
+/// Both tables.
+#[derive(Default)]
+pub(crate) struct Backups {
+    homed: Mutex<HashMap<Region, HomeEntry>>,
+    kept: Mutex<Kept>,
+}
+
+/// The standby copies kept here, by copy and by the home's region.
+#[derive(Default)]
+struct Kept {
+    by_copy: HashMap<Region, Standby>,
+    by_home: HashMap<Region, Region>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Backups {
+    /// The entry of `region` when it is a replicated region of this node.
+    pub(crate) fn homed(&self, region: &Region) -> Option<HomeEntry> {
+        lock(&self.homed).get(region).cloned()
+    }
+
+    /// Records `region`, a region of this node, with its standby copies.
+    pub(crate) fn add_homed(&self, region: Region, copies: Vec<Region>) {
+        let entry = Standbys { copies, ..Standbys::default() };
+        lock(&self.homed).insert(region, Arc::new(tokio::sync::Mutex::new(entry)));
+    }
+
+    /// Takes `region`'s entry out (the region is freed).
+    pub(crate) fn remove_homed(&self, region: &Region) -> Option<HomeEntry> {
+        lock(&self.homed).remove(region)
+    }
+
+    /// How many replicated regions this node is the home of.
+    pub(crate) fn homed_count(&self) -> usize {
+        lock(&self.homed).len()
+    }
+
+    /// The copy kept here of `home`, if any.
+    pub(crate) fn copy_of(&self, home: &Region) -> Option<(Region, Standby)> {
+        let kept = lock(&self.kept);
+        let copy = *kept.by_home.get(home)?;
+        kept.by_copy.get(&copy).map(|s| (copy, s.clone()))
+    }
+
+    /// The standby that `copy` is, if it is one.
+    pub(crate) fn standby(&self, copy: &Region) -> Option<Standby> {
+        lock(&self.kept).by_copy.get(copy).cloned()
+    }
+
+    /// Records `copy` as the standby copy of `home`.
+    pub(crate) fn keep(&self, home: Region, copy: Region) {
+        let mut kept = lock(&self.kept);
+        kept.by_home.insert(home, copy);
+        kept.by_copy.insert(copy, Standby { home, promoted: Arc::default() });
+    }
+
+    /// Forgets `copy` (freed) as a standby.
+    pub(crate) fn forget_copy(&self, copy: &Region) {
+        let mut kept = lock(&self.kept);
+        if let Some(s) = kept.by_copy.remove(copy) {
+            kept.by_home.remove(&s.home);
+        }
+    }
+
+    /// How many standby copies this node keeps for other homes.
+    pub(crate) fn kept_count(&self) -> usize {
+        lock(&self.kept).by_copy.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::message::WireRegion;
+
+    fn region(node: u64, slot: u32) -> Region {
+        Region::from(&WireRegion {
+            addr: node << 48 | u64::from(slot) << 21,
+            len: 1 << 21,
+            page_size: 1 << 21,
+            slot,
+            generation: 1,
+        })
+    }
+
+    #[test]
+    fn standbys_are_found_both_ways_and_forgotten_together() {
+        let b = Backups::default();
+        let (home, copy) = (region(0, 1), region(1, 4));
+        b.keep(home, copy);
+        assert_eq!(b.copy_of(&home).map(|(c, s)| (c, s.home)), Some((copy, home)));
+        assert_eq!(b.standby(&copy).map(|s| s.home), Some(home));
+        assert!(b.standby(&home).is_none(), "a home's region is no standby");
+        b.forget_copy(&copy);
+        assert!(b.copy_of(&home).is_none() && b.standby(&copy).is_none());
+        assert_eq!(b.kept_count(), 0);
+    }
+
+    #[test]
+    fn homed_regions_come_and_go() {
+        let b = Backups::default();
+        b.add_homed(region(0, 1), vec![region(1, 2)]);
+        assert!(b.homed(&region(0, 1)).is_some() && b.homed(&region(0, 2)).is_none());
+        assert_eq!(b.homed_count(), 1);
+        assert!(b.remove_homed(&region(0, 1)).is_some());
+        assert_eq!(b.homed_count(), 0);
+    }
+}

@@ -1,0 +1,133 @@
+//! A standby's side of replicated regions (`super::backups`): keeping copies for other homes, taking their
+//! writes, and taking over when a home dies; and a caller's side: finding the copy that took over.
+
+use std::time::{Duration, Instant};
+
+use vfabric_allocator::Location;
+
+use super::replication::REPLICA_PIECE;
+use super::serve_pages::home_region;
+use super::shared::{in_place, Agent};
+use crate::directory::{Placement, RegionHandle as Region};
+use crate::error::{FabricError, ProtocolError};
+use crate::proto::chunk::{receive, Payload};
+use crate::proto::convert::unexpected;
+use crate::proto::message::{ErrorKind, Message, WireRegion};
+use crate::proto::quic::QuicChunks;
+
+impl Agent {
+    /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions, in this node's host memory
+    /// (the same copy when asked again: the first answer may have been lost).
+    pub(crate) fn keep_standby(&self, peer: u16, region: &WireRegion) -> Result<Message, FabricError> {
+        let home = Region::from(region);
+        if home.addr.node().0 != peer {
+            return Err(FabricError::PermissionDenied(format!(
+                "node {peer} asked for a standby of {home}, not its own"
+            )));
+        }
+        if let Some((copy, _)) = self.shared.backups.copy_of(&home) {
+            return Ok(Message::Allocated { region: WireRegion::from(&copy) });
+        }
+        let copy = in_place(|| self.shared.fabric.alloc(home.len, Placement::on(Location::Host)))?;
+        self.shared.backups.keep(home, copy);
+        Ok(Message::Allocated { region: WireRegion::from(&copy) })
+    }
+
+    /// `Replicate` from `peer`: a write of its region's bytes to the copy kept here. The payload is taken whole
+    /// (at most [`REPLICA_PIECE`], and only as its bytes arrive) and written only if the copy has not taken
+    /// over meanwhile: a home's write delayed past the takeover (a partition that healed) never lands.
+    pub(crate) async fn take_replica(
+        &self,
+        peer: u16,
+        (copy, offset, len): (&WireRegion, u64, u64),
+        recv: &mut quinn::RecvStream,
+    ) -> Result<Message, FabricError> {
+        let copy = home_region(self, copy)?;
+        let standby = match self.shared.backups.standby(&copy) {
+            Some(s) if s.home.addr.node().0 == peer => s,
+            _ => return Err(FabricError::InvalidAddress(format!("{copy} is no standby copy of node {peer}'s"))),
+        };
+        if len > REPLICA_PIECE {
+            return Err(ProtocolError::BadField { field: "replicate.len", value: len }.into());
+        }
+        if *standby.promoted.read().await {
+            return Err(FabricError::Moved { to: copy });
+        }
+        let mut data = Vec::new();
+        receive(&mut QuicChunks::new(recv), Payload::new(len, self.shared.net.chunk.bytes()), |at, pieces| {
+            data.truncate(at as usize);
+            pieces.iter().for_each(|p| data.extend_from_slice(p));
+            Ok::<(), FabricError>(())
+        })
+        .await?;
+        let promoted = standby.promoted.read().await;
+        if *promoted {
+            return Err(FabricError::Moved { to: copy });
+        }
+        if !data.is_empty() {
+            in_place(|| self.shared.fabric.write(&copy, offset, &data))?;
+        }
+        Ok(Message::Done)
+    }
+
+    /// Takes over as `home`'s home with the copy kept here, once this node too finds its home dead; returns
+    /// the copy, which is the region from now on.
+    pub(crate) async fn take_over(&self, home: &Region) -> Result<Region, FabricError> {
+        let node = home.addr.node().0;
+        let Some((copy, standby)) = self.shared.backups.copy_of(home) else {
+            return Err(FabricError::InvalidAddress(format!("node {} keeps no copy of {home}", self.node())));
+        };
+        let mut promoted = standby.promoted.write().await;
+        if !*promoted {
+            if !matches!(self.is_alive(node).await, Ok(false)) {
+                return Err(FabricError::Unavailable(format!(
+                    "{home}'s home, node {node}, still answers node {}",
+                    self.node()
+                )));
+            }
+            *promoted = true;
+            tracing::warn!(region = %home, copy = %copy, node, "took over a region whose home died");
+        }
+        Ok(copy)
+    }
+
+    /// The copy that serves `region` now that its home is dead: the nodes after the home are asked in the
+    /// cluster's order, for up to `network.dead_after_ms` and two heartbeats while one of them still hears the
+    /// home. `None` when no node has a copy (the region was not replicated).
+    pub(crate) async fn fail_over(&self, region: &Region) -> Option<Region> {
+        let home = region.addr.node().0;
+        let nodes = self.shared.peers.len() as u16;
+        let period = Duration::from_millis(self.shared.net.heartbeat_ms);
+        let until = Instant::now() + self.dead_after() + 2 * period;
+        loop {
+            let mut hears_home = false;
+            for step in 1..nodes {
+                let node = (home + step) % nodes;
+                let asked = if self.is_me(node) {
+                    self.take_over(region).await
+                } else if matches!(self.is_alive(node).await, Ok(true)) {
+                    match self.call(node, &Message::Failover { region: WireRegion::from(region) }, &[]).await {
+                        Err(FabricError::Moved { to }) => Ok(to),
+                        Ok(other) => Err(unexpected(node, &other)),
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    continue;
+                };
+                match asked {
+                    Ok(copy) => {
+                        tracing::info!(region = %region, copy = %copy, "a region's standby took over from its dead home");
+                        return Some(copy);
+                    }
+                    Err(FabricError::Unavailable(_))
+                    | Err(FabricError::Remote { kind: ErrorKind::Unavailable, .. }) => hears_home = true,
+                    Err(e) => tracing::debug!(region = %region, node, error = %e, "no copy to fail over to"),
+                }
+            }
+            if !hears_home || Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(period).await;
+        }
+    }
+}

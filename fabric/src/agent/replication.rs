@@ -1,0 +1,191 @@
+//! A home's side of its replicated regions (`super::backups`): placing their standby copies, copying each
+//! write to them before it is acknowledged, and serving the regions on its own only while the standbys answer.
+
+use std::future::Future;
+use std::ops::Range;
+use std::time::Instant;
+
+use vfabric_allocator::Location;
+
+use super::backups::Standbys;
+use super::shared::{in_place, Agent};
+use crate::config::MAX_REPLICAS;
+use crate::directory::{Placement, RegionHandle as Region};
+use crate::error::FabricError;
+use crate::proto::convert::unexpected;
+use crate::proto::message::{Message, WireRegion};
+
+/// Bytes of a range sent to a standby per call (bounds the home's buffer and the standby's).
+pub(crate) const REPLICA_PIECE: u64 = 16 << 20;
+
+impl Agent {
+    /// Allocates a region of this node kept on `replicas` nodes (`0`: the cluster's `network.replicas`): with
+    /// 2, a standby copy goes to the next node of the cluster's list that answers. Refused, with nothing left
+    /// allocated, when no node takes the copy.
+    pub(crate) async fn alloc_at_home(
+        &self,
+        size: u64,
+        device: Option<Location>,
+        replicas: u8,
+    ) -> Result<Region, FabricError> {
+        let replicas = if replicas == 0 { self.shared.net.replicas } else { replicas };
+        if replicas > MAX_REPLICAS {
+            return Err(FabricError::Unavailable(format!(
+                "{replicas} replicas asked: a region is kept on at most {MAX_REPLICAS} nodes"
+            )));
+        }
+        let placement = device.map(Placement::on).unwrap_or_default();
+        let region = in_place(|| self.shared.fabric.alloc(size, placement))?;
+        if replicas <= 1 {
+            return Ok(region);
+        }
+        match self.place_standbys(&region, usize::from(replicas - 1)).await {
+            Ok(copies) => {
+                tracing::debug!(region = %region, ?copies, "a replicated region and its standby copies");
+                self.shared.backups.add_homed(region, copies);
+                Ok(region)
+            }
+            Err(e) => {
+                if let Err(undo) = in_place(|| self.shared.fabric.free(&region)) {
+                    tracing::warn!(region = %region, error = %undo, "freeing a region whose standbys failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Asks the nodes after this one, in the cluster's order, for `want` standby copies of `region`.
+    async fn place_standbys(&self, region: &Region, want: usize) -> Result<Vec<Region>, FabricError> {
+        let nodes = self.shared.peers.len() as u16;
+        let (mut copies, mut refusals) = (Vec::new(), Vec::new());
+        for step in 1..nodes {
+            if copies.len() == want {
+                break;
+            }
+            let node = (self.node() + step) % nodes;
+            if !matches!(self.is_alive(node).await, Ok(true)) {
+                refusals.push(format!("node {node} is not answering"));
+                continue;
+            }
+            match self.call(node, &Message::Standby { region: WireRegion::from(region) }, &[]).await {
+                Ok(Message::Allocated { region: copy }) => copies.push(Region::from(&copy)),
+                Ok(other) => refusals.push(unexpected(node, &other).to_string()),
+                Err(e) => refusals.push(format!("node {node}: {e}")),
+            }
+        }
+        if copies.len() == want {
+            return Ok(copies);
+        }
+        for copy in &copies {
+            if let Err(e) = self.free_direct(copy).await {
+                tracing::warn!(copy = %copy, error = %e, "freeing a standby copy of a refused region failed");
+            }
+        }
+        let why = if refusals.is_empty() { "the cluster has no other node".to_string() } else { refusals.join("; ") };
+        Err(FabricError::Unavailable(format!("{want} standby copies wanted, {} placed: {why}", copies.len())))
+    }
+
+    /// Runs `write`, a write of `range` of `region` (a region of this node), and, when the region is
+    /// replicated, copies the range to its standbys before returning: a write is acknowledged only once every
+    /// standby has it. The region's writes run one at a time meanwhile.
+    pub(crate) async fn written<T>(
+        &self,
+        region: &Region,
+        range: Range<u64>,
+        write: impl Future<Output = Result<T, FabricError>>,
+    ) -> Result<T, FabricError> {
+        let Some(entry) = self.shared.backups.homed(region) else { return write.await };
+        let mut standbys = entry.lock().await;
+        if let Some(to) = standbys.taken_over {
+            return Err(FabricError::Moved { to });
+        }
+        // A write that failed midway may have changed part of the range: the standbys get it all the same.
+        let out = write.await;
+        standbys.pending.push(range);
+        let copied = self.replicate(region, &mut standbys).await;
+        let out = out?;
+        copied.map(|()| out)
+    }
+
+    /// Before a call is served on `region`, a region of this node: when it is replicated and its standbys have
+    /// not answered within half of `network.dead_after_ms`, asks them (and sends what they missed). A standby
+    /// that took over answers `Moved`, and so does the region from then on; one that cannot be reached makes
+    /// the call `Unavailable` rather than let two homes serve the region.
+    pub(crate) async fn check_home(&self, region: &Region) -> Result<(), FabricError> {
+        let Some(entry) = self.shared.backups.homed(region) else { return Ok(()) };
+        let mut standbys = entry.lock().await;
+        if let Some(to) = standbys.taken_over {
+            return Err(FabricError::Moved { to });
+        }
+        let fresh = standbys.confirmed.is_some_and(|t| t.elapsed() < self.dead_after() / 2);
+        if fresh && standbys.pending.is_empty() {
+            return Ok(());
+        }
+        self.replicate(region, &mut standbys).await
+    }
+
+    /// Sends the pending ranges of `region` (or, with none, an empty exchange) to every standby; on success
+    /// they are all sent and the standbys confirmed, else they stay pending.
+    async fn replicate(&self, region: &Region, standbys: &mut Standbys) -> Result<(), FabricError> {
+        let sent = Instant::now();
+        // With nothing pending, one empty exchange: it asks each standby whether it still is one.
+        let mut ranges = standbys.pending.clone();
+        if ranges.is_empty() {
+            ranges.push(0..0);
+        }
+        let mut buf = Vec::new();
+        for range in ranges {
+            let mut at = range.start;
+            loop {
+                let n = (range.end - at).min(REPLICA_PIECE) as usize;
+                buf.resize(n, 0);
+                if n > 0 {
+                    in_place(|| self.shared.fabric.read(region, at, &mut buf))?;
+                }
+                for copy in &standbys.copies {
+                    if let Err(e) = self.send_replica(copy, at, &buf).await {
+                        if let FabricError::Moved { to } = e {
+                            tracing::warn!(region = %region, copy = %to, "the standby took over: the region lives there now");
+                            standbys.taken_over = Some(to);
+                        }
+                        return Err(e);
+                    }
+                }
+                at += n as u64;
+                if at >= range.end {
+                    break;
+                }
+            }
+        }
+        standbys.pending.clear();
+        standbys.confirmed = Some(sent);
+        Ok(())
+    }
+
+    /// One piece of a region's bytes to one of its standby copies.
+    async fn send_replica(&self, copy: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+        let node = copy.addr.node().0;
+        let msg = Message::Replicate { copy: WireRegion::from(copy), offset, len: data.len() as u64 };
+        match self.call(node, &msg, data).await {
+            Ok(Message::Done) => Ok(()),
+            Ok(other) => Err(unexpected(node, &other)),
+            Err(e @ FabricError::Moved { .. }) => Err(e),
+            Err(e) => Err(FabricError::Unavailable(format!(
+                "the standby copy on node {node} did not answer ({e}): the region's home serves it only while its \
+                 standby has every write"
+            ))),
+        }
+    }
+
+    /// Frees the standby copies of `region`, a region of this node that was just freed (a copy that cannot be
+    /// reached is logged: it goes with its node).
+    pub(crate) async fn free_standbys(&self, region: &Region) {
+        let Some(entry) = self.shared.backups.remove_homed(region) else { return };
+        let copies = std::mem::take(&mut entry.lock().await.copies);
+        for copy in copies {
+            if let Err(e) = self.free_direct(&copy).await {
+                tracing::warn!(region = %region, copy = %copy, error = %e, "freeing a standby copy failed");
+            }
+        }
+    }
+}

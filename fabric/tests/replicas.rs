@@ -1,0 +1,189 @@
+//! Replicated regions across a home's death: a region kept on two nodes (`replicas = 2`) loses no
+//! acknowledged byte when its home is killed with SIGKILL mid-write, is served again by its standby with the
+//! same handle, and a home that was only frozen does not serve it again once its standby took over. The homes
+//! and standbys are agents in processes of their own (ended by this test, by their PIDs).
+
+mod common;
+use common::Ended;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use vfabric::agent::Agent;
+use vfabric::{ClusterConfig, FabricError};
+
+const BLOCK: usize = 64 << 10;
+const BLOCKS: usize = 256;
+
+/// A cluster of `names` (on loopback ports from `port`) with replicas = 2 and the given `[network]` settings
+/// beside it; its configuration's path. Its name is the folder's (agents' local sockets are named after the
+/// cluster and the node).
+fn cluster(dir: &Path, names: &[&str], port: u16, network: &str) -> PathBuf {
+    let name = dir.file_name().and_then(|n| n.to_str()).expect("folder name");
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).expect("scratch folder");
+    let mut text = format!(
+        "[cluster]\nname = \"{name}\"\n[device]\nbackend = \"emulated\"\n[memory]\npage_size = \"64KiB\"\n\
+         gpu_budget = \"8MiB\"\nhost_arena = \"64MiB\"\n[network]\ncerts = \"{}\"\nreplicas = 2\n{network}\n",
+        dir.join("certs").display()
+    );
+    for (i, n) in names.iter().enumerate() {
+        text += &format!("[[node]]\nname = \"{n}\"\naddress = \"127.0.0.1:{}\"\n", port + 10 * i as u16);
+    }
+    let config = dir.join("cluster.toml");
+    std::fs::write(&config, text).expect("write the configuration");
+    let init = Command::new(env!("CARGO_BIN_EXE_vfabric")).args(["cluster", "init", "--config"]).arg(&config).output();
+    let init = init.expect("cluster init");
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    config
+}
+
+/// Starts `node`'s agent, its log in the scratch folder (kept when the test fails).
+fn start(config: &Path, node: &str) -> Ended {
+    let log = std::fs::File::create(config.with_file_name(format!("{node}.log"))).expect("agent log");
+    let child = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["agent", "--node", node, "--config"])
+        .arg(config)
+        .env("RUST_LOG", "vfabric=debug")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start an agent");
+    Ended(child)
+}
+
+fn signal(p: &Ended, s: Signal) {
+    kill(Pid::from_raw(p.0.id() as i32), s).expect("signal an agent");
+}
+
+fn block(i: usize, round: u8) -> Vec<u8> {
+    (0..BLOCK).map(|j| (i as u8).wrapping_mul(31) ^ (j as u8) ^ round).collect()
+}
+
+/// A region on `node` with replicas = 2, once the agents there answer.
+async fn region_on(a: &Agent, node: u16) -> vfabric::Region {
+    let mut last = None;
+    for _ in 0..100 {
+        match a.alloc(node, (BLOCK * BLOCKS) as u64, None).await {
+            Ok(r) => return r,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no replicated region on node {node}: {last:?}");
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+#[test]
+fn a_home_killed_mid_write_loses_no_acknowledged_byte() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replicas-kill-{}", std::process::id()));
+    // The default heartbeats and `dead_after_ms`: the failover time printed is the one users get.
+    let config = cluster(&dir, &["a", "b", "c"], 47500, "");
+    let (b, _c) = (start(&config, "b"), start(&config, "c"));
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
+        let r = region_on(&a, 1).await;
+        // Round 1 everywhere, then round 2 block by block; b is killed partway through round 2.
+        for i in 0..BLOCKS {
+            a.write(&r, (i * BLOCK) as u64, &block(i, 1)).await.expect("a write before the kill");
+        }
+        let mut acknowledged = 0;
+        let mut longest = Duration::ZERO;
+        let mut killed = None;
+        for i in 0..BLOCKS {
+            if i == BLOCKS / 3 {
+                signal(&b, Signal::SIGKILL);
+                killed = Some(Instant::now());
+            }
+            let t = Instant::now();
+            match a.write(&r, (i * BLOCK) as u64, &block(i, 2)).await {
+                Ok(()) => acknowledged = i + 1,
+                Err(e) => panic!("write {i} after the home's death failed instead of failing over: {e}"),
+            }
+            longest = longest.max(t.elapsed());
+        }
+        let failover = killed.map(|k| k.elapsed()).unwrap_or_default();
+        let net = &cfg.network;
+        eprintln!(
+            "failover with heartbeat_ms = {} and dead_after_ms = {}: the longest write took {longest:?}; all \
+             writes from the kill on took {failover:?}",
+            net.heartbeat_ms, net.dead_after_ms
+        );
+        assert_eq!(acknowledged, BLOCKS);
+        // Every acknowledged byte is there, read with the handle from before the failover.
+        let mut buf = vec![0u8; BLOCK];
+        for i in 0..BLOCKS {
+            a.read(&r, (i * BLOCK) as u64, &mut buf).await.expect("a read after the failover");
+            assert!(buf == block(i, 2), "block {i} lost its acknowledged write");
+        }
+        let mut lease_buf = vec![0u8; BLOCK];
+        let lease = a
+            .acquire(&r, 0..BLOCK as u64, vfabric::Location::Host, vfabric::Mode::Write)
+            .await
+            .expect("a write lease after the failover");
+        lease.local().expect("local pages").read(0, &mut lease_buf).expect("read through the lease");
+        assert!(lease_buf == block(0, 2));
+        a.release(lease).await.expect("release");
+        a.free(&r).await.expect("free the region where it lives now");
+        assert!(a.read(&r, 0, &mut buf).await.is_err(), "a freed region still answers");
+        a.shutdown().await;
+    });
+    drop(b);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_frozen_home_that_wakes_after_the_failover_sends_callers_to_the_standby() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replicas-freeze-{}", std::process::id()));
+    // Node order: the two test agents, then the home b, then its standby c (the node after it).
+    let config = cluster(&dir, &["a", "a2", "b", "c"], 47600, "heartbeat_ms = 200\ndead_after_ms = 1000");
+    let (b, _c) = (start(&config, "b"), start(&config, "c"));
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
+        let a2 = Agent::start_from_config(&cfg, "a2").await.expect("agent a2");
+        let r = region_on(&a, 2).await;
+        assert_eq!(r.addr.node().0, 2);
+        a.write(&r, 0, &block(0, 1)).await.expect("write round 1");
+        signal(&b, Signal::SIGSTOP);
+        // Once a takes b for dead, it sends b nothing more (a write sent to the frozen b would land there when it
+        // wakes, and tell it of the takeover), fails over to c and writes round 2 there.
+        let until = Instant::now() + Duration::from_secs(10);
+        while a.is_alive(2).await.expect("node 2") {
+            assert!(Instant::now() < until, "a never took the frozen b for dead");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        a.write(&r, 0, &block(0, 2)).await.expect("write round 2 through the failover");
+        signal(&b, Signal::SIGCONT);
+        // a2 never followed the failover: once it hears b again, it asks b, which must send it to c.
+        while !a2.is_alive(2).await.expect("node 2") {
+            assert!(Instant::now() < until, "a2 never heard b again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut buf = vec![0u8; BLOCK];
+        loop {
+            match a2.read(&r, 0, &mut buf).await {
+                Ok(()) => break,
+                // b may not have heard c again yet: it then serves nothing rather than risk a stale answer.
+                Err(FabricError::Remote { kind: vfabric::proto::message::ErrorKind::Unavailable, .. })
+                    if Instant::now() < until =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("a read of the region after b woke: {e}"),
+            }
+        }
+        assert!(buf == block(0, 2), "the woken home served the region's bytes from before the failover");
+        a.shutdown().await;
+        a2.shutdown().await;
+    });
+    drop(b);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
