@@ -14,9 +14,22 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::directory::RegionHandle as Region;
+
+/// Whether a home may serve a replicated region on its own, `since` the last exchange that every standby
+/// answered was sent (`None`: none was): for half of `dead_after`, so that it stops well before a standby may
+/// take over ([`may_take_over`]), which is no earlier than `dead_after` after the standby last heard from it.
+pub fn serves_alone(since: Option<Duration>, dead_after: Duration) -> bool {
+    since.is_some_and(|s| s < dead_after / 2)
+}
+
+/// Whether a node that has not heard from a peer for `silent` may take it for dead (and a standby take over
+/// from it as its home).
+pub fn may_take_over(silent: Duration, dead_after: Duration) -> bool {
+    silent >= dead_after
+}
 
 /// A replicated region of this node: its standby copies and what the home knows of them. Its lock is held for
 /// the whole of each write (the write and its copy to the standbys are one step, so standbys see writes in the
@@ -32,19 +45,30 @@ pub(crate) struct Standbys {
     pub(crate) pending: Vec<std::ops::Range<u64>>,
     /// The copy that took over from this node (which its standby's node took for dead): the region lives there now.
     pub(crate) taken_over: Option<Region>,
+    /// Exchanges sent to the standbys so far (each carries its number).
+    pub(crate) seq: u64,
 }
 
 /// A replicated region's entry at its home.
 pub(crate) type HomeEntry = Arc<tokio::sync::Mutex<Standbys>>;
 
-/// A standby copy this node keeps: the home's region, and whether the copy took over from it (behind a lock
-/// that a standby's write holds while it lands, so that none lands after the copy took over).
+/// A standby copy this node keeps: the home's region, and its state behind a lock that a home's write holds
+/// while it lands (so that none lands after the copy took over, or over a newer one).
 #[derive(Debug, Clone)]
 pub(crate) struct Standby {
     /// The region at its home.
     pub(crate) home: Region,
+    /// What it took and whether it took over.
+    pub(crate) state: Arc<tokio::sync::Mutex<StandbyState>>,
+}
+
+/// A standby copy's state.
+#[derive(Debug, Default)]
+pub(crate) struct StandbyState {
     /// Whether the copy took over from its home.
-    pub(crate) promoted: Arc<tokio::sync::RwLock<bool>>,
+    pub(crate) promoted: bool,
+    /// The last exchange of its home it took.
+    pub(crate) seq: u64,
 }
 
 /// Both tables.
@@ -103,7 +127,7 @@ impl Backups {
     pub(crate) fn keep(&self, home: Region, copy: Region) {
         let mut kept = lock(&self.kept);
         kept.by_home.insert(home, copy);
-        kept.by_copy.insert(copy, Standby { home, promoted: Arc::default() });
+        kept.by_copy.insert(copy, Standby { home, state: Arc::default() });
     }
 
     /// Forgets `copy` (freed) as a standby.

@@ -35,11 +35,12 @@ impl Agent {
 
     /// `Replicate` from `peer`: a write of its region's bytes to the copy kept here. The payload is taken whole
     /// (at most [`REPLICA_PIECE`], and only as its bytes arrive) and written only if the copy has not taken
-    /// over meanwhile: a home's write delayed past the takeover (a partition that healed) never lands.
+    /// over meanwhile and took no later exchange: a home's write delayed past the takeover (a partition that
+    /// healed), or past a newer one, never lands.
     pub(crate) async fn take_replica(
         &self,
         peer: u16,
-        (copy, offset, len): (&WireRegion, u64, u64),
+        (copy, seq, offset, len): (&WireRegion, u64, u64, u64),
         recv: &mut quinn::RecvStream,
     ) -> Result<Message, FabricError> {
         let copy = home_region(self, copy)?;
@@ -50,7 +51,7 @@ impl Agent {
         if len > REPLICA_PIECE {
             return Err(ProtocolError::BadField { field: "replicate.len", value: len }.into());
         }
-        if *standby.promoted.read().await {
+        if standby.state.lock().await.promoted {
             return Err(FabricError::Moved { to: copy });
         }
         let mut data = Vec::new();
@@ -60,10 +61,17 @@ impl Agent {
             Ok::<(), FabricError>(())
         })
         .await?;
-        let promoted = standby.promoted.read().await;
-        if *promoted {
+        let mut state = standby.state.lock().await;
+        if state.promoted {
             return Err(FabricError::Moved { to: copy });
         }
+        if seq <= state.seq {
+            return Err(FabricError::Unavailable(format!(
+                "exchange {seq} of {} arrived after exchange {}: not taken",
+                standby.home, state.seq
+            )));
+        }
+        state.seq = seq;
         if !data.is_empty() {
             in_place(|| self.shared.fabric.write(&copy, offset, &data))?;
         }
@@ -77,15 +85,15 @@ impl Agent {
         let Some((copy, standby)) = self.shared.backups.copy_of(home) else {
             return Err(FabricError::InvalidAddress(format!("node {} keeps no copy of {home}", self.node())));
         };
-        let mut promoted = standby.promoted.write().await;
-        if !*promoted {
+        let mut state = standby.state.lock().await;
+        if !state.promoted {
             if !matches!(self.is_alive(node).await, Ok(false)) {
                 return Err(FabricError::Unavailable(format!(
                     "{home}'s home, node {node}, still answers node {}",
                     self.node()
                 )));
             }
-            *promoted = true;
+            state.promoted = true;
             tracing::warn!(region = %home, copy = %copy, node, "took over a region whose home died");
         }
         Ok(copy)

@@ -46,6 +46,7 @@ mod serve_pages;
 mod shared;
 mod start;
 
+pub use backups::{may_take_over, serves_alone};
 pub use launch::{rank_name, JobRank};
 pub use link::LinkStats;
 pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};

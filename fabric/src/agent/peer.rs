@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use super::backups::may_take_over;
+
 /// A peer of this node.
 pub(crate) struct Peer {
     /// Its name (its certificate's).
@@ -31,9 +33,6 @@ impl Peer {
     /// Whether it answered within `dead_after` (or, never heard from, whether the agent started that recently:
     /// a peer gets the grace period after start).
     pub(crate) fn alive(&self, dead_after: Duration, started: Instant) -> bool {
-        match self.last_seen {
-            Some(t) => t.elapsed() < dead_after,
-            None => started.elapsed() < dead_after,
-        }
+        !may_take_over(self.last_seen.unwrap_or(started).elapsed(), dead_after)
     }
 }

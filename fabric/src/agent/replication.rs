@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use vfabric_allocator::Location;
 
-use super::backups::Standbys;
+use super::backups::{serves_alone, Standbys};
 use super::shared::{in_place, Agent};
 use crate::config::MAX_REPLICAS;
 use crate::directory::{Placement, RegionHandle as Region};
@@ -117,8 +117,7 @@ impl Agent {
         if let Some(to) = standbys.taken_over {
             return Err(FabricError::Moved { to });
         }
-        let fresh = standbys.confirmed.is_some_and(|t| t.elapsed() < self.dead_after() / 2);
-        if fresh && standbys.pending.is_empty() {
+        if serves_alone(standbys.confirmed.map(|t| t.elapsed()), self.dead_after()) && standbys.pending.is_empty() {
             return Ok(());
         }
         self.replicate(region, &mut standbys).await
@@ -143,7 +142,8 @@ impl Agent {
                     in_place(|| self.shared.fabric.read(region, at, &mut buf))?;
                 }
                 for copy in &standbys.copies {
-                    if let Err(e) = self.send_replica(copy, at, &buf).await {
+                    standbys.seq += 1;
+                    if let Err(e) = self.send_replica(copy, standbys.seq, at, &buf).await {
                         if let FabricError::Moved { to } = e {
                             tracing::warn!(region = %region, copy = %to, "the standby took over: the region lives there now");
                             standbys.taken_over = Some(to);
@@ -163,9 +163,9 @@ impl Agent {
     }
 
     /// One piece of a region's bytes to one of its standby copies.
-    async fn send_replica(&self, copy: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+    async fn send_replica(&self, copy: &Region, seq: u64, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let node = copy.addr.node().0;
-        let msg = Message::Replicate { copy: WireRegion::from(copy), offset, len: data.len() as u64 };
+        let msg = Message::Replicate { copy: WireRegion::from(copy), seq, offset, len: data.len() as u64 };
         match self.call(node, &msg, data).await {
             Ok(Message::Done) => Ok(()),
             Ok(other) => Err(unexpected(node, &other)),

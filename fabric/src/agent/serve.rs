@@ -204,7 +204,9 @@ async fn answer(
             Err(e) => Err(e),
         },
         Message::Standby { region } => agent.keep_standby(peer, &region),
-        Message::Replicate { copy, offset, len } => agent.take_replica(peer, (&copy, offset, len), &mut recv).await,
+        Message::Replicate { copy, seq, offset, len } => {
+            agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
+        }
         // Answered with where the region lives now.
         Message::Failover { region } => match agent.take_over(&Region::from(&region)).await {
             Ok(to) => Err(FabricError::Moved { to }),

@@ -409,6 +409,9 @@ pub enum Message {
     Replicate {
         /// The standby copy.
         copy: WireRegion,
+        /// The home's exchange number for this region, rising: a standby takes none older than one it took
+        /// (one delivered late would overwrite newer bytes).
+        seq: u64,
         /// The byte offset in the region.
         offset: u64,
         /// The number of payload bytes that follow.
@@ -571,7 +574,7 @@ mod tests {
             Message::Unreserve { id: 1 },
             Message::ReservationLeft { id: 1 },
             Message::Standby { region },
-            Message::Replicate { copy: region, offset: 0, len: 1 },
+            Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
         ]
     }
