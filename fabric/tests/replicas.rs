@@ -187,3 +187,95 @@ fn a_frozen_home_that_wakes_after_the_failover_sends_callers_to_the_standby() {
     drop(b);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+#[test]
+fn a_standby_that_restarts_is_replaced_and_the_region_survives_its_home() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replicas-restart-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b", "c"], 47650, "heartbeat_ms = 200\ndead_after_ms = 1000");
+    let (b, c) = (start(&config, "b"), start(&config, "c"));
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
+        let r = region_on(&a, 1).await;
+        for i in 0..BLOCKS {
+            a.write(&r, (i * BLOCK) as u64, &block(i, 1)).await.expect("round 1");
+        }
+        // The standby's node restarts: its copy is gone.
+        signal(&c, Signal::SIGKILL);
+        drop(c);
+        let _c = start(&config, "c");
+        // b refuses writes until it reaches c again, then places a new copy there with the whole region.
+        let restarted = Instant::now();
+        let until = restarted + Duration::from_secs(20);
+        for i in 0..BLOCKS {
+            loop {
+                match a.write(&r, (i * BLOCK) as u64, &block(i, 2)).await {
+                    Ok(()) => break,
+                    Err(e) if Instant::now() < until => {
+                        assert!(
+                            matches!(
+                                e,
+                                FabricError::Remote { kind: vfabric::proto::message::ErrorKind::Unavailable, .. }
+                            ),
+                            "a write while the standby restarts: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("the home never took writes again after its standby restarted: {e}"),
+                }
+            }
+        }
+        eprintln!("the home took writes again {:?} after its standby restarted", restarted.elapsed());
+        // Now the home dies: the new copy has everything.
+        signal(&b, Signal::SIGKILL);
+        let mut buf = vec![0u8; BLOCK];
+        for i in 0..BLOCKS {
+            a.read(&r, (i * BLOCK) as u64, &mut buf).await.expect("a read after the failover");
+            assert!(buf == block(i, 2), "block {i} is not as last written");
+        }
+        a.shutdown().await;
+    });
+    drop(b);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_copy_that_took_over_gets_a_standby_and_survives_its_own_death() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replicas-chain-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b", "c", "d", "e"], 47700, "heartbeat_ms = 200\ndead_after_ms = 1000");
+    let (b, c, _d) = (start(&config, "b"), start(&config, "c"), start(&config, "d"));
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
+        let r = region_on(&a, 1).await;
+        let write_all = |round: u8| {
+            let (a, r) = (&a, &r);
+            async move {
+                for i in 0..BLOCKS {
+                    let written = a.write(r, (i * BLOCK) as u64, &block(i, round)).await;
+                    written.unwrap_or_else(|e| panic!("round {round}, block {i}: {e}"));
+                }
+            }
+        };
+        write_all(1).await;
+        // b dies: c takes over, and places a standby of its copy on d (the next node that answers).
+        signal(&b, Signal::SIGKILL);
+        write_all(2).await;
+        write_all(3).await;
+        // c dies too: d takes over from it, with every acknowledged write.
+        signal(&c, Signal::SIGKILL);
+        let mut buf = vec![0u8; BLOCK];
+        for i in 0..BLOCKS {
+            a.read(&r, (i * BLOCK) as u64, &mut buf).await.expect("a read after the second failover");
+            assert!(buf == block(i, 3), "block {i} lost its acknowledged write");
+        }
+        // A caller that never followed either failover finds the region by its handle alone.
+        let e = Agent::start_from_config(&cfg, "e").await.expect("agent e");
+        e.read(&r, 0, &mut buf).await.expect("a read by a caller that knows only the handle");
+        assert!(buf == block(0, 3));
+        e.shutdown().await;
+        a.shutdown().await;
+    });
+    drop((b, c));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -47,6 +47,8 @@ pub(crate) struct Standbys {
     pub(crate) taken_over: Option<Region>,
     /// Exchanges sent to the standbys so far (each carries its number).
     pub(crate) seq: u64,
+    /// The region as its users name it: this one, or the one it took over from a dead home.
+    pub(crate) origin: Option<Region>,
 }
 
 /// A replicated region's entry at its home.
@@ -58,6 +60,8 @@ pub(crate) type HomeEntry = Arc<tokio::sync::Mutex<Standbys>>;
 pub(crate) struct Standby {
     /// The region at its home.
     pub(crate) home: Region,
+    /// The region as its users name it (`home`, or the region `home` took over from).
+    pub(crate) origin: Region,
     /// What it took and whether it took over.
     pub(crate) state: Arc<tokio::sync::Mutex<StandbyState>>,
 }
@@ -95,9 +99,10 @@ impl Backups {
         lock(&self.homed).get(region).cloned()
     }
 
-    /// Records `region`, a region of this node, with its standby copies.
-    pub(crate) fn add_homed(&self, region: Region, copies: Vec<Region>) {
-        let entry = Standbys { copies, ..Standbys::default() };
+    /// Records `region`, a region of this node, with its standby copies; `origin` is the region its users
+    /// name, when `region` took over from it.
+    pub(crate) fn add_homed(&self, region: Region, copies: Vec<Region>, origin: Option<Region>) {
+        let entry = Standbys { copies, origin, ..Standbys::default() };
         lock(&self.homed).insert(region, Arc::new(tokio::sync::Mutex::new(entry)));
     }
 
@@ -111,7 +116,7 @@ impl Backups {
         lock(&self.homed).len()
     }
 
-    /// The copy kept here of `home`, if any.
+    /// The copy kept here of `home` (or of the region that `home` took over from), if any.
     pub(crate) fn copy_of(&self, home: &Region) -> Option<(Region, Standby)> {
         let kept = lock(&self.kept);
         let copy = *kept.by_home.get(home)?;
@@ -123,11 +128,12 @@ impl Backups {
         lock(&self.kept).by_copy.get(copy).cloned()
     }
 
-    /// Records `copy` as the standby copy of `home`.
-    pub(crate) fn keep(&self, home: Region, copy: Region) {
+    /// Records `copy` as the standby copy of `home`, which its users name `origin`.
+    pub(crate) fn keep(&self, home: Region, origin: Region, copy: Region) {
         let mut kept = lock(&self.kept);
         kept.by_home.insert(home, copy);
-        kept.by_copy.insert(copy, Standby { home, state: Arc::default() });
+        kept.by_home.insert(origin, copy);
+        kept.by_copy.insert(copy, Standby { home, origin, state: Arc::default() });
     }
 
     /// Forgets `copy` (freed) as a standby.
@@ -135,6 +141,7 @@ impl Backups {
         let mut kept = lock(&self.kept);
         if let Some(s) = kept.by_copy.remove(copy) {
             kept.by_home.remove(&s.home);
+            kept.by_home.remove(&s.origin);
         }
     }
 
@@ -163,7 +170,7 @@ mod tests {
     fn standbys_are_found_both_ways_and_forgotten_together() {
         let b = Backups::default();
         let (home, copy) = (region(0, 1), region(1, 4));
-        b.keep(home, copy);
+        b.keep(home, home, copy);
         assert_eq!(b.copy_of(&home).map(|(c, s)| (c, s.home)), Some((copy, home)));
         assert_eq!(b.standby(&copy).map(|s| s.home), Some(home));
         assert!(b.standby(&home).is_none(), "a home's region is no standby");
@@ -175,7 +182,7 @@ mod tests {
     #[test]
     fn homed_regions_come_and_go() {
         let b = Backups::default();
-        b.add_homed(region(0, 1), vec![region(1, 2)]);
+        b.add_homed(region(0, 1), vec![region(1, 2)], None);
         assert!(b.homed(&region(0, 1)).is_some() && b.homed(&region(0, 2)).is_none());
         assert_eq!(b.homed_count(), 1);
         assert!(b.remove_homed(&region(0, 1)).is_some());

@@ -47,15 +47,26 @@ impl Agent {
             match self.call(home, &Message::Free { region: WireRegion::from(region) }, &[]).await {
                 Ok(Message::Done) => Ok(()),
                 Ok(other) => Err(unexpected(home, &other)),
-                Err(e @ FabricError::PeerDead { .. }) => match self.fail_over(region).await {
-                    Some(copy) => self.free_direct(&copy).await,
-                    None => Err(e),
-                },
+                Err(e @ FabricError::PeerDead { .. }) => self.free_taken_over(region, e).await,
                 Err(e) => Err(e),
             }
         };
         self.forget_hint(region);
         freed
+    }
+
+    /// Frees the copy that took over from `region`'s dead home (following copies that took over from copies
+    /// whose nodes died in turn); `dead` when there is none.
+    async fn free_taken_over(&self, region: &Region, mut dead: FabricError) -> Result<(), FabricError> {
+        let mut at = *region;
+        for _ in 0..self.shared.peers.len() {
+            let Some(copy) = self.fail_over(&at).await else { return Err(dead) };
+            match self.free_direct(&copy).await {
+                Err(e @ FabricError::PeerDead { .. }) => (at, dead) = (copy, e),
+                freed => return freed,
+            }
+        }
+        Err(dead)
     }
 
     /// Writes `data` into the region at `offset`, wherever its pages are; for a replicated region, its standby

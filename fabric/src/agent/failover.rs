@@ -16,10 +16,15 @@ use crate::proto::message::{ErrorKind, Message, WireRegion};
 use crate::proto::quic::QuicChunks;
 
 impl Agent {
-    /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions, in this node's host memory
-    /// (the same copy when asked again: the first answer may have been lost).
-    pub(crate) fn keep_standby(&self, peer: u16, region: &WireRegion) -> Result<Message, FabricError> {
-        let home = Region::from(region);
+    /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions (its users name it `origin`),
+    /// in this node's host memory (the same copy when asked again: the first answer may have been lost).
+    pub(crate) fn keep_standby(
+        &self,
+        peer: u16,
+        region: &WireRegion,
+        origin: &WireRegion,
+    ) -> Result<Message, FabricError> {
+        let (home, origin) = (Region::from(region), Region::from(origin));
         if home.addr.node().0 != peer {
             return Err(FabricError::PermissionDenied(format!(
                 "node {peer} asked for a standby of {home}, not its own"
@@ -29,7 +34,7 @@ impl Agent {
             return Ok(Message::Allocated { region: WireRegion::from(&copy) });
         }
         let copy = in_place(|| self.shared.fabric.alloc(home.len, Placement::on(Location::Host)))?;
-        self.shared.backups.keep(home, copy);
+        self.shared.backups.keep(home, origin, copy);
         Ok(Message::Allocated { region: WireRegion::from(&copy) })
     }
 
@@ -78,13 +83,14 @@ impl Agent {
         Ok(Message::Done)
     }
 
-    /// Takes over as `home`'s home with the copy kept here, once this node too finds its home dead; returns
-    /// the copy, which is the region from now on.
-    pub(crate) async fn take_over(&self, home: &Region) -> Result<Region, FabricError> {
-        let node = home.addr.node().0;
-        let Some((copy, standby)) = self.shared.backups.copy_of(home) else {
-            return Err(FabricError::InvalidAddress(format!("node {} keeps no copy of {home}", self.node())));
+    /// Takes over as the home of `region` (a region this node keeps a standby copy of, or the region that one
+    /// took over from) with the copy kept here, once this node too finds the copy's home dead; returns the
+    /// copy, which is the region from now on.
+    pub(crate) async fn take_over(&self, region: &Region) -> Result<Region, FabricError> {
+        let Some((copy, standby)) = self.shared.backups.copy_of(region) else {
+            return Err(FabricError::InvalidAddress(format!("node {} keeps no copy of {region}", self.node())));
         };
+        let (home, node) = (standby.home, standby.home.addr.node().0);
         let mut state = standby.state.lock().await;
         if !state.promoted {
             if !matches!(self.is_alive(node).await, Ok(false)) {
@@ -95,6 +101,10 @@ impl Agent {
             }
             state.promoted = true;
             tracing::warn!(region = %home, copy = %copy, node, "took over a region whose home died");
+            // The copy gets a standby of its own, in the background: callers reach it meanwhile (its writes
+            // wait for the new standby to have the whole region).
+            let agent = self.clone();
+            tokio::spawn(async move { agent.adopt(copy, standby.origin, node).await });
         }
         Ok(copy)
     }

@@ -144,11 +144,6 @@ impl<'a> Route<'a> {
         self.target
     }
 
-    /// The region the call is on.
-    pub(crate) fn region(&self) -> Region {
-        self.region
-    }
-
     /// Goes to `to` from now on (a standby copy that took over from the region's dead home), kept as a hint.
     pub(crate) fn follow(&mut self, to: Region) {
         lock(self.hints).insert(self.region, to);
@@ -158,15 +153,14 @@ impl<'a> Route<'a> {
 
     /// What the attempt's outcome calls for: to return it, to try again at the new target (after `Moved`, whose
     /// hint is kept, or after a stale hint failed, which is dropped so that the home is asked), or to fail over
-    /// (the region's home is dead).
+    /// (the node that has the region is dead).
     pub(crate) fn settle<T>(&mut self, r: Result<T, FabricError>) -> Settled<T> {
         if self.hops >= MAX_HOPS {
             return Settled::Done(r);
         }
         match &r {
-            Err(FabricError::PeerDead { node, .. })
-                if self.target == self.region && *node == self.region.addr.node().0 =>
-            {
+            // The node that has the region (its home, or a copy that took over from it) is dead.
+            Err(FabricError::PeerDead { node, .. }) if *node == self.target.addr.node().0 => {
                 return Settled::HomeDead(r);
             }
             Err(FabricError::Moved { to }) => {
@@ -193,8 +187,8 @@ pub(crate) enum Settled<T> {
     Done(Result<T, FabricError>),
     /// Try again at the route's new target.
     Again,
-    /// The region's home is dead: a standby copy may take over (`Agent::fail_over`); if none does, this is the
-    /// outcome.
+    /// The node that has the region is dead: a standby copy may take over (`Agent::fail_over`); if none does,
+    /// this is the outcome.
     HomeDead(Result<T, FabricError>),
 }
 
@@ -210,7 +204,7 @@ macro_rules! routed {
             match route.settle($attempt) {
                 $crate::agent::forwarding::Settled::Done(r) => break r,
                 $crate::agent::forwarding::Settled::Again => {}
-                $crate::agent::forwarding::Settled::HomeDead(r) => match $agent.fail_over(&route.region()).await {
+                $crate::agent::forwarding::Settled::HomeDead(r) => match $agent.fail_over(&route.target()).await {
                     Some(copy) => route.follow(copy),
                     None => break r,
                 },

@@ -13,10 +13,18 @@ use crate::config::MAX_REPLICAS;
 use crate::directory::{Placement, RegionHandle as Region};
 use crate::error::FabricError;
 use crate::proto::convert::unexpected;
-use crate::proto::message::{Message, WireRegion};
+use crate::proto::message::{ErrorKind, Message, WireRegion};
 
 /// Bytes of a range sent to a standby per call (bounds the home's buffer and the standby's).
 pub(crate) const REPLICA_PIECE: u64 = 16 << 20;
+
+/// Why an exchange with the standbys failed.
+enum Failure {
+    /// Standby `i`'s node answered that it keeps no such copy.
+    Gone(usize),
+    /// Anything else.
+    Failed(FabricError),
+}
 
 impl Agent {
     /// Allocates a region of this node kept on `replicas` nodes (`0`: the cluster's `network.replicas`): with
@@ -39,10 +47,10 @@ impl Agent {
         if replicas <= 1 {
             return Ok(region);
         }
-        match self.place_standbys(&region, usize::from(replicas - 1)).await {
+        match self.place_standbys((&region, &region), usize::from(replicas - 1), &[]).await {
             Ok(copies) => {
                 tracing::debug!(region = %region, ?copies, "a replicated region and its standby copies");
-                self.shared.backups.add_homed(region, copies);
+                self.shared.backups.add_homed(region, copies, None);
                 Ok(region)
             }
             Err(e) => {
@@ -54,8 +62,14 @@ impl Agent {
         }
     }
 
-    /// Asks the nodes after this one, in the cluster's order, for `want` standby copies of `region`.
-    async fn place_standbys(&self, region: &Region, want: usize) -> Result<Vec<Region>, FabricError> {
+    /// Asks the nodes after this one, in the cluster's order (but those in `exclude`), for `want` standby
+    /// copies of `region`.
+    async fn place_standbys(
+        &self,
+        (region, origin): (&Region, &Region),
+        want: usize,
+        exclude: &[u16],
+    ) -> Result<Vec<Region>, FabricError> {
         let nodes = self.shared.peers.len() as u16;
         let (mut copies, mut refusals) = (Vec::new(), Vec::new());
         for step in 1..nodes {
@@ -63,11 +77,15 @@ impl Agent {
                 break;
             }
             let node = (self.node() + step) % nodes;
+            if exclude.contains(&node) {
+                continue;
+            }
             if !matches!(self.is_alive(node).await, Ok(true)) {
                 refusals.push(format!("node {node} is not answering"));
                 continue;
             }
-            match self.call(node, &Message::Standby { region: WireRegion::from(region) }, &[]).await {
+            let msg = Message::Standby { region: WireRegion::from(region), origin: WireRegion::from(origin) };
+            match self.call(node, &msg, &[]).await {
                 Ok(Message::Allocated { region: copy }) => copies.push(Region::from(&copy)),
                 Ok(other) => refusals.push(unexpected(node, &other).to_string()),
                 Err(e) => refusals.push(format!("node {node}: {e}")),
@@ -124,8 +142,34 @@ impl Agent {
     }
 
     /// Sends the pending ranges of `region` (or, with none, an empty exchange) to every standby; on success
-    /// they are all sent and the standbys confirmed, else they stay pending.
+    /// they are all sent and the standbys confirmed, else they stay pending. A standby whose node answers but
+    /// keeps no copy (it restarted, and lost it) cannot take over: a new standby takes its place, with the
+    /// whole region.
     async fn replicate(&self, region: &Region, standbys: &mut Standbys) -> Result<(), FabricError> {
+        let gone = match self.send_pending(region, standbys).await {
+            Err(Failure::Gone(i)) => i,
+            Err(Failure::Failed(e)) => return Err(e),
+            Ok(()) => return Ok(()),
+        };
+        let lost = standbys.copies[gone];
+        let others: Vec<u16> =
+            standbys.copies.iter().map(|c| c.addr.node().0).filter(|&n| n != lost.addr.node().0).collect();
+        let origin = standbys.origin.unwrap_or(*region);
+        let copy = self.place_standbys((region, &origin), 1, &others).await?.remove(0);
+        tracing::warn!(region = %region, lost = %lost, copy = %copy, "a standby copy was gone (its node restarted): a new one takes its place");
+        standbys.copies[gone] = copy;
+        standbys.pending.clear();
+        standbys.pending.push(0..region.len);
+        self.send_pending(region, standbys).await.map_err(|f| match f {
+            Failure::Gone(_) => {
+                FabricError::Unavailable(format!("the new standby copy {copy} of {region} was gone at once"))
+            }
+            Failure::Failed(e) => e,
+        })
+    }
+
+    /// [`Agent::replicate`]'s sending.
+    async fn send_pending(&self, region: &Region, standbys: &mut Standbys) -> Result<(), Failure> {
         let sent = Instant::now();
         // With nothing pending, one empty exchange: it asks each standby whether it still is one.
         let mut ranges = standbys.pending.clone();
@@ -139,16 +183,21 @@ impl Agent {
                 let n = (range.end - at).min(REPLICA_PIECE) as usize;
                 buf.resize(n, 0);
                 if n > 0 {
-                    in_place(|| self.shared.fabric.read(region, at, &mut buf))?;
+                    in_place(|| self.shared.fabric.read(region, at, &mut buf)).map_err(Failure::Failed)?;
                 }
-                for copy in &standbys.copies {
+                for (i, copy) in standbys.copies.iter().enumerate() {
                     standbys.seq += 1;
-                    if let Err(e) = self.send_replica(copy, standbys.seq, at, &buf).await {
-                        if let FabricError::Moved { to } = e {
+                    match self.send_replica(copy, standbys.seq, at, &buf).await {
+                        Ok(()) => {}
+                        Err(FabricError::Moved { to }) => {
                             tracing::warn!(region = %region, copy = %to, "the standby took over: the region lives there now");
                             standbys.taken_over = Some(to);
+                            return Err(Failure::Failed(FabricError::Moved { to }));
                         }
-                        return Err(e);
+                        Err(FabricError::Remote { kind: ErrorKind::InvalidAddress, .. }) => {
+                            return Err(Failure::Gone(i))
+                        }
+                        Err(e) => return Err(Failure::Failed(e)),
                     }
                 }
                 at += n as u64;
@@ -169,11 +218,36 @@ impl Agent {
         match self.call(node, &msg, data).await {
             Ok(Message::Done) => Ok(()),
             Ok(other) => Err(unexpected(node, &other)),
-            Err(e @ FabricError::Moved { .. }) => Err(e),
+            Err(e @ (FabricError::Moved { .. } | FabricError::Remote { kind: ErrorKind::InvalidAddress, .. })) => {
+                Err(e)
+            }
             Err(e) => Err(FabricError::Unavailable(format!(
                 "the standby copy on node {node} did not answer ({e}): the region's home serves it only while its \
                  standby has every write"
             ))),
+        }
+    }
+
+    /// Makes `copy`, a standby copy of this node that just took over from its dead home `old_home` (the
+    /// region its users name `origin`), a replicated region of this node: a new standby for it on another node, with the whole region, so that
+    /// the region survives this node's death too. Without a node to take it, the copy serves alone (logged).
+    pub(crate) async fn adopt(&self, copy: Region, origin: Region, old_home: u16) {
+        self.shared.backups.add_homed(copy, Vec::new(), Some(origin));
+        let Some(entry) = self.shared.backups.homed(&copy) else { return };
+        let mut standbys = entry.lock().await;
+        let placed = match self.place_standbys((&copy, &origin), 1, &[old_home]).await {
+            Ok(copies) => {
+                standbys.copies = copies;
+                standbys.pending.push(0..copy.len);
+                self.replicate(&copy, &mut standbys).await
+            }
+            Err(e) => Err(e),
+        };
+        match placed {
+            Ok(()) => {
+                tracing::info!(region = %copy, standby = ?standbys.copies, "a copy that took over has a standby again")
+            }
+            Err(e) => tracing::warn!(region = %copy, error = %e, "a copy that took over serves without a standby"),
         }
     }
 

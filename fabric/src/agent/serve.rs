@@ -203,7 +203,7 @@ async fn answer(
             }
             Err(e) => Err(e),
         },
-        Message::Standby { region } => agent.keep_standby(peer, &region),
+        Message::Standby { region, origin } => agent.keep_standby(peer, &region, &origin),
         Message::Replicate { copy, seq, offset, len } => {
             agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
         }

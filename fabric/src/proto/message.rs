@@ -403,6 +403,9 @@ pub enum Message {
     Standby {
         /// The home's region.
         region: WireRegion,
+        /// The region as its users name it: `region` itself, or, for a copy that took over from a dead home,
+        /// the region it took over (a caller that knows only that one finds this standby by it).
+        origin: WireRegion,
     },
     /// A home's released write, copied to a standby: the payload follows as for [`Message::Write`]. A copy
     /// that took over from its home answers [`Message::Moved`] naming itself; a `len` of 0 only asks that.
@@ -573,7 +576,7 @@ mod tests {
             Message::Reserved { id: 1, bytes: 1 << 20 },
             Message::Unreserve { id: 1 },
             Message::ReservationLeft { id: 1 },
-            Message::Standby { region },
+            Message::Standby { region, origin: region },
             Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
         ]

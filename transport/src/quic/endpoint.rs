@@ -251,7 +251,9 @@ fn build(
     let mut client = quinn::ClientConfig::new(Arc::new(client));
     client.transport_config(transport);
 
-    let mut config = EndpointConfig::default();
+    let (reset_key, cid_key) = restart_keys(identity)?;
+    let mut config = EndpointConfig::new(reset_key);
+    config.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key)));
     config
         .max_udp_payload_size(settings.mtu.max(MIN_ACCEPTED_PAYLOAD))
         .map_err(|e| QuicError::Config(format!("mtu {}: {e}", settings.mtu)))?;
@@ -279,6 +281,25 @@ fn build(
     let mut endpoint = Endpoint::new_with_abstract_socket(config, Some(server), socket, runtime)?;
     endpoint.set_default_client_config(client);
     Ok(endpoint)
+}
+
+/// The keys of the node's stateless resets and of its connection ids: the same across the node's restarts
+/// (derived from its private key, so that nobody without that key can forge a reset). A restarted node then
+/// recognises the connection ids its previous process gave out and resets, at their next packet, the
+/// connections its peers still hold to that process: they dial again at once instead of waiting for the idle
+/// timeout. With quinn's random keys the new process drops those packets as foreign, and a peer whose calls are
+/// all on such a connection (while the restarted node's own calls keep it looking alive) waits 10 s.
+fn restart_keys(identity: &NodeIdentity) -> Result<(Arc<ring::hmac::Key>, u64), QuicError> {
+    let key = identity.key_der()?;
+    let derive = |what: &[u8]| {
+        let context = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, what);
+        ring::hmac::sign(&context, key.secret_der())
+    };
+    let reset = derive(b"vfabric: QUIC stateless reset key");
+    let cid = derive(b"vfabric: QUIC connection id key");
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&cid.as_ref()[..8]);
+    Ok((Arc::new(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, reset.as_ref())), u64::from_le_bytes(cid_key)))
 }
 
 /// Dials `addr`, expecting the peer's certificate to name `peer` (its node name). Returns once the handshake
