@@ -5,5 +5,6 @@
 
 pub mod device_suite;
 pub mod fabric_suite;
+pub mod loopback;
 /// The verifiable data the suite writes, shared with the demo and the benchmarks.
 pub use vfabric::pattern;

@@ -6,45 +6,12 @@
 use std::time::Duration;
 
 use vfabric::agent::Agent;
-use vfabric::config::NodeSection;
 use vfabric::proto::{write_frame, ErrorKind, Message};
-use vfabric::{ByteSize, ClusterConfig, FabricError};
+use vfabric::FabricError;
+use vfabric_tests::loopback::{cluster, config};
 use vfabric_tests::pattern;
 use vfabric_transport::quic::{self, ClusterCa, QuicSettings};
-use vfabric_transport::{Backend, Location};
-
-fn config(nodes: usize) -> ClusterConfig {
-    let mut c = ClusterConfig::embedded_local();
-    c.cluster.name = "loop".into();
-    c.device.backend = Backend::Emulated;
-    c.memory.gpu_budget = Some(ByteSize(32 << 20));
-    c.memory.host_arena = ByteSize(64 << 20);
-    c.network.heartbeat_ms = 100;
-    c.network.dead_after_ms = 3000;
-    c.network.chunk = ByteSize(256 << 10);
-    // Two connections per pair of nodes for bulk transfers, and the latency lane (lane 0) for the others.
-    c.network.lanes = 2;
-    c.nodes = (0..nodes).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
-    c
-}
-
-/// Starts every node of `cfg` on 127.0.0.1 and tells each where the others are.
-async fn cluster(cfg: &ClusterConfig, ca: &ClusterCa) -> Vec<Agent> {
-    let mut agents = Vec::new();
-    for n in &cfg.nodes {
-        let id = ca.issue(&n.name).expect("certificate");
-        let a = Agent::start(cfg, &n.name, &id, Some("127.0.0.1:0".parse().expect("addr"))).await.expect("agent");
-        agents.push(a);
-    }
-    for a in &agents {
-        for b in &agents {
-            if a.node() != b.node() {
-                a.set_peer_addr(b.node(), b.local_addr()).await.expect("peer");
-            }
-        }
-    }
-    agents
-}
+use vfabric_transport::Location;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime")
@@ -755,7 +722,9 @@ fn mapped_leases_reach_other_nodes_regions_through_the_clients_agent() {
         // The client's calls block: off the runtime's threads.
         tokio::task::spawn_blocking(move || {
             let c = vfabric::AttachedClient::attach(&socket).expect("attach");
-            let l = c.acquire(&r2, ps..3 * ps, Location::Gpu(0), vfabric::Mode::Read).expect("a mapped lease on n1's region");
+            let l = c
+                .acquire(&r2, ps..3 * ps, Location::Gpu(0), vfabric::Mode::Read)
+                .expect("a mapped lease on n1's region");
             let mut got = vec![0u8; (2 * ps) as usize];
             l.read(0, &mut got).expect("read through the mapping");
             assert!(got == d2[ps as usize..], "n1's bytes, brought to n0's GPU and mapped here");

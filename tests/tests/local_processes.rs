@@ -118,7 +118,9 @@ fn local_clients_in_processes_share_the_nodes_memory() {
                 rt.block_on(agent.release(l)).expect("release");
                 break;
             }
-            Err(FabricError::LeasedElsewhere { .. }) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(FabricError::LeasedElsewhere { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => panic!("the dead client's lease was not let go: {e}"),
         }
     }

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 
+use super::acting;
 use super::lane_use::{LaneUse, BULK};
 use super::shared::{in_place, Agent};
 use crate::directory::RegionHandle as Region;
@@ -61,7 +62,7 @@ impl Agent {
         let work = async {
             let conn = self.connection(node, lane.lane, matches!(msg, Message::Ping { .. })).await?;
             let (mut send, mut recv) = conn.open_bi().await?;
-            write_frame(&mut send, msg, self.max_frame()).await?;
+            self.open_request(&mut send, msg).await?;
             let chunk = self.shared.net.chunk.bytes() as usize;
             let mut stopped = false;
             for (i, piece) in payload.chunks(chunk).enumerate() {
@@ -105,7 +106,7 @@ impl Agent {
         let work = async {
             let conn = self.connection(node, lane.lane, false).await?;
             let (mut send, mut recv) = conn.open_bi().await?;
-            write_frame(&mut send, msg, self.max_frame()).await?;
+            self.open_request(&mut send, msg).await?;
             send.finish().map_err(NetworkError::Finish)?;
             let reply = reply_or_error(node, read_frame(&mut recv, self.max_frame()).await?)?;
             let (offset, room) = into.span();
@@ -134,6 +135,14 @@ impl Agent {
         self.bounded(node, work).await
     }
 
+    /// Writes request `msg` on a new stream, after `OnBehalf` when the call acts for a tenant.
+    async fn open_request(&self, send: &mut quinn::SendStream, msg: &Message) -> Result<(), FabricError> {
+        if let Some(t) = acting::tenant() {
+            write_frame(send, &Message::OnBehalf { tenant: t.0 }, self.max_frame()).await?;
+        }
+        Ok(write_frame(send, msg, self.max_frame()).await?)
+    }
+
     /// Runs a call's `work`, which moves `bytes` of pages, on `lane`'s thread when it has one, where that
     /// lane's connections are driven (`super::lanes`): a call bound by latency then makes no hops between
     /// threads until its answer is in. In place otherwise, and for a call of [`BULK`] bytes or more (which the
@@ -145,7 +154,7 @@ impl Agent {
         F: Future<Output = Result<T, FabricError>> + Send + 'static,
     {
         match &self.shared.lanes {
-            Some(lanes) if bytes < BULK && lanes.runtime(lane).is_some() => lanes.run(lane, work).await,
+            Some(lanes) if bytes < BULK && lanes.runtime(lane).is_some() => lanes.run(lane, acting::carry(work)).await,
             _ => work.await,
         }
     }
@@ -163,7 +172,7 @@ impl Agent {
             Some(lanes) if lanes.is_lane_thread() => self
                 .shared
                 .main
-                .spawn(work)
+                .spawn(acting::carry(work))
                 .await
                 .map_err(|source| NetworkError::Cancelled { what: "work moved off a lane's thread", source })?,
             _ => work.await,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::OwnedRwLockReadGuard;
 use vfabric_allocator::Location;
 
+use super::acting;
 use super::forwarding::{routed, Route};
 use super::lane_use::pages_of;
 use super::remote_lease::{AgentLease, LeaseKind};
@@ -161,6 +162,7 @@ impl Agent {
     /// copy and forwards later calls; callers learn the new place once and go there directly after (a location
     /// hint, corrected when it goes stale). Fails, leaving the region where it was, while a lease is held on it.
     pub async fn migrate_to(&self, region: &Region, node: u16, device: Location) -> Result<(), FabricError> {
+        acting::operator_only("a migration")?;
         let home = region.addr.node().0;
         let moved = if self.is_me(home) {
             self.migrate_at_home(region, node, device).await.map(|_| ())
@@ -176,6 +178,14 @@ impl Agent {
         // Whatever this node knew of the region's place may be stale now: ask the home next time.
         self.forget_hint(region);
         moved
+    }
+
+    /// Runs `work` (calls on this agent) acting for `tenant` at every node they reach: they may touch only that
+    /// tenant's regions (another tenant's, and a handle naming none, are `PermissionDenied` alike), allocate
+    /// under its name, and make none of the operator's calls (migrations). A tenant's local clients act this
+    /// way; a Rust caller serving tenants of its own does it with this.
+    pub async fn acting_for<F: std::future::Future>(&self, tenant: vfabric_allocator::TenantId, work: F) -> F::Output {
+        acting::acting_for(Some(tenant), work).await
     }
 
     /// Round trip to a peer's agent.

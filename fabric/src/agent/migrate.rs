@@ -5,6 +5,7 @@
 use tokio::sync::OwnedRwLockReadGuard;
 use vfabric_allocator::Location;
 
+use super::acting;
 use super::shared::{in_place, Agent};
 use crate::directory::RegionHandle as Region;
 use crate::error::FabricError;
@@ -15,6 +16,7 @@ impl Agent {
     /// See [`Moves::staying`]; a replicated region is served only while its standbys answer
     /// ([`Agent::check_home`]).
     pub(crate) async fn staying(&self, region: &Region) -> Result<OwnedRwLockReadGuard<Option<Region>>, FabricError> {
+        self.may_touch(region)?;
         self.check_home(region).await?;
         self.shared.moves.staying(region).await
     }
@@ -22,6 +24,7 @@ impl Agent {
     /// Frees a region of this node: its hosted copy too when it moved, and its standby copies when it is
     /// replicated (when it is itself a standby copy, it is one no longer).
     pub(crate) async fn free_at_home(&self, region: &Region) -> Result<(), FabricError> {
+        self.may_touch(region)?;
         self.free_pages_at_home(region).await?;
         self.free_standbys(region).await;
         self.shared.backups.forget_copy(region);
@@ -102,7 +105,9 @@ impl Agent {
         }
         // The region must be live before anything is allocated for it.
         self.shared.fabric.version(region, 0..1)?;
-        let fresh = self.alloc_direct(node, region.len, Some(device), 1).await?;
+        // The copy is the region's tenant's, so that its calls are taken where the pages go.
+        let tenant = self.shared.fabric.tenant_of(region)?;
+        let fresh = acting::acting_for(Some(tenant), self.alloc_direct(node, region.len, Some(device), 1)).await?;
         let moved = async {
             self.copy_direct(region, &fresh, region.len).await?;
             in_place(|| self.shared.fabric.free(region))
@@ -129,6 +134,15 @@ impl Agent {
             Ok(other) => Err(unexpected(at, &other)),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether the current call may touch `region`, a region of this node (a call made for a tenant: only that
+    /// tenant's; `super::acting`).
+    pub(crate) fn may_touch(&self, region: &Region) -> Result<(), FabricError> {
+        if acting::tenant().is_none() {
+            return Ok(());
+        }
+        acting::may_touch(region, self.shared.fabric.tenant_of(region).ok())
     }
 
     fn peer_or_self(&self, node: u16) -> Result<(), FabricError> {

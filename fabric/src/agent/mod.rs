@@ -24,6 +24,7 @@
 //!   pages), `client` (the API), `serve` and `serve_pages` (answering peers), `start` (starting and stopping),
 //!   `local` (a node's local clients, over a Unix socket), `launch` (jobs under `mpirun` or Slurm).
 
+mod acting;
 mod backups;
 mod calls;
 mod client;

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use vfabric_allocator::Location;
 
+use super::acting;
 use super::backups::{serves_alone, Standbys};
 use super::shared::{in_place, Agent};
 use crate::config::MAX_REPLICAS;
@@ -42,7 +43,14 @@ impl Agent {
                 "{replicas} replicas asked: a region is kept on at most {MAX_REPLICAS} nodes"
             )));
         }
-        let placement = device.map(Placement::on).unwrap_or_default();
+        let mut placement = device.map(Placement::on).unwrap_or_default();
+        // A call made for a tenant allocates under its name.
+        if let Some(tenant) = acting::tenant() {
+            if replicas > 1 {
+                return Err(FabricError::Unavailable("a tenant's regions are kept on their home only, for now".into()));
+            }
+            placement.tenant = tenant;
+        }
         let region = in_place(|| self.shared.fabric.alloc(size, placement))?;
         if replicas <= 1 {
             return Ok(region);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use vfabric_transport::quic;
 
+use super::acting;
 use super::lane_use::{pages_of, BULK};
 use super::serve_pages::{grant, home_region, receive_write, send_read, take_back};
 use super::shared::{in_place, Agent, Shared};
@@ -15,6 +16,7 @@ use crate::proto::codec::{read_frame, PROTOCOL_VERSION};
 use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
 use crate::proto::quic::{answer as finish_with, close as quic_close, CloseCode};
+use vfabric_allocator::TenantId;
 
 /// Accepts connections on lane `lane`'s endpoint until it closes.
 pub(crate) async fn accept_loop(shared: Arc<Shared>, lane: usize) {
@@ -126,15 +128,36 @@ async fn serve_stream(
     send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), ProtocolError> {
-    let msg = match read_frame(&mut recv, agent.max_frame()).await {
+    let mut msg = match read_frame(&mut recv, agent.max_frame()).await {
         Ok(Some(m)) => m,
         Ok(None) => return Ok(()),
         Err(e) => return Err(ProtocolError::Codec(e)),
     };
-    if !msg.is_request() || matches!(msg, Message::Hello { .. }) {
+    // A request made for a tenant comes after `OnBehalf`, and is answered acting for it.
+    let mut tenant = None;
+    if let Message::OnBehalf { tenant: t } = msg {
+        tenant = Some(TenantId(t));
+        msg = match read_frame(&mut recv, agent.max_frame()).await {
+            Ok(Some(m)) => m,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(ProtocolError::Codec(e)),
+        };
+    }
+    if !msg.is_request() || matches!(msg, Message::Hello { .. } | Message::OnBehalf { .. }) {
         return Err(ProtocolError::NotServed(msg.name()));
     }
     agent.heard_from(peer).await;
+    acting::acting_for(tenant, serve_request(agent, (peer, connection), msg, send, recv)).await
+}
+
+/// Answers request `msg`, on the lane's thread when it moves little.
+async fn serve_request(
+    agent: &Agent,
+    (peer, connection): (u16, usize),
+    msg: Message,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+) -> Result<(), ProtocolError> {
     if pages_moved(agent, peer, &msg) < BULK {
         return answer(agent, (peer, connection), msg, send, recv).await;
     }
@@ -173,6 +196,10 @@ async fn answer(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), ProtocolError> {
+    if let Some(Err(refused)) = operator_call(&msg).map(acting::operator_only) {
+        finish_with(&mut send, &refusal(&refused), agent.max_frame()).await;
+        return Ok(());
+    }
     let reply = match msg {
         Message::Ping { nonce } => Ok(Message::Pong { nonce }),
         Message::Alloc { size, device, replicas } => agent
@@ -233,4 +260,13 @@ async fn migrate(
     let r = home_region(agent, region)?;
     let (a, node) = (agent.clone(), node.unwrap_or(agent.node()));
     agent.off_lanes(async move { a.migrate_at_home(&r, node, device).await }).await
+}
+
+/// The operator's calls, which a tenant's may not make: what each is.
+fn operator_call(msg: &Message) -> Option<&'static str> {
+    match msg {
+        Message::Migrate { .. } | Message::MigrateTo { .. } | Message::Unforward { .. } => Some("a migration"),
+        Message::Standby { .. } | Message::Replicate { .. } | Message::Failover { .. } => Some("replication"),
+        _ => None,
+    }
 }

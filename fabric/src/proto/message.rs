@@ -426,6 +426,12 @@ pub enum Message {
         /// The region whose home is dead.
         region: WireRegion,
     },
+    /// Opens a request stream ahead of the request: the request acts for `tenant` (its regions only, none of
+    /// the operator's calls). Not answered itself.
+    OnBehalf {
+        /// The tenant.
+        tenant: u32,
+    },
 }
 
 impl Message {
@@ -456,6 +462,7 @@ impl Message {
             | Message::Standby { .. }
             | Message::Replicate { .. }
             | Message::Failover { .. }
+            | Message::OnBehalf { .. }
             | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
@@ -511,6 +518,7 @@ impl Message {
             Message::Standby { .. } => "standby",
             Message::Replicate { .. } => "replicate",
             Message::Failover { .. } => "failover",
+            Message::OnBehalf { .. } => "onbehalf",
         }
     }
 }
@@ -579,6 +587,7 @@ mod tests {
             Message::Standby { region, origin: region },
             Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
+            Message::OnBehalf { tenant: 3 },
         ]
     }
 
@@ -590,7 +599,7 @@ mod tests {
         expected.extend([true, false, true]);
         expected.extend([true, false, true, true, false, true, true, false, true]);
         expected.extend([true, false, true, true]);
-        expected.extend([true; 3]);
+        expected.extend([true; 4]);
         assert_eq!(kinds, expected);
     }
 

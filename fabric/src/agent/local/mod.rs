@@ -25,6 +25,7 @@ mod mapped_lease;
 mod payload;
 mod pool_source;
 mod reserve;
+mod runner;
 mod server;
 mod session;
 mod spin;

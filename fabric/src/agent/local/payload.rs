@@ -4,8 +4,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
-use tokio::runtime::Handle;
-
+use super::runner::Runner;
 use super::{CHUNK, MAX_CHUNK};
 use crate::agent::shared::Agent;
 use crate::directory::RegionHandle as Region;
@@ -22,7 +21,7 @@ impl Agent {
     pub(super) fn take_write(
         &self,
         s: &mut UnixStream,
-        rt: &Handle,
+        rt: &Runner,
         r: Option<&Region>,
         offset: u64,
         len: u64,
@@ -57,7 +56,7 @@ impl Agent {
     pub(super) fn answer_read(
         &self,
         s: &mut UnixStream,
-        rt: &Handle,
+        rt: &Runner,
         r: &Region,
         offset: u64,
         len: u64,

@@ -17,6 +17,7 @@ use tokio::runtime::Handle;
 use vfabric_allocator::{Location, TenantId};
 
 use super::attached::AllocOptions;
+use super::runner::Runner;
 use super::session::{alloc_options, Session};
 use super::spin;
 use super::tenancy::{admits_others, caller_of, Caller};
@@ -128,6 +129,7 @@ impl Agent {
 
     /// One client: its hello, its requests; then what it held is let go.
     fn serve_client(&self, mut s: UnixStream, rt: &Handle, tenant: Option<TenantId>) {
+        let rt = &Runner::new(rt.clone(), tenant);
         let mut session = Session::default();
         session.tenant = tenant;
         if let Err(e) = self.client_requests(&mut s, &mut session, rt) {
@@ -137,7 +139,7 @@ impl Agent {
     }
 
     /// A client's requests, one after the other. `Err` says why the connection is closed.
-    fn client_requests(&self, s: &mut UnixStream, session: &mut Session, rt: &Handle) -> Result<(), FabricError> {
+    fn client_requests(&self, s: &mut UnixStream, session: &mut Session, rt: &Runner) -> Result<(), FabricError> {
         let max = self.max_frame();
         match read_frame_blocking(s, max)? {
             Some(Message::Hello { protocol, .. }) if protocol == PROTOCOL_VERSION => {

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
-use tokio::runtime::Handle;
 use vfabric_allocator::Location;
 
+use super::runner::Runner;
 use super::AllocOptions;
 use crate::agent::remote_lease::AgentLease;
 use crate::agent::shared::{in_place, Agent};
@@ -141,7 +141,7 @@ impl Agent {
     pub(super) fn prefetch_for(
         &self,
         session: &Session,
-        rt: &Handle,
+        rt: &Runner,
         region: Region,
         range: Range<u64>,
         device: Location,

@@ -1,7 +1,8 @@
 //! Which tenant a local client acts as, and what that tenant may ask. The Unix socket's peer credentials decide
 //! who a client is: the agent's own user is the node's operator (any tenant, every call); a user a
 //! `[[tenant]]` lists in `uids` acts as that tenant only; anyone else is refused at the door. A tenant's client
-//! allocates and reserves only under its own name, touches only its own tenant's regions at this node (a
+//! allocates and reserves only under its own name, touches only its own tenant's regions (at this node, checked
+//! here; at other nodes, by their homes, as its calls go there acting for its tenant: `crate::agent::acting`; a
 //! handle of another tenant's region and a handle naming none get the same answer, so it learns nothing about
 //! the others), and cannot make the operator's calls: mapping the node's memory (which would show it every
 //! tenant's pages), acquires through that mapping, migrations, and the node's figures.
@@ -81,8 +82,11 @@ impl Agent {
             }
             Need::OwnRegion(region) => {
                 let r = Region::from(region);
-                let owner = self.is_me(r.addr.node().0).then(|| self.fabric().tenant_of(&r).ok()).flatten();
-                if owner == Some(tenant) {
+                // Another node's region: its home checks it (the call goes there acting for the tenant).
+                if !self.is_me(r.addr.node().0) {
+                    return Ok(());
+                }
+                if self.fabric().tenant_of(&r).ok() == Some(tenant) {
                     Ok(())
                 } else {
                     Err(FabricError::PermissionDenied(format!("no region of tenant {} at {r}", tenant.0)))

@@ -1,0 +1,55 @@
+//! Tenants across nodes: a call made for a tenant (`Agent::acting_for`, as a tenant's local client's calls are)
+//! carries its tenant to every node it reaches, and the region's home holds it to its tenant's regions there:
+//! allocations are made under its name, another tenant's region is refused like a handle naming none, and the
+//! operator's calls are refused. Calls made for no tenant (the node's operator) touch every region.
+
+use vfabric::{FabricError, TenantId};
+use vfabric_tests::loopback::{cluster, config};
+use vfabric_transport::quic::ClusterCa;
+use vfabric_transport::Location;
+
+fn denied<T: std::fmt::Debug>(r: Result<T, FabricError>, what: &str) {
+    match r {
+        Err(FabricError::PermissionDenied(_))
+        | Err(FabricError::Remote { kind: vfabric::proto::ErrorKind::PermissionDenied, .. }) => {}
+        other => panic!("{what}: expected PermissionDenied, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_tenants_calls_reach_only_its_regions_on_every_node() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let cfg = config(2);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let nodes = cluster(&cfg, &ca).await;
+        let (a, b) = (&nodes[0], &nodes[1]);
+        let (three, four) = (TenantId(3), TenantId(4));
+        // Tenant 3 allocates on n1 through n0: the region is its own there.
+        let r = a.acting_for(three, a.alloc(1, 1 << 20, None)).await.expect("tenant 3 allocates on n1");
+        assert_eq!(r.addr.node().0, 1);
+        assert_eq!(b.fabric().tenant_of(&r).expect("the region"), three, "allocated under the tenant's name");
+        a.acting_for(three, a.write(&r, 0, &[3u8; 4096])).await.expect("tenant 3 writes its region");
+        let mut buf = vec![0u8; 4096];
+        a.acting_for(three, a.read(&r, 0, &mut buf)).await.expect("tenant 3 reads its region");
+        assert_eq!(buf, [3u8; 4096]);
+        // Tenant 4 gets nothing of it, from either node, and the same answer as for a region that is not there.
+        denied(a.acting_for(four, a.read(&r, 0, &mut buf)).await, "tenant 4 reads tenant 3's region from n0");
+        denied(b.acting_for(four, b.read(&r, 0, &mut buf)).await, "tenant 4 reads tenant 3's region at its home");
+        denied(a.acting_for(four, a.write(&r, 0, &[4u8; 16])).await, "tenant 4 writes tenant 3's region");
+        let leased = a.acting_for(four, a.acquire(&r, 0..4096, Location::Host, vfabric::Mode::Read)).await;
+        denied(leased.map(|_| ()), "tenant 4 leases tenant 3's region");
+        denied(a.acting_for(four, a.free(&r)).await, "tenant 4 frees tenant 3's region");
+        let freed = a.free(&r).await.map(|()| r);
+        let gone = freed.expect("the operator frees it");
+        denied(a.acting_for(three, a.read(&gone, 0, &mut buf)).await, "tenant 3 reads its freed region");
+        // Operator's calls are not a tenant's, and a tenant's region here is held the same way.
+        let mine = a.acting_for(four, a.alloc(0, 1 << 20, None)).await.expect("tenant 4 allocates on n0");
+        denied(a.acting_for(three, a.read(&mine, 0, &mut buf)).await, "tenant 3 reads tenant 4's region on n0");
+        denied(a.acting_for(four, a.migrate_to(&mine, 1, Location::Host)).await, "tenant 4 migrates");
+        a.read(&mine, 0, &mut buf).await.expect("the operator reads any region");
+        for n in &nodes {
+            n.shutdown().await;
+        }
+    });
+}
