@@ -68,6 +68,10 @@ pub struct ClusterConfig {
     /// `[[tenant]]`: byte quotas per tenant and tier (tenants not listed are unlimited).
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantSection>,
+    /// `[membership]`: which nodes are in the cluster now, kept in etcd; none when absent (every node listed
+    /// is a member, its liveness told by heartbeats alone).
+    #[serde(default)]
+    pub membership: Option<MembershipSection>,
     /// `[[node]]`: the nodes of the cluster.
     #[serde(default, rename = "node")]
     pub nodes: Vec<NodeSection>,
@@ -312,6 +316,25 @@ impl NetworkSection {
     }
 }
 
+/// `[membership]`: the cluster's members kept in etcd. Each agent registers its node under a lease it keeps
+/// alive (`/vfabric/<cluster>/members/<node>`, its address as the value) and watches the others: a node that
+/// starts joins the running cluster, and one that stops (its lease revoked) or dies (its lease expired) is gone
+/// for every node at once, its regions failing over where they have standbys. The nodes are still those listed
+/// in `[[node]]` (their ids and certificates); a listed node that never started is no member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MembershipSection {
+    /// etcd's client URLs (`http://host:2379`).
+    pub etcd: Vec<String>,
+    /// Seconds a member stays one without renewing its lease (etcd's own floor applies; at least 1).
+    #[serde(default = "default_lease_ttl")]
+    pub lease_ttl_s: u32,
+}
+
+fn default_lease_ttl() -> u32 {
+    2
+}
+
 /// `[[node]]`: one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -381,6 +404,7 @@ impl ClusterConfig {
             network: NetworkSection::default(),
             storage: None,
             tenants: Vec::new(),
+            membership: None,
             nodes: vec![NodeSection { name: "local".into(), gpus: None, address: None }],
         })
     }
@@ -407,6 +431,13 @@ impl ClusterConfig {
     /// Checks the values: the first problem found, as a [`ConfigError::Invalid`] naming `origin`.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let bad = |message: String| ConfigError::Invalid { origin: origin.to_string(), message };
+        if let Some(m) = &self.membership {
+            if m.etcd.is_empty() || m.lease_ttl_s == 0 {
+                return Err(bad(
+                    "membership needs etcd = [\"http://host:2379\", ...] and a lease_ttl_s of at least 1".into()
+                ));
+            }
+        }
         let replicas = self.network.replicas;
         if replicas == 0 || replicas > MAX_REPLICAS {
             return Err(bad(format!("network.replicas is {replicas}: it must be 1 or 2 (the home and one standby)")));

@@ -93,6 +93,14 @@ impl Agent {
         let (home, node) = (standby.home, standby.home.addr.node().0);
         let mut state = standby.state.lock().await;
         if !state.promoted {
+            // With membership in etcd, only a member takes over, and only from a home that etcd counts out too: a
+            // home cut off from this node alone still serves.
+            if !self.holds_membership() || self.is_member(node).await == Some(true) {
+                return Err(FabricError::Unavailable(format!(
+                    "{home}'s home, node {node}, is still a member of the cluster, or node {} is not sure it is one",
+                    self.node()
+                )));
+            }
             if !matches!(self.is_alive(node).await, Ok(false)) {
                 return Err(FabricError::Unavailable(format!(
                     "{home}'s home, node {node}, still answers node {}",

@@ -36,6 +36,8 @@ mod lanes;
 pub mod launch;
 mod link;
 pub mod local;
+#[cfg(feature = "etcd")]
+mod membership;
 mod migrate;
 mod peer;
 mod peers;
@@ -45,11 +47,15 @@ mod replication;
 mod serve;
 mod serve_pages;
 mod shared;
+#[cfg(feature = "etcd")]
+mod standing;
 mod start;
 
 pub use backups::{may_take_over, serves_alone};
 pub use launch::{rank_name, JobRank};
 pub use link::LinkStats;
 pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};
+#[cfg(feature = "etcd")]
+pub use membership::members_prefix;
 pub use remote_lease::AgentLease;
 pub use shared::Agent;

@@ -32,6 +32,20 @@ impl Agent {
         Ok(p.alive(self.dead_after(), self.shared.started))
     }
 
+    /// Whether etcd counts peer `node` a member of the cluster (`None` without `[membership]`).
+    pub(crate) async fn is_member(&self, node: u16) -> Option<bool> {
+        match self.is_me(node) {
+            true => Some(true),
+            false => self.peer(node).ok()?.lock().await.member,
+        }
+    }
+
+    /// Whether this node may count itself a member: always, without etcd support built in.
+    #[cfg(not(feature = "etcd"))]
+    pub(crate) fn holds_membership(&self) -> bool {
+        true
+    }
+
     /// The lanes to peer `node` that have an open connection, by number (each is dialled on first use).
     pub async fn open_lanes(&self, node: u16) -> Result<Vec<usize>, FabricError> {
         let p = self.peer(node)?.lock().await;
@@ -85,8 +99,7 @@ impl Agent {
         }
         let p = self.peer(node)?.lock().await;
         if !probe && !p.alive(self.dead_after(), self.shared.started) {
-            let why = format!("no heartbeat for {} ms", self.shared.net.dead_after_ms);
-            return Err(FabricError::PeerDead { node, name: p.name.clone(), why });
+            return Err(FabricError::PeerDead { node, name: p.name.clone(), why: p.why_dead(self.dead_after()) });
         }
         let lanes = p.conns.len();
         let Some(endpoint) = self.shared.endpoints.get(lane).filter(|_| lane < lanes) else {

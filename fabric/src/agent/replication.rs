@@ -143,6 +143,14 @@ impl Agent {
         if let Some(to) = standbys.taken_over {
             return Err(FabricError::Moved { to });
         }
+        // With membership in etcd, a home that may have been counted out serves none of its replicated regions:
+        // its standby may be taking over.
+        if !self.holds_membership() {
+            return Err(FabricError::Unavailable(format!(
+                "node {} is not sure it is still a member of the cluster: {region} waits",
+                self.node()
+            )));
+        }
         if serves_alone(standbys.confirmed.map(|t| t.elapsed()), self.dead_after()) && standbys.pending.is_empty() {
             return Ok(());
         }
@@ -150,9 +158,9 @@ impl Agent {
     }
 
     /// Sends the pending ranges of `region` (or, with none, an empty exchange) to every standby; on success
-    /// they are all sent and the standbys confirmed, else they stay pending. A standby whose node answers but
-    /// keeps no copy (it restarted, and lost it) cannot take over: a new standby takes its place, with the
-    /// whole region.
+    /// they are all sent and the standbys confirmed, else they stay pending. A standby that cannot take over
+    /// (its node answers but keeps no copy: it restarted; or etcd counts its node out) is replaced: a new
+    /// standby takes its place, with the whole region.
     async fn replicate(&self, region: &Region, standbys: &mut Standbys) -> Result<(), FabricError> {
         let gone = match self.send_pending(region, standbys).await {
             Err(Failure::Gone(i)) => i,
@@ -203,6 +211,11 @@ impl Agent {
                             return Err(Failure::Failed(FabricError::Moved { to }));
                         }
                         Err(FabricError::Remote { kind: ErrorKind::InvalidAddress, .. }) => {
+                            return Err(Failure::Gone(i))
+                        }
+                        // etcd counts the standby's node out: it cannot take over (only members do), so another
+                        // node takes its place.
+                        Err(_) if self.is_member(copy.addr.node().0).await == Some(false) => {
                             return Err(Failure::Gone(i))
                         }
                         Err(e) => return Err(Failure::Failed(e)),

@@ -55,6 +55,15 @@ pub(crate) struct Shared {
     pub(crate) hints: Hints,
     /// This node's replicated regions, and the standby copies it keeps for other homes.
     pub(crate) backups: Backups,
+    /// Whether the cluster keeps its membership in etcd (`[membership]`).
+    #[cfg(feature = "etcd")]
+    pub(crate) membership: bool,
+    /// This node's registration in etcd, with `[membership]`.
+    #[cfg(feature = "etcd")]
+    pub(crate) registration: Mutex<Option<super::standing::Registration>>,
+    /// This node's standing in etcd (`None` without `[membership]`).
+    #[cfg(feature = "etcd")]
+    pub(crate) standing: std::sync::Mutex<Option<super::standing::Standing>>,
     /// The cluster's tenants: which local users act as which (`local/tenancy.rs`).
     pub(crate) tenants: Vec<crate::config::TenantSection>,
 }

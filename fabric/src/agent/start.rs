@@ -72,6 +72,7 @@ impl Agent {
                 addr: configured_addr(config, i)?,
                 conns: vec![None; connections],
                 last_seen: None,
+                member: None,
             }));
         }
         // Nothing fails after this: the lane threads live until the runtime that started the agent ends (or
@@ -99,6 +100,12 @@ impl Agent {
             replicas: std::sync::Mutex::new(ReplicaCache::new(net.replica_cache.bytes())),
             moves: Moves::default(),
             backups: Default::default(),
+            #[cfg(feature = "etcd")]
+            membership: config.membership.is_some(),
+            #[cfg(feature = "etcd")]
+            registration: Mutex::new(None),
+            #[cfg(feature = "etcd")]
+            standing: std::sync::Mutex::new(None),
             hints: std::sync::Mutex::new(std::collections::HashMap::new()),
             // Enough for the chunks in flight on every lane at the default windows (64 x 1 MiB).
             buffers: quic::BufferPool::new(64),
@@ -117,6 +124,12 @@ impl Agent {
             .collect::<Vec<_>>();
         let beating = tokio::spawn(heartbeat_loop(agent.clone()));
         agent.tasks().extend(serving.into_iter().chain([beating]));
+        if let Some(m) = &config.membership {
+            if let Err(e) = join_cluster(&agent, m).await {
+                agent.shutdown().await;
+                return Err(e);
+            }
+        }
         tracing::info!(
             node,
             name,
@@ -163,6 +176,9 @@ impl Agent {
     /// Closes every connection (peers' calls in flight fail with a closed-connection error), stops serving
     /// and waits up to a second for the endpoint to go idle.
     pub async fn shutdown(&self) {
+        // Out of the cluster first: the others see this node go at once.
+        #[cfg(feature = "etcd")]
+        self.leave_cluster().await;
         let tasks: Vec<_> = self.tasks().drain(..).collect();
         for t in &tasks {
             t.abort();
@@ -184,7 +200,26 @@ impl Agent {
     }
 }
 
-/// Pings every peer with an address each `network.heartbeat_ms`; an answer marks it alive.
+/// Registers `agent` in the cluster's membership service.
+#[cfg(feature = "etcd")]
+async fn join_cluster(agent: &Agent, m: &crate::config::MembershipSection) -> Result<(), FabricError> {
+    agent.join_cluster(m).await
+}
+
+/// Without etcd support built in, `[membership]` is refused with how to get it.
+#[cfg(not(feature = "etcd"))]
+async fn join_cluster(_: &Agent, m: &crate::config::MembershipSection) -> Result<(), FabricError> {
+    Err(NetworkError::Membership {
+        endpoints: m.etcd.join(", "),
+        message: "this build has no etcd support: build vfabric with `--features etcd` (it needs protoc, Debian's \
+                  protobuf-compiler)"
+            .into(),
+    }
+    .into())
+}
+
+/// Pings every peer with an address (and, with `[membership]`, that is a member) each `network.heartbeat_ms`;
+/// an answer marks it alive.
 async fn heartbeat_loop(agent: Agent) {
     let period = Duration::from_millis(agent.shared.net.heartbeat_ms);
     // The first beat after one period (the peers' grace periods start with the agent), not at once: a test
@@ -194,7 +229,12 @@ async fn heartbeat_loop(agent: Agent) {
     loop {
         tick.tick().await;
         for node in 0..agent.shared.peers.len() as u16 {
-            if agent.is_me(node) || agent.shared.peers[usize::from(node)].lock().await.addr.is_none() {
+            // Nodes with no address, and nodes etcd says are not members, are not pinged.
+            let skip = {
+                let p = agent.shared.peers[usize::from(node)].lock().await;
+                p.addr.is_none() || p.member == Some(false)
+            };
+            if agent.is_me(node) || skip {
                 continue;
             }
             let a = agent.clone();

@@ -10,6 +10,14 @@ use crate::proto::chunk::ChunkError;
 /// Why a call could not reach its peer, or its bytes could not cross.
 #[derive(Debug, thiserror::Error)]
 pub enum NetworkError {
+    /// The cluster's membership service (etcd, `[membership]`) could not be reached or refused a call.
+    #[error("membership: etcd at {endpoints}: {message}")]
+    Membership {
+        /// The endpoints tried.
+        endpoints: String,
+        /// What failed.
+        message: String,
+    },
     /// Binding a lane's socket failed.
     #[error("binding {addr}: {source}")]
     Bind {

@@ -1,0 +1,173 @@
+//! The cluster's members kept in etcd (`[membership]`): this node registers under a lease it keeps alive, and
+//! watches the others register, leave (their lease revoked at shutdown) and die (their lease expired). A member
+//! that goes is dead for this node at once (calls on its regions fail with `PeerDead`, and fail over where they
+//! have standbys) instead of after `network.dead_after_ms` of silence; one that comes is reached at the address
+//! it registered. Heartbeats still watch the members: etcd says who is in the cluster, heartbeats whether this
+//! node can reach them.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+
+use super::shared::Agent;
+use super::standing::{Registration, Standing};
+use crate::config::MembershipSection;
+use crate::error::{FabricError, NetworkError};
+
+/// Where the members of cluster `cluster` register.
+pub fn members_prefix(cluster: &str) -> String {
+    format!("/vfabric/{cluster}/members/")
+}
+
+impl Agent {
+    /// Registers this node in etcd under a lease kept alive, takes the members there now, and follows their
+    /// changes from then on.
+    pub(crate) async fn join_cluster(&self, m: &MembershipSection) -> Result<(), FabricError> {
+        let endpoints = m.etcd.join(", ");
+        let failed =
+            |e: etcd_client::Error| NetworkError::Membership { endpoints: endpoints.clone(), message: e.to_string() };
+        let options =
+            ConnectOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(5));
+        let mut client = Client::connect(&m.etcd, Some(options)).await.map_err(failed)?;
+        let lease = client.lease_grant(i64::from(m.lease_ttl_s), None).await.map_err(failed)?.id();
+        let prefix = members_prefix(&self.shared.cluster);
+        let me = self.peer(self.node())?.lock().await.name.clone();
+        let put = PutOptions::new().with_lease(lease);
+        client.put(format!("{prefix}{me}"), self.local_addr().to_string(), Some(put)).await.map_err(failed)?;
+        // The members now: every other node is none until etcd lists it.
+        let now = client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(failed)?;
+        for p in &self.shared.peers {
+            p.lock().await.member = Some(false);
+        }
+        for kv in now.kvs() {
+            if let (Ok(key), Ok(addr)) = (kv.key_str(), kv.value_str()) {
+                self.member_joined(key.trim_start_matches(&prefix), addr).await;
+            }
+        }
+        let from = now.header().map_or(0, |h| h.revision()) + 1;
+        let watch = WatchOptions::new().with_prefix().with_start_revision(from);
+        let (watcher, mut changes) = client.watch(prefix.clone(), Some(watch)).await.map_err(failed)?;
+        let agent = self.clone();
+        let following = tokio::spawn(async move {
+            let _watcher = watcher;
+            loop {
+                match changes.message().await {
+                    Ok(Some(resp)) => {
+                        for event in resp.events() {
+                            let Some(kv) = event.kv() else { continue };
+                            let Ok(name) = kv.key_str().map(|k| k.trim_start_matches(&prefix).to_string()) else {
+                                continue;
+                            };
+                            match event.event_type() {
+                                EventType::Put => agent.member_joined(&name, kv.value_str().unwrap_or("")).await,
+                                EventType::Delete => agent.member_left(&name).await,
+                            }
+                        }
+                    }
+                    Ok(None) => break tracing::warn!("etcd ended the watch of the cluster's members"),
+                    Err(e) => break tracing::warn!(error = %e, "watching the cluster's members failed"),
+                }
+            }
+        });
+        let ttl = Duration::from_secs(u64::from(m.lease_ttl_s));
+        *lock(&self.shared.standing) = Some(Standing { renewed: Instant::now(), ttl });
+        let keeping = tokio::spawn(keep_alive(self.clone(), client.clone(), lease, m.lease_ttl_s));
+        self.tasks().extend([following, keeping]);
+        *self.shared.registration.lock().await = Some(Registration { client, lease });
+        tracing::info!(lease, "registered in etcd as a member of the cluster");
+        Ok(())
+    }
+
+    /// Gives up this node's membership (its lease revoked): the others see it go at once.
+    pub(crate) async fn leave_cluster(&self) {
+        // No longer sure of its membership from now on: its replicated regions stop being served here before
+        // the others may take over.
+        *lock(&self.shared.standing) = None;
+        if let Some(mut r) = self.shared.registration.lock().await.take() {
+            if let Err(e) = r.client.lease_revoke(r.lease).await {
+                tracing::warn!(error = %e, "revoking this node's membership failed: it ends when its lease expires");
+            }
+        }
+    }
+
+    /// Node `name` registered at `addr`.
+    async fn member_joined(&self, name: &str, addr: &str) {
+        let Some(node) = self.node_named(name).await else {
+            return tracing::warn!(name, "a member etcd lists is no node of the configuration");
+        };
+        if self.is_me(node) {
+            return;
+        }
+        let Ok(addr) = addr.parse::<SocketAddr>() else {
+            return tracing::warn!(name, addr, "a member registered an address that is none");
+        };
+        let Ok(peer) = self.peer(node) else { return };
+        let mut p = peer.lock().await;
+        if p.addr != Some(addr) {
+            p.conns.iter_mut().for_each(|c| *c = None);
+        }
+        let joined = p.member != Some(true);
+        (p.addr, p.member, p.last_seen) = (Some(addr), Some(true), Some(Instant::now()));
+        if joined {
+            tracing::info!(node, name, %addr, "a node joined the cluster");
+        }
+    }
+
+    /// Node `name` is no member any more.
+    async fn member_left(&self, name: &str) {
+        let Some(node) = self.node_named(name).await.filter(|&n| !self.is_me(n)) else { return };
+        let Ok(peer) = self.peer(node) else { return };
+        peer.lock().await.member = Some(false);
+        tracing::info!(node, name, "a node left the cluster");
+    }
+
+    /// Whether this node may count itself a member (always, without `[membership]`; never once it left).
+    pub(crate) fn holds_membership(&self) -> bool {
+        match lock(&self.shared.standing).as_ref() {
+            Some(s) => s.current(),
+            None => !self.shared.membership,
+        }
+    }
+
+    async fn node_named(&self, name: &str) -> Option<u16> {
+        for (i, p) in self.shared.peers.iter().enumerate() {
+            if p.lock().await.name == name {
+                return Some(i as u16);
+            }
+        }
+        None
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Renews lease `lease` a few times per `ttl_s`, noting each renewal in `agent`'s standing; a renewal that
+/// fails is logged (the node stays a member until the lease expires, and calls on its regions then fail over
+/// elsewhere).
+async fn keep_alive(agent: Agent, mut client: Client, lease: i64, ttl_s: u32) {
+    let every = Duration::from_millis(u64::from(ttl_s) * 1000 / 3).max(Duration::from_millis(100));
+    let (mut keeper, mut answers) = match client.lease_keep_alive(lease).await {
+        Ok(k) => k,
+        Err(e) => return tracing::error!(error = %e, "keeping this node's membership alive failed"),
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let sent = Instant::now();
+        let renewed = match keeper.keep_alive().await {
+            Ok(()) => answers.message().await.map(|a| a.is_some_and(|a| a.ttl() > 0)),
+            Err(e) => Err(e),
+        };
+        match renewed {
+            Ok(true) => {
+                if let Some(s) = lock(&agent.shared.standing).as_mut() {
+                    s.renewed = sent;
+                }
+            }
+            Ok(false) => tracing::error!(lease, "etcd says this node's membership lease has expired"),
+            Err(e) => tracing::warn!(error = %e, "renewing this node's membership failed"),
+        }
+    }
+}

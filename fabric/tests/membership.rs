@@ -1,0 +1,209 @@
+//! Membership kept in etcd: nodes join a running cluster and leave it without the others restarting, and a node
+//! that stops (its lease revoked) or is killed (its lease expired) is gone for the others at once, not after
+//! `network.dead_after_ms` of silence (set to 30 s here, so that only etcd can tell). A real etcd, and agents in
+//! processes of their own, all ended by this test by their PIDs.
+
+mod common;
+use common::{require_tool, Ended};
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use vfabric::agent::Agent;
+use vfabric::{ClusterConfig, FabricError};
+
+/// An etcd's client URL on loopback port `port` (its peers' port is the one 10 above).
+fn etcd_url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+fn start(config: &Path, node: &str) -> Ended {
+    let log = std::fs::File::create(config.with_file_name(format!("{node}.log"))).expect("agent log");
+    let child = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["agent", "--node", node, "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start an agent");
+    Ended(child)
+}
+
+/// Waits (up to 20 s) until `a`'s read of `region` fails as `PeerDead` because its node is no member.
+async fn gone(a: &Agent, region: &vfabric::Region, what: &str) -> Duration {
+    let t = Instant::now();
+    let mut buf = [0u8; 16];
+    loop {
+        match a.read(region, 0, &mut buf).await {
+            Err(FabricError::PeerDead { why, .. }) if why.contains("not a member") => return t.elapsed(),
+            other => assert!(t.elapsed() < Duration::from_secs(20), "{what}: still {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (up to 20 s) until `a` takes node `node` for a member.
+async fn joined(a: &Agent, node: u16) {
+    let t = Instant::now();
+    while !a.is_alive(node).await.expect("a node of the cluster") {
+        assert!(t.elapsed() < Duration::from_secs(20), "node {node} never joined");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A real etcd serving on loopback port `port` ([`etcd_url`]), its data and log in `dir`.
+fn etcd(dir: &Path, port: u16) -> Ended {
+    let (client, peer) = (etcd_url(port), etcd_url(port + 10));
+    let etcd = require_tool("etcd", "etcd-server", "a real etcd for the cluster's membership");
+    let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
+    Ended(
+        Command::new(etcd)
+            .args(["--name", "t", "--data-dir"])
+            .arg(dir.join("etcd"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd"),
+    )
+}
+
+/// A cluster of `names` on loopback ports from `port`, its membership in the etcd on `etcd` and
+/// `dead_after_ms` 30 s (so that only etcd can tell a node is gone), with `network` more settings; the scratch
+/// folder made afresh, and the configuration's path.
+fn cluster(dir: &Path, names: &[&str], port: u16, etcd: u16, network: &str) -> PathBuf {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).expect("scratch folder");
+    let name = dir.file_name().and_then(|n| n.to_str()).expect("folder name");
+    let mut text = format!(
+        "[cluster]\nname = \"{name}\"\n[device]\nbackend = \"emulated\"\n[memory]\npage_size = \"64KiB\"\n\
+         gpu_budget = \"8MiB\"\nhost_arena = \"16MiB\"\n[network]\ncerts = \"{}\"\nheartbeat_ms = 200\n\
+         dead_after_ms = 30000\n{network}\n[membership]\netcd = [\"{}\"]\nlease_ttl_s = 2\n",
+        dir.join("certs").display(),
+        etcd_url(etcd)
+    );
+    for (i, n) in names.iter().enumerate() {
+        text += &format!("[[node]]\nname = \"{n}\"\naddress = \"127.0.0.1:{}\"\n", port + 10 * i as u16);
+    }
+    let config = dir.join("cluster.toml");
+    std::fs::write(&config, text).expect("write the configuration");
+    let init = Command::new(env!("CARGO_BIN_EXE_vfabric")).args(["cluster", "init", "--config"]).arg(&config).output();
+    assert!(init.expect("cluster init").status.success());
+    config
+}
+
+/// Node `name` of `cfg` started in this process, once etcd serves (a start that cannot reach it fails).
+async fn start_here(cfg: &ClusterConfig, name: &str) -> Agent {
+    let t = Instant::now();
+    loop {
+        match Agent::start_from_config(cfg, name).await {
+            Ok(a) => return a,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(20), "agent {name} never reached etcd: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+#[test]
+fn nodes_join_and_leave_a_running_cluster_through_etcd() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("members-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b", "c"], 47800, 23790, "");
+    let _etcd = etcd(&dir, 23790);
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = start_here(&cfg, "a").await;
+        // Nodes that never started are no members: calls to them fail at once.
+        assert!(!a.is_alive(1).await.expect("node b"), "b is no member before it starts");
+        // b joins the running cluster, then c.
+        let b = start(&config, "b");
+        joined(&a, 1).await;
+        let rb = a.alloc(1, 1 << 20, None).await.expect("a region on b");
+        a.write(&rb, 0, &[1u8; 4096]).await.expect("write on b");
+        let c = start(&config, "c");
+        joined(&a, 2).await;
+        let rc = a.alloc(2, 1 << 20, None).await.expect("a region on c, which joined after a started");
+        a.write(&rc, 0, &[2u8; 4096]).await.expect("write on c");
+        // b stops: it leaves at once. c is killed: it is gone when its lease expires. Neither waits for the
+        // 30 s of `dead_after_ms`.
+        kill(Pid::from_raw(b.0.id() as i32), Signal::SIGTERM).expect("SIGTERM b");
+        let left = gone(&a, &rb, "b stopped").await;
+        kill(Pid::from_raw(c.0.id() as i32), Signal::SIGKILL).expect("SIGKILL c");
+        let died = gone(&a, &rc, "c killed").await;
+        eprintln!("a saw b leave {left:?} after its SIGTERM, and c go {died:?} after its SIGKILL (lease_ttl_s = 2)");
+        a.shutdown().await;
+        drop((b, c));
+    });
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// `BLOCKS` blocks of 64 KiB, `round` in each.
+const BLOCK: usize = 64 << 10;
+const BLOCKS: usize = 64;
+
+fn block(i: usize, round: u8) -> Vec<u8> {
+    (0..BLOCK).map(|j| (i as u8).wrapping_mul(31) ^ (j as u8) ^ round).collect()
+}
+
+#[test]
+fn a_standby_that_etcd_counts_out_is_replaced_and_the_region_survives_its_home() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("members-standby-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b", "c", "d"], 47850, 23791, "replicas = 2");
+    let _etcd = etcd(&dir, 23791);
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = start_here(&cfg, "a").await;
+        let (b, c, _d) = (start(&config, "b"), start(&config, "c"), start(&config, "d"));
+        for node in 1..4 {
+            joined(&a, node).await;
+        }
+        // A region on b, its standby on c (the next node).
+        let r = a.alloc(1, (BLOCK * BLOCKS) as u64, None).await.expect("a replicated region on b");
+        for i in 0..BLOCKS {
+            a.write(&r, (i * BLOCK) as u64, &block(i, 1)).await.expect("round 1");
+        }
+        // c dies for good. Once etcd counts it out, b places a new standby on d and takes writes again.
+        kill(Pid::from_raw(c.0.id() as i32), Signal::SIGKILL).expect("SIGKILL c");
+        let t = Instant::now();
+        for i in 0..BLOCKS {
+            loop {
+                match a.write(&r, (i * BLOCK) as u64, &block(i, 2)).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        assert!(t.elapsed() < Duration::from_secs(20), "b never took writes again: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+        eprintln!("b took writes again {:?} after its standby was killed (lease_ttl_s = 2)", t.elapsed());
+        // b dies too: d has every acknowledged write, and etcd's word lets it take over (heartbeats would wait 30 s).
+        kill(Pid::from_raw(b.0.id() as i32), Signal::SIGKILL).expect("SIGKILL b");
+        let t = Instant::now();
+        let mut buf = vec![0u8; BLOCK];
+        for i in 0..BLOCKS {
+            loop {
+                match a.read(&r, (i * BLOCK) as u64, &mut buf).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        assert!(t.elapsed() < Duration::from_secs(20), "no failover to d: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            assert!(buf == block(i, 2), "block {i} lost its acknowledged write");
+        }
+        eprintln!("d served the region {:?} after b was killed", t.elapsed());
+        a.shutdown().await;
+        drop((b, c));
+    });
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
