@@ -6,23 +6,25 @@
 //! this node, and to the home's agent otherwise, one QUIC stream per call: one request frame, page payloads as
 //! checksummed chunks, one response frame ([`crate::proto`]).
 //!
-//! Peers: the cluster configuration lists every node (static membership); a node's certificate names it, and
-//! a connection whose certificate names no node of the cluster, or whose first message is not a matching
-//! `Hello`, is closed with the reason logged. Heartbeats mark a silent peer dead after `network.dead_after_ms`;
-//! calls on its regions then fail with [`FabricError::PeerDead`](crate::FabricError::PeerDead) instead of
-//! hanging.
+//! Peers: the cluster configuration lists every node (which of them are members now is every one, or, with
+//! `[membership]`, etcd's word: `membership`); a node's certificate names it, and a connection whose
+//! certificate names no node of the cluster, or whose first message is not a matching `Hello`, is closed with
+//! the reason logged. Heartbeats mark a silent peer dead after `network.dead_after_ms`; calls on its regions
+//! then fail with [`FabricError::PeerDead`](crate::FabricError::PeerDead) instead of hanging, and a replicated
+//! region's standby takes over (`replication`, `failover`).
 //!
 //! The files, by role, from the bottom up:
 //! - state: `shared` ([`Agent`] and what it holds), `peer` (one peer), `lane_use` (which lane a call takes),
 //!   `lanes` (the latency lane's thread), `replicas` (copies of other nodes' pages), `forwarding` (regions that
-//!   moved, and the hints that find them), `backups` (replicated regions and standby copies), `link`
-//!   ([`LinkStats`]);
+//!   moved, and the hints that find them), `backups` (replicated regions and standby copies), `acting` (whom
+//!   a call acts for), `standing` (this node's membership in etcd), `link` ([`LinkStats`]);
 //! - the client side of the wire: `peers` (dialling, hello, liveness), `calls` (one request and its answer),
 //!   `direct` (a call on the node a region's address names);
 //! - what the agent does: `replication` (a home's writes reach its standbys), `failover` (a standby takes
 //!   over from a dead home), `migrate` (regions that move), `remote_lease` ([`AgentLease`]: leases on other nodes'
 //!   pages), `client` (the API), `serve` and `serve_pages` (answering peers), `start` (starting and stopping),
-//!   `local` (a node's local clients, over a Unix socket), `launch` (jobs under `mpirun` or Slurm).
+//!   `membership` (members kept in etcd), `local` (a node's local clients, over a Unix socket), `launch` (jobs
+//!   under `mpirun` or Slurm).
 
 mod acting;
 mod backups;
