@@ -1,7 +1,8 @@
 //! Replicated regions across a home's death: a region kept on two nodes (`replicas = 2`) loses no
 //! acknowledged byte when its home is killed with SIGKILL mid-write, is served again by its standby with the
-//! same handle, and a home that was only frozen does not serve it again once its standby took over. The homes
-//! and standbys are agents in processes of their own (ended by this test, by their PIDs).
+//! same handle, and a home that was only frozen, or cut off by a partition (nft on loopback, root), does not
+//! serve it again once its standby took over. The homes and standbys are agents in processes of their own
+//! (ended by this test, by their PIDs).
 
 mod common;
 use common::Ended;
@@ -277,5 +278,81 @@ fn a_copy_that_took_over_gets_a_standby_and_survives_its_own_death() {
         a.shutdown().await;
     });
     drop((b, c));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// A partition on loopback made with nft (dropping UDP between two sets of ports), taken down when dropped, also
+/// when the test fails.
+struct Partition(String);
+
+impl Partition {
+    /// Cuts every packet between the agents on ports `one` and those on `other` (each agent's lanes included).
+    fn cut(name: &str, one: &[u16], other: &[u16]) -> Partition {
+        let set = |ports: &[u16]| {
+            let all: Vec<String> = ports.iter().flat_map(|p| [p.to_string(), (p + 1).to_string()]).collect();
+            format!("{{ {} }}", all.join(", "))
+        };
+        let (a, b) = (set(one), set(other));
+        let rules = format!(
+            "table inet {name} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n  \
+             udp sport {a} udp dport {b} drop\n  udp sport {b} udp dport {a} drop\n }}\n}}\n"
+        );
+        let mut nft = Command::new("nft").args(["-f", "-"]).stdin(Stdio::piped()).spawn().expect("run nft");
+        use std::io::Write;
+        nft.stdin.take().expect("nft's stdin").write_all(rules.as_bytes()).expect("nft rules");
+        assert!(nft.wait().expect("nft").success(), "nft refused the partition's rules");
+        Partition(name.to_string())
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        let _ = Command::new("nft").args(["delete", "table", "inet", &self.0]).status();
+    }
+}
+
+#[test]
+fn a_home_cut_off_by_a_partition_serves_nothing_stale_and_forwards_once_healed() {
+    common::require_tool("nft", "nftables", "`nft` to cut agents on loopback apart");
+    common::require_root("a partition made with nft needs CAP_NET_ADMIN", "replicas");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replicas-partition-{}", std::process::id()));
+    // a and d are callers in this process; b is the home, c (the node after it) its standby.
+    let config = cluster(&dir, &["a", "d", "b", "c"], 48100, "heartbeat_ms = 200\ndead_after_ms = 1000");
+    let (b, _c) = (start(&config, "b"), start(&config, "c"));
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
+        let d = Agent::start_from_config(&cfg, "d").await.expect("agent d");
+        let r = region_on(&a, 2).await;
+        a.write(&r, 0, &block(0, 1)).await.expect("round 1");
+        // b is cut off from a and from its standby c; d still reaches b.
+        let cut = Partition::cut(&format!("vfrep{}", std::process::id()), &[48120], &[48100, 48130]);
+        a.write(&r, 0, &block(0, 2)).await.expect("round 2, through the failover to c");
+        // d asks b, which cannot reach its standby: it refuses rather than answer with round 1.
+        let mut buf = vec![0u8; BLOCK];
+        for _ in 0..5 {
+            match d.read(&r, 0, &mut buf).await {
+                Err(FabricError::Remote { kind: vfabric::proto::message::ErrorKind::Unavailable, .. }) => {}
+                Ok(()) => assert!(buf == block(0, 2), "the cut-off home served the bytes from before the failover"),
+                Err(e) => panic!("a read through the cut-off home: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Healed: b learns that c took over and sends d there.
+        drop(cut);
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match d.read(&r, 0, &mut buf).await {
+                Ok(()) => {
+                    break assert!(buf == block(0, 2), "after the heal, d read the bytes from before the failover")
+                }
+                Err(e) => assert!(Instant::now() < until, "d never read the region after the heal: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        a.shutdown().await;
+        d.shutdown().await;
+    });
+    drop(b);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
