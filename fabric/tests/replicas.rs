@@ -77,6 +77,14 @@ async fn region_on(a: &Agent, node: u16) -> vfabric::Region {
     panic!("no replicated region on node {node}: {last:?}");
 }
 
+/// Writes round `round` into every block of `r`, each write acknowledged.
+async fn write_round(a: &Agent, r: &vfabric::Region, round: u8) {
+    for i in 0..BLOCKS {
+        let written = a.write(r, (i * BLOCK) as u64, &block(i, round)).await;
+        written.unwrap_or_else(|e| panic!("round {round}, block {i}: {e}"));
+    }
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
@@ -92,9 +100,7 @@ fn a_home_killed_mid_write_loses_no_acknowledged_byte() {
         let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
         let r = region_on(&a, 1).await;
         // Round 1 everywhere, then round 2 block by block; b is killed partway through round 2.
-        for i in 0..BLOCKS {
-            a.write(&r, (i * BLOCK) as u64, &block(i, 1)).await.expect("a write before the kill");
-        }
+        write_round(&a, &r, 1).await;
         let mut acknowledged = 0;
         let mut longest = Duration::ZERO;
         let mut killed = None;
@@ -198,9 +204,7 @@ fn a_standby_that_restarts_is_replaced_and_the_region_survives_its_home() {
     runtime().block_on(async {
         let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
         let r = region_on(&a, 1).await;
-        for i in 0..BLOCKS {
-            a.write(&r, (i * BLOCK) as u64, &block(i, 1)).await.expect("round 1");
-        }
+        write_round(&a, &r, 1).await;
         // The standby's node restarts: its copy is gone.
         signal(&c, Signal::SIGKILL);
         drop(c);
@@ -249,20 +253,11 @@ fn a_copy_that_took_over_gets_a_standby_and_survives_its_own_death() {
     runtime().block_on(async {
         let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
         let r = region_on(&a, 1).await;
-        let write_all = |round: u8| {
-            let (a, r) = (&a, &r);
-            async move {
-                for i in 0..BLOCKS {
-                    let written = a.write(r, (i * BLOCK) as u64, &block(i, round)).await;
-                    written.unwrap_or_else(|e| panic!("round {round}, block {i}: {e}"));
-                }
-            }
-        };
-        write_all(1).await;
+        write_round(&a, &r, 1).await;
         // b dies: c takes over, and places a standby of its copy on d (the next node that answers).
         signal(&b, Signal::SIGKILL);
-        write_all(2).await;
-        write_all(3).await;
+        write_round(&a, &r, 2).await;
+        write_round(&a, &r, 3).await;
         // c dies too: d takes over from it, with every acknowledged write.
         signal(&c, Signal::SIGKILL);
         let mut buf = vec![0u8; BLOCK];
@@ -352,6 +347,34 @@ fn a_home_cut_off_by_a_partition_serves_nothing_stale_and_forwards_once_healed()
         }
         a.shutdown().await;
         d.shutdown().await;
+    });
+    drop(b);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_home_that_shuts_down_hands_its_regions_over_at_once() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replicas-leave-{}", std::process::id()));
+    // Heartbeats would take 30 s to call b dead: only its shutdown can tell the others.
+    let config = cluster(&dir, &["a", "b", "c"], 48200, "heartbeat_ms = 200\ndead_after_ms = 30000");
+    let (mut b, _c) = (start(&config, "b"), start(&config, "c"));
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
+        let r = region_on(&a, 1).await;
+        write_round(&a, &r, 1).await;
+        // b stops: it hands the region to c and says so as it closes its connections.
+        signal(&b, Signal::SIGTERM);
+        assert!(b.0.wait().expect("b exits").success(), "b's agent stops cleanly");
+        let mut buf = vec![0u8; BLOCK];
+        for i in 0..BLOCKS {
+            a.read(&r, (i * BLOCK) as u64, &mut buf).await.expect("a read once b is gone");
+            assert!(buf == block(i, 1), "block {i} is not as written");
+            a.write(&r, (i * BLOCK) as u64, &block(i, 2)).await.expect("a write once b is gone");
+        }
+        a.read(&r, 0, &mut buf).await.expect("a read at c");
+        assert!(buf == block(0, 2));
+        a.shutdown().await;
     });
     drop(b);
     std::fs::remove_dir_all(&dir).expect("cleanup");

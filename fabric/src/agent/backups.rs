@@ -111,6 +111,11 @@ impl Backups {
         lock(&self.homed).remove(region)
     }
 
+    /// The replicated regions this node is the home of.
+    pub(crate) fn homed_regions(&self) -> Vec<Region> {
+        lock(&self.homed).keys().copied().collect()
+    }
+
     /// How many replicated regions this node is the home of.
     pub(crate) fn homed_count(&self) -> usize {
         lock(&self.homed).len()

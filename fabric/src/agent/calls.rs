@@ -61,32 +61,38 @@ impl Agent {
     ) -> Result<Message, FabricError> {
         let work = async {
             let conn = self.connection(node, lane.lane, matches!(msg, Message::Ping { .. })).await?;
-            let (mut send, mut recv) = conn.open_bi().await?;
-            self.open_request(&mut send, msg).await?;
-            let chunk = self.shared.net.chunk.bytes() as usize;
-            let mut stopped = false;
-            for (i, piece) in payload.chunks(chunk).enumerate() {
-                let bytes = self.shared.buffers.copy_of(piece).into_bytes();
-                match send_chunk(&mut send, (i * chunk) as u64, bytes).await {
-                    Ok(()) => {}
-                    // The peer answered before taking the payload (a refusal: the region moved, is out of
-                    // bounds, ...) and stopped the stream: its answer says why.
-                    Err(ChunkError::Stopped) => {
-                        stopped = true;
-                        break;
+            let exchange = async {
+                let (mut send, mut recv) = conn.open_bi().await?;
+                self.open_request(&mut send, msg).await?;
+                let chunk = self.shared.net.chunk.bytes() as usize;
+                let mut stopped = false;
+                for (i, piece) in payload.chunks(chunk).enumerate() {
+                    let bytes = self.shared.buffers.copy_of(piece).into_bytes();
+                    match send_chunk(&mut send, (i * chunk) as u64, bytes).await {
+                        Ok(()) => {}
+                        // The peer answered before taking the payload (a refusal: the region moved, is out of
+                        // bounds, ...) and stopped the stream: its answer says why.
+                        Err(ChunkError::Stopped) => {
+                            stopped = true;
+                            break;
+                        }
+                        Err(e) => return Err(e.into()),
                     }
-                    Err(e) => return Err(e.into()),
                 }
-            }
-            if !stopped {
-                send.finish().map_err(NetworkError::Finish)?;
-            }
-            let reply = read_frame(&mut recv, self.max_frame()).await?;
-            self.heard_from(node).await;
-            match (reply_or_error(node, reply), stopped) {
-                // A success for a payload that did not all arrive would be a peer's bug: never take it.
-                (Ok(_), true) => Err(NetworkError::Stream(ChunkError::Stopped).into()),
-                (r, _) => r,
+                if !stopped {
+                    send.finish().map_err(NetworkError::Finish)?;
+                }
+                let reply = read_frame(&mut recv, self.max_frame()).await?;
+                self.heard_from(node).await;
+                match (reply_or_error(node, reply), stopped) {
+                    // A success for a payload that did not all arrive would be a peer's bug: never take it.
+                    (Ok(_), true) => Err(NetworkError::Stream(ChunkError::Stopped).into()),
+                    (r, _) => r,
+                }
+            };
+            match exchange.await {
+                Err(e) => Err(self.after_failure(node, &conn, e).await),
+                answered => answered,
             }
         };
         self.bounded(node, work).await
@@ -105,32 +111,38 @@ impl Agent {
         let max_chunk = self.shared.net.chunk.bytes();
         let work = async {
             let conn = self.connection(node, lane.lane, false).await?;
-            let (mut send, mut recv) = conn.open_bi().await?;
-            self.open_request(&mut send, msg).await?;
-            send.finish().map_err(NetworkError::Finish)?;
-            let reply = reply_or_error(node, read_frame(&mut recv, self.max_frame()).await?)?;
-            let (offset, room) = into.span();
-            let want = expect(&reply);
-            if want > room {
-                return Err(ProtocolError::Oversized { node, want, room }.into());
-            }
-            // A bad chunk fails the whole call, so the caller never takes bytes from it. The payload stays in
-            // quinn's receive buffers until its checksum is known good; then each piece is copied once.
-            let mut src = QuicChunks::new(&mut recv);
-            receive(&mut src, Payload::at(offset, want, max_chunk), |at, pieces| match &mut into {
-                ReadInto::Buf { buf, .. } => {
-                    copy_pieces(&mut buf[at as usize..], pieces);
-                    Ok(())
+            let exchange = async {
+                let (mut send, mut recv) = conn.open_bi().await?;
+                self.open_request(&mut send, msg).await?;
+                send.finish().map_err(NetworkError::Finish)?;
+                let reply = reply_or_error(node, read_frame(&mut recv, self.max_frame()).await?)?;
+                let (offset, room) = into.span();
+                let want = expect(&reply);
+                if want > room {
+                    return Err(ProtocolError::Oversized { node, want, room }.into());
                 }
-                ReadInto::Region { copy, .. } => in_place(|| self.shared.fabric.write_parts(copy, at, pieces)),
-            })
-            .await
-            .map_err(|e| match e {
-                FabricError::Checksum(why) => FabricError::Checksum(format!("from node {node}: {why}")),
-                e => e,
-            })?;
-            self.heard_from(node).await;
-            Ok(reply)
+                // A bad chunk fails the whole call, so the caller never takes bytes from it. The payload stays in
+                // quinn's receive buffers until its checksum is known good; then each piece is copied once.
+                let mut src = QuicChunks::new(&mut recv);
+                receive(&mut src, Payload::at(offset, want, max_chunk), |at, pieces| match &mut into {
+                    ReadInto::Buf { buf, .. } => {
+                        copy_pieces(&mut buf[at as usize..], pieces);
+                        Ok(())
+                    }
+                    ReadInto::Region { copy, .. } => in_place(|| self.shared.fabric.write_parts(copy, at, pieces)),
+                })
+                .await
+                .map_err(|e| match e {
+                    FabricError::Checksum(why) => FabricError::Checksum(format!("from node {node}: {why}")),
+                    e => e,
+                })?;
+                self.heard_from(node).await;
+                Ok(reply)
+            };
+            match exchange.await {
+                Err(e) => Err(self.after_failure(node, &conn, e).await),
+                answered => answered,
+            }
         };
         self.bounded(node, work).await
     }

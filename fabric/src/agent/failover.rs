@@ -86,12 +86,20 @@ impl Agent {
     /// Takes over as the home of `region` (a region this node keeps a standby copy of, or the region that one
     /// took over from) with the copy kept here, once this node too finds the copy's home dead; returns the
     /// copy, which is the region from now on.
-    pub(crate) async fn take_over(&self, region: &Region) -> Result<Region, FabricError> {
+    /// A home that shuts down hands its region over (`asked_by` its own node): the standby then takes over at
+    /// once, the home having stopped serving it.
+    pub(crate) async fn take_over(&self, region: &Region, asked_by: u16) -> Result<Region, FabricError> {
         let Some((copy, standby)) = self.shared.backups.copy_of(region) else {
             return Err(FabricError::InvalidAddress(format!("node {} keeps no copy of {region}", self.node())));
         };
         let (home, node) = (standby.home, standby.home.addr.node().0);
         let mut state = standby.state.lock().await;
+        if !state.promoted && asked_by == node {
+            state.promoted = true;
+            tracing::info!(region = %home, copy = %copy, node, "took over a region its home handed over");
+            let agent = self.clone();
+            tokio::spawn(async move { agent.adopt(copy, standby.origin, node).await });
+        }
         if !state.promoted {
             // With membership in etcd, only a member takes over, and only from a home that etcd counts out too: a
             // home cut off from this node alone still serves.
@@ -130,7 +138,7 @@ impl Agent {
             for step in 1..nodes {
                 let node = (home + step) % nodes;
                 let asked = if self.is_me(node) {
-                    self.take_over(region).await
+                    self.take_over(region, self.node()).await
                 } else if matches!(self.is_alive(node).await, Ok(true)) {
                     match self.call(node, &Message::Failover { region: WireRegion::from(region) }, &[]).await {
                         Err(FabricError::Moved { to }) => Ok(to),

@@ -18,6 +18,8 @@ pub(crate) struct Peer {
     /// Whether it is a member of the cluster now, as etcd says (`super::membership`); `None` without
     /// `[membership]`, where every listed node is one.
     pub(crate) member: Option<bool>,
+    /// Whether it closed its connections because it shut down (and has not been heard from since).
+    pub(crate) left: bool,
 }
 
 impl Peer {
@@ -36,13 +38,16 @@ impl Peer {
     /// Whether it answered within `dead_after` (or, never heard from, whether the agent started that recently:
     /// a peer gets the grace period after start).
     pub(crate) fn alive(&self, dead_after: Duration, started: Instant) -> bool {
-        self.member != Some(false) && !may_take_over(self.last_seen.unwrap_or(started).elapsed(), dead_after)
+        self.member != Some(false)
+            && !self.left
+            && !may_take_over(self.last_seen.unwrap_or(started).elapsed(), dead_after)
     }
 
     /// Why it is taken for dead (when [`Peer::alive`] says so).
     pub(crate) fn why_dead(&self, dead_after: Duration) -> String {
-        match self.member {
-            Some(false) => "not a member of the cluster (etcd)".to_string(),
+        match (self.member, self.left) {
+            (Some(false), _) => "not a member of the cluster (etcd)".to_string(),
+            (_, true) => "it shut down".to_string(),
             _ => format!("no heartbeat for {} ms", dead_after.as_millis()),
         }
     }

@@ -69,7 +69,22 @@ impl Agent {
 
     pub(crate) async fn heard_from(&self, node: u16) {
         if let Ok(p) = self.peer(node) {
-            p.lock().await.last_seen = Some(Instant::now());
+            let mut p = p.lock().await;
+            (p.last_seen, p.left) = (Some(Instant::now()), false);
+        }
+    }
+
+    /// `e`, a call's failure on `conn` to `node`: `PeerDead` when the peer closed the connection because it
+    /// shut down (it is then taken for gone until it is heard from again: its regions fail over at once, with
+    /// no wait for the heartbeats), else `e`.
+    pub(crate) async fn after_failure(&self, node: u16, conn: &quinn::Connection, e: FabricError) -> FabricError {
+        match self.peer(node) {
+            Ok(p) if closed_by_shutdown(conn) => {
+                let mut p = p.lock().await;
+                p.left = true;
+                FabricError::PeerDead { node, name: p.name.clone(), why: "it shut down".into() }
+            }
+            _ => e,
         }
     }
 
@@ -97,7 +112,12 @@ impl Agent {
         if self.is_me(node) {
             return Err(FabricError::InvalidAddress(format!("node {node} is this node")));
         }
-        let p = self.peer(node)?.lock().await;
+        let mut p = self.peer(node)?.lock().await;
+        // A connection the peer closed because it shut down: it is gone (until heard from again).
+        if p.conns.iter().flatten().any(closed_by_shutdown) {
+            p.left = true;
+            p.conns.iter_mut().for_each(|c| *c = None);
+        }
         if !probe && !p.alive(self.dead_after(), self.shared.started) {
             return Err(FabricError::PeerDead { node, name: p.name.clone(), why: p.why_dead(self.dead_after()) });
         }
@@ -214,4 +234,10 @@ impl Agent {
         }
         Err(FabricError::PeerDead { node, name: p.name.clone(), why })
     }
+}
+
+/// Whether the peer closed `conn` because it shut down.
+fn closed_by_shutdown(conn: &quinn::Connection) -> bool {
+    let shutdown = quinn::VarInt::from_u32(crate::proto::quic::CloseCode::Shutdown as u32);
+    matches!(conn.close_reason(), Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == shutdown)
 }

@@ -272,6 +272,35 @@ impl Agent {
         }
     }
 
+    /// Hands every replicated region of this node over to its standby (this node shuts down): the region's
+    /// writes are flushed there, the standby takes over at once, and this node forwards its callers there for as
+    /// long as it still answers. A region whose standby cannot be reached stays (it fails over when the
+    /// standby finds this node gone).
+    pub(crate) async fn hand_over_all(&self) {
+        for region in self.shared.backups.homed_regions() {
+            let Some(entry) = self.shared.backups.homed(&region) else { continue };
+            let mut standbys = entry.lock().await;
+            let Some(copy) = standbys.copies.first().copied().filter(|_| standbys.taken_over.is_none()) else {
+                continue;
+            };
+            let node = copy.addr.node().0;
+            let handed = match self.replicate(&region, &mut standbys).await {
+                Ok(()) => self.call(node, &Message::Failover { region: WireRegion::from(&region) }, &[]).await,
+                Err(e) => Err(e),
+            };
+            match handed {
+                Err(FabricError::Moved { to }) => {
+                    tracing::info!(region = %region, copy = %to, "handed a region over to its standby");
+                    standbys.taken_over = Some(to);
+                }
+                Ok(other) => tracing::warn!(region = %region, error = %unexpected(node, &other), "a handover failed"),
+                Err(e) => {
+                    tracing::warn!(region = %region, error = %e, "a handover failed: the region fails over later")
+                }
+            }
+        }
+    }
+
     /// Frees the standby copies of `region`, a region of this node that was just freed (a copy that cannot be
     /// reached is logged: it goes with its node).
     pub(crate) async fn free_standbys(&self, region: &Region) {

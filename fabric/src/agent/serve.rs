@@ -235,7 +235,7 @@ async fn answer(
             agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
         }
         // Answered with where the region lives now.
-        Message::Failover { region } => match agent.take_over(&Region::from(&region)).await {
+        Message::Failover { region } => match agent.take_over(&Region::from(&region), peer).await {
             Ok(to) => Err(FabricError::Moved { to }),
             Err(e) => Err(e),
         },

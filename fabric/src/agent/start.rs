@@ -73,6 +73,7 @@ impl Agent {
                 conns: vec![None; connections],
                 last_seen: None,
                 member: None,
+                left: false,
             }));
         }
         // Nothing fails after this: the lane threads live until the runtime that started the agent ends (or
@@ -176,7 +177,10 @@ impl Agent {
     /// Closes every connection (peers' calls in flight fail with a closed-connection error), stops serving
     /// and waits up to a second for the endpoint to go idle.
     pub async fn shutdown(&self) {
-        // Out of the cluster first: the others see this node go at once.
+        // Replicated regions go to their standbys first (for a few seconds at most: a standby that does not
+        // answer takes over when it finds this node gone).
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.hand_over_all()).await;
+        // Out of the cluster: the others see this node go at once.
         #[cfg(feature = "etcd")]
         self.leave_cluster().await;
         let tasks: Vec<_> = self.tasks().drain(..).collect();
