@@ -283,6 +283,11 @@ pub struct NetworkSection {
     /// `1` keeps them on the home only; `2` also keeps a standby copy in the host memory of the next node of
     /// the list that answers, which takes over as the region's home when the home dies (at most 2 for now).
     pub replicas: u8,
+    /// Whether `vfabric agent`, told to stop (SIGTERM, Ctrl-C), hands its regions to the other nodes first
+    /// (`Agent::leave`): each region is copied whole into another node's host memory, which serves it from
+    /// then on under the same handle. Off, a stopping node's regions that have no standby go with it (what a
+    /// job that ends wants: its ranks stop together).
+    pub drain: bool,
 }
 
 /// The most nodes a region's writes are kept on (its home and one standby).
@@ -305,6 +310,7 @@ impl Default for NetworkSection {
             latency_lane: true,
             max_local_clients: 1024,
             replicas: 1,
+            drain: true,
         }
     }
 }

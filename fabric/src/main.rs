@@ -153,6 +153,7 @@ fn cluster_init(config: &std::path::Path, out: Option<PathBuf>, ranks: Option<u1
 
 fn run_agent(cfg: ClusterConfig, node: String, threads: usize) -> Result<(), String> {
     let rt = vfabric::agent::Agent::runtime(threads).map_err(|e| e.to_string())?;
+    let drain = cfg.network.drain;
     rt.block_on(async move {
         let agent = vfabric::agent::Agent::start_from_config(&cfg, &node).await.map_err(|e| e.to_string())?;
         let socket = vfabric::agent::default_socket(&cfg.cluster.name, &node);
@@ -164,8 +165,19 @@ fn run_agent(cfg: ClusterConfig, node: String, threads: usize) -> Result<(), Str
             socket.display()
         );
         wait_for_stop().await?;
-        println!("stopping");
-        agent.shutdown().await;
+        if drain {
+            println!("stopping: handing this node's regions to the others (network.drain)");
+            let d = agent.leave().await;
+            println!(
+                "handed over every replicated region and {} more ({} copied); {} stayed and are lost with this node",
+                d.copied,
+                vfabric::ByteSize(d.bytes),
+                d.kept.len()
+            );
+        } else {
+            println!("stopping");
+            agent.shutdown().await;
+        }
         let _ = std::fs::remove_file(&socket);
         Ok(())
     })

@@ -1,5 +1,6 @@
-//! Membership kept in etcd: nodes join a running cluster and leave it without the others restarting, and a node
-//! that stops (its lease revoked) or is killed (its lease expired) is gone for the others at once, not after
+//! Membership kept in etcd: nodes join a running cluster and leave it without the others restarting (a node that
+//! stops hands its regions over first), and a node that stops (its lease revoked) or is killed (its lease
+//! expired) is gone for the others at once, not after
 //! `network.dead_after_ms` of silence (set to 30 s here, so that only etcd can tell). A real etcd, and agents in
 //! processes of their own, all ended by this test by their PIDs.
 
@@ -132,10 +133,18 @@ fn nodes_join_and_leave_a_running_cluster_through_etcd() {
         joined(&a, 2).await;
         let rc = a.alloc(2, 1 << 20, None).await.expect("a region on c, which joined after a started");
         a.write(&rc, 0, &[2u8; 4096]).await.expect("write on c");
-        // b stops: it leaves at once. c is killed: it is gone when its lease expires. Neither waits for the
-        // 30 s of `dead_after_ms`.
+        // b stops: it hands its region to c (`network.drain`) and leaves at once. c is killed: it is gone when its
+        // lease expires. Neither waits for the 30 s of `dead_after_ms`.
         kill(Pid::from_raw(b.0.id() as i32), Signal::SIGTERM).expect("SIGTERM b");
-        let left = gone(&a, &rb, "b stopped").await;
+        let t = Instant::now();
+        while a.is_alive(1).await.expect("node b") {
+            assert!(t.elapsed() < Duration::from_secs(20), "b never left");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let left = t.elapsed();
+        let mut buf = [0u8; 4096];
+        a.read(&rb, 0, &mut buf).await.expect("b's region, handed to c as b left");
+        assert_eq!(buf, [1u8; 4096], "b's region as written");
         kill(Pid::from_raw(c.0.id() as i32), Signal::SIGKILL).expect("SIGKILL c");
         let died = gone(&a, &rc, "c killed").await;
         eprintln!("a saw b leave {left:?} after its SIGTERM, and c go {died:?} after its SIGKILL (lease_ttl_s = 2)");

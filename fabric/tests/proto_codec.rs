@@ -28,7 +28,7 @@ fn every_message() -> Vec<Message> {
         Message::Alloc { size: 1 << 30, device: Some(WireLocation::Gpu(7)), replicas: 2 },
         Message::Alloc { size: 0, device: Some(WireLocation::Host), replicas: u8::MAX },
         Message::Alloc { size: 4096, device: None, replicas: 0 },
-        Message::Standby { region, origin: region },
+        Message::Standby { region, origin: region, replicas: 1 },
         Message::Replicate { copy: region, seq: u64::MAX, offset: 1 << 20, len: 0 },
         Message::Failover { region },
         Message::OnBehalf { tenant: u32::MAX },

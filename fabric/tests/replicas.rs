@@ -1,8 +1,10 @@
 //! Replicated regions across a home's death: a region kept on two nodes (`replicas = 2`) loses no
 //! acknowledged byte when its home is killed with SIGKILL mid-write, is served again by its standby with the
 //! same handle, and a home that was only frozen, or cut off by a partition (nft on loopback, root), does not
-//! serve it again once its standby took over. The homes and standbys are agents in processes of their own
-//! (ended by this test, by their PIDs).
+//! serve it again once its standby took over. A node that stops hands its regions over: replicated ones to their
+//! standbys, the others (with `network.drain`) to a copy made as it leaves, under a writer that loses no
+//! acknowledged write. The homes and standbys are agents in processes of their own (ended by this test, by their
+//! PIDs).
 
 mod common;
 use common::Ended;
@@ -19,8 +21,8 @@ use vfabric::{ClusterConfig, FabricError};
 const BLOCK: usize = 64 << 10;
 const BLOCKS: usize = 256;
 
-/// A cluster of `names` (on loopback ports from `port`) with replicas = 2 and the given `[network]` settings
-/// beside it; its configuration's path. Its name is the folder's (agents' local sockets are named after the
+/// A cluster of `names` (on loopback ports from `port`) with replicas = 2 (unless `network` says otherwise) and
+/// the given `[network]` settings beside it; its configuration's path. Its name is the folder's (agents' local sockets are named after the
 /// cluster and the node).
 fn cluster(dir: &Path, names: &[&str], port: u16, network: &str) -> PathBuf {
     let name = dir.file_name().and_then(|n| n.to_str()).expect("folder name");
@@ -28,8 +30,9 @@ fn cluster(dir: &Path, names: &[&str], port: u16, network: &str) -> PathBuf {
     std::fs::create_dir_all(dir).expect("scratch folder");
     let mut text = format!(
         "[cluster]\nname = \"{name}\"\n[device]\nbackend = \"emulated\"\n[memory]\npage_size = \"64KiB\"\n\
-         gpu_budget = \"8MiB\"\nhost_arena = \"64MiB\"\n[network]\ncerts = \"{}\"\nreplicas = 2\n{network}\n",
-        dir.join("certs").display()
+         gpu_budget = \"8MiB\"\nhost_arena = \"64MiB\"\n[network]\ncerts = \"{}\"\n{}{network}\n",
+        dir.join("certs").display(),
+        if network.contains("replicas") { "" } else { "replicas = 2\n" }
     );
     for (i, n) in names.iter().enumerate() {
         text += &format!("[[node]]\nname = \"{n}\"\naddress = \"127.0.0.1:{}\"\n", port + 10 * i as u16);
@@ -83,6 +86,24 @@ async fn write_round(a: &Agent, r: &vfabric::Region, round: u8) {
         let written = a.write(r, (i * BLOCK) as u64, &block(i, round)).await;
         written.unwrap_or_else(|e| panic!("round {round}, block {i}: {e}"));
     }
+}
+
+/// A cluster of a, b and c (folder `tag` and loopback ports from `port`, `network` settings beside heartbeats
+/// that would take 30 s to call a node dead, so that only a node's shutdown tells the others), with b and c
+/// started in processes of their own: its folder, its configuration, and b and c.
+fn leaving(tag: &str, port: u16, network: &str) -> (PathBuf, ClusterConfig, Ended, Ended) {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b", "c"], port, &format!("{network}heartbeat_ms = 200\ndead_after_ms = 30000"));
+    let (b, c) = (start(&config, "b"), start(&config, "c"));
+    (dir, ClusterConfig::from_file(&config).expect("configuration"), b, c)
+}
+
+/// Node a of `cfg` started here, and a region on b written with round 1.
+async fn written_on_b(cfg: &ClusterConfig) -> (Agent, vfabric::Region) {
+    let a = Agent::start_from_config(cfg, "a").await.expect("agent a");
+    let r = region_on(&a, 1).await;
+    write_round(&a, &r, 1).await;
+    (a, r)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -354,15 +375,10 @@ fn a_home_cut_off_by_a_partition_serves_nothing_stale_and_forwards_once_healed()
 
 #[test]
 fn a_home_that_shuts_down_hands_its_regions_over_at_once() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replicas-leave-{}", std::process::id()));
     // Heartbeats would take 30 s to call b dead: only its shutdown can tell the others.
-    let config = cluster(&dir, &["a", "b", "c"], 48200, "heartbeat_ms = 200\ndead_after_ms = 30000");
-    let (mut b, _c) = (start(&config, "b"), start(&config, "c"));
-    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    let (dir, cfg, mut b, _c) = leaving("replicas-leave", 48200, "");
     runtime().block_on(async {
-        let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
-        let r = region_on(&a, 1).await;
-        write_round(&a, &r, 1).await;
+        let (a, r) = written_on_b(&cfg).await;
         // b stops: it hands the region to c and says so as it closes its connections.
         signal(&b, Signal::SIGTERM);
         assert!(b.0.wait().expect("b exits").success(), "b's agent stops cleanly");
@@ -377,5 +393,65 @@ fn a_home_that_shuts_down_hands_its_regions_over_at_once() {
         a.shutdown().await;
     });
     drop(b);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_node_that_leaves_hands_its_regions_over_without_replicas() {
+    // Regions kept on their home only.
+    let (dir, cfg, mut b, _c) = leaving("replicas-drain", 48300, "replicas = 1\n");
+    runtime().block_on(async {
+        let (a, r) = written_on_b(&cfg).await;
+        // A region of b's freed before b stops: only what lives is handed over.
+        let gone = region_on(&a, 1).await;
+        a.free(&gone).await.expect("free a region on b");
+        // Under load: a writer goes on through the region while b drains and stops, each write retried until
+        // acknowledged, and remembers the round each block last had acknowledged.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (a, stop) = (a.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut acked = vec![1u8; BLOCKS];
+                let (mut round, mut retries) = (2u8, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, last) in acked.iter_mut().enumerate() {
+                        while let Err(e) = a.write(&r, (i * BLOCK) as u64, &block(i, round)).await {
+                            retries += 1;
+                            assert!(retries < 200, "block {i}, round {round}: {e}");
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        *last = round;
+                    }
+                    round = round.wrapping_add(1).max(2);
+                }
+                (acked, retries)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // b stops (network.drain, the default): it copies the region to c and c takes it over.
+        let t = Instant::now();
+        signal(&b, Signal::SIGTERM);
+        let exited = tokio::task::spawn_blocking(move || b.0.wait().map(|s| (s, b))).await.expect("join");
+        let (status, b) = exited.expect("b exits");
+        assert!(status.success(), "b's agent stops cleanly");
+        eprintln!("b drained {} KiB under writes and stopped in {:?}", BLOCK * BLOCKS / 1024, t.elapsed());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (acked, retries) = writer.await.expect("the writer");
+        let rounds = acked.iter().max().copied().unwrap_or(1) - 1;
+        eprintln!(
+            "the writer wrote {rounds} round(s) of {BLOCKS} blocks, retrying {retries} write(s), across the handover"
+        );
+        assert!(rounds >= 2, "the writer did not go on through the handover");
+        let mut buf = vec![0u8; BLOCK];
+        for (i, &round) in acked.iter().enumerate() {
+            a.read(&r, (i * BLOCK) as u64, &mut buf).await.expect("a read of the drained region");
+            assert!(buf == block(i, round), "block {i} lost its acknowledged write of round {round}");
+        }
+        // The freed region stays freed: b is gone and nobody took it over.
+        assert!(a.read(&gone, 0, &mut buf).await.is_err(), "a freed region came back");
+        a.shutdown().await;
+        drop(b);
+    });
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

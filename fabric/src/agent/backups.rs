@@ -49,6 +49,8 @@ pub(crate) struct Standbys {
     pub(crate) seq: u64,
     /// The region as its users name it: this one, or the one it took over from a dead home.
     pub(crate) origin: Option<Region>,
+    /// How many nodes keep the region, this one included (1: it is being handed over, `Agent::drain`).
+    pub(crate) replicas: u8,
 }
 
 /// A replicated region's entry at its home.
@@ -62,6 +64,8 @@ pub(crate) struct Standby {
     pub(crate) home: Region,
     /// The region as its users name it (`home`, or the region `home` took over from).
     pub(crate) origin: Region,
+    /// How many nodes keep the region: a copy that takes over places standbys of its own when more than one.
+    pub(crate) replicas: u8,
     /// What it took and whether it took over.
     pub(crate) state: Arc<tokio::sync::Mutex<StandbyState>>,
 }
@@ -99,10 +103,10 @@ impl Backups {
         lock(&self.homed).get(region).cloned()
     }
 
-    /// Records `region`, a region of this node, with its standby copies; `origin` is the region its users
-    /// name, when `region` took over from it.
-    pub(crate) fn add_homed(&self, region: Region, copies: Vec<Region>, origin: Option<Region>) {
-        let entry = Standbys { copies, origin, ..Standbys::default() };
+    /// Records `region`, a region of this node kept on `replicas` nodes, with its standby copies; `origin` is
+    /// the region its users name, when `region` took over from it.
+    pub(crate) fn add_homed(&self, region: Region, copies: Vec<Region>, origin: Option<Region>, replicas: u8) {
+        let entry = Standbys { copies, origin, replicas, ..Standbys::default() };
         lock(&self.homed).insert(region, Arc::new(tokio::sync::Mutex::new(entry)));
     }
 
@@ -133,12 +137,13 @@ impl Backups {
         lock(&self.kept).by_copy.get(copy).cloned()
     }
 
-    /// Records `copy` as the standby copy of `home`, which its users name `origin`.
-    pub(crate) fn keep(&self, home: Region, origin: Region, copy: Region) {
+    /// Records `copy` as the standby copy of `home`, which its users name `origin`, a region kept on
+    /// `replicas` nodes.
+    pub(crate) fn keep(&self, home: Region, origin: Region, copy: Region, replicas: u8) {
         let mut kept = lock(&self.kept);
         kept.by_home.insert(home, copy);
         kept.by_home.insert(origin, copy);
-        kept.by_copy.insert(copy, Standby { home, origin, state: Arc::default() });
+        kept.by_copy.insert(copy, Standby { home, origin, replicas, state: Arc::default() });
     }
 
     /// Forgets `copy` (freed) as a standby.
@@ -175,7 +180,7 @@ mod tests {
     fn standbys_are_found_both_ways_and_forgotten_together() {
         let b = Backups::default();
         let (home, copy) = (region(0, 1), region(1, 4));
-        b.keep(home, home, copy);
+        b.keep(home, home, copy, 2);
         assert_eq!(b.copy_of(&home).map(|(c, s)| (c, s.home)), Some((copy, home)));
         assert_eq!(b.standby(&copy).map(|s| s.home), Some(home));
         assert!(b.standby(&home).is_none(), "a home's region is no standby");
@@ -187,7 +192,7 @@ mod tests {
     #[test]
     fn homed_regions_come_and_go() {
         let b = Backups::default();
-        b.add_homed(region(0, 1), vec![region(1, 2)], None);
+        b.add_homed(region(0, 1), vec![region(1, 2)], None, 2);
         assert!(b.homed(&region(0, 1)).is_some() && b.homed(&region(0, 2)).is_none());
         assert_eq!(b.homed_count(), 1);
         assert!(b.remove_homed(&region(0, 1)).is_some());

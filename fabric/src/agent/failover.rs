@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use vfabric_allocator::Location;
 
+use super::backups::Standby;
 use super::replication::REPLICA_PIECE;
 use super::serve_pages::home_region;
 use super::shared::{in_place, Agent};
@@ -16,13 +17,15 @@ use crate::proto::message::{ErrorKind, Message, WireRegion};
 use crate::proto::quic::QuicChunks;
 
 impl Agent {
-    /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions (its users name it `origin`),
-    /// in this node's host memory (the same copy when asked again: the first answer may have been lost).
+    /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions (its users name it `origin`)
+    /// kept on `replicas` nodes, in this node's host memory (the same copy when asked again: the first answer
+    /// may have been lost).
     pub(crate) fn keep_standby(
         &self,
         peer: u16,
         region: &WireRegion,
         origin: &WireRegion,
+        replicas: u8,
     ) -> Result<Message, FabricError> {
         let (home, origin) = (Region::from(region), Region::from(origin));
         if home.addr.node().0 != peer {
@@ -34,7 +37,7 @@ impl Agent {
             return Ok(Message::Allocated { region: WireRegion::from(&copy) });
         }
         let copy = in_place(|| self.shared.fabric.alloc(home.len, Placement::on(Location::Host)))?;
-        self.shared.backups.keep(home, origin, copy);
+        self.shared.backups.keep(home, origin, copy, replicas);
         Ok(Message::Allocated { region: WireRegion::from(&copy) })
     }
 
@@ -97,8 +100,7 @@ impl Agent {
         if !state.promoted && asked_by == node {
             state.promoted = true;
             tracing::info!(region = %home, copy = %copy, node, "took over a region its home handed over");
-            let agent = self.clone();
-            tokio::spawn(async move { agent.adopt(copy, standby.origin, node).await });
+            self.adopt_later(copy, &standby, node);
         }
         if !state.promoted {
             // With membership in etcd, only a member takes over, and only from a home that etcd counts out too: a
@@ -117,12 +119,22 @@ impl Agent {
             }
             state.promoted = true;
             tracing::warn!(region = %home, copy = %copy, node, "took over a region whose home died");
-            // The copy gets a standby of its own, in the background: callers reach it meanwhile (its writes
-            // wait for the new standby to have the whole region).
-            let agent = self.clone();
-            tokio::spawn(async move { agent.adopt(copy, standby.origin, node).await });
+            self.adopt_later(copy, &standby, node);
         }
         Ok(copy)
+    }
+
+    /// Makes `copy`, which just took over as `standby` from its home `old_home`, a region of this node: one kept
+    /// alone (a region its leaving home handed over, `Agent::drain`), or one that gets a standby of its own, in
+    /// the background (callers reach it meanwhile; its writes wait for the new standby to have the whole
+    /// region). Either way it stays in the table of copies, promoted, where callers that name the region as
+    /// its users know it find it.
+    fn adopt_later(&self, copy: Region, standby: &Standby, old_home: u16) {
+        if standby.replicas <= 1 {
+            return;
+        }
+        let (agent, origin, replicas) = (self.clone(), standby.origin, standby.replicas);
+        tokio::spawn(async move { agent.adopt(copy, origin, old_home, replicas).await });
     }
 
     /// The copy that serves `region` now that its home is dead: the nodes after the home are asked in the

@@ -105,6 +105,8 @@ impl Agent {
         if let Some(dir) = var("VFABRIC_CERTS") {
             cfg.network.certs = dir;
         }
+        // A job's ranks stop together: none hands its regions to the others.
+        cfg.network.drain = false;
         let gpus = cfg.nodes.first().and_then(|n| n.gpus.clone());
         cfg.nodes =
             (0..job.size).map(|r| NodeSection { name: rank_name(r), gpus: gpus.clone(), address: None }).collect();

@@ -21,7 +21,7 @@
 //! - the client side of the wire: `peers` (dialling, hello, liveness), `calls` (one request and its answer),
 //!   `direct` (a call on the node a region's address names);
 //! - what the agent does: `replication` (a home's writes reach its standbys), `failover` (a standby takes
-//!   over from a dead home), `migrate` (regions that move), `remote_lease` ([`AgentLease`]: leases on other nodes'
+//!   over from a dead home), `drain` (a leaving node hands its regions over), `migrate` (regions that move), `remote_lease` ([`AgentLease`]: leases on other nodes'
 //!   pages), `client` (the API), `serve` and `serve_pages` (answering peers), `start` (starting and stopping),
 //!   `membership` (members kept in etcd), `local` (a node's local clients, over a Unix socket), `launch` (jobs
 //!   under `mpirun` or Slurm).
@@ -31,6 +31,7 @@ mod backups;
 mod calls;
 mod client;
 mod direct;
+mod drain;
 mod failover;
 mod forwarding;
 mod lane_use;
@@ -54,6 +55,7 @@ mod standing;
 mod start;
 
 pub use backups::{may_take_over, serves_alone};
+pub use drain::Drained;
 pub use launch::{rank_name, JobRank};
 pub use link::LinkStats;
 pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};

@@ -40,6 +40,21 @@ impl Agent {
         }
     }
 
+    /// Whether peer `node` is gone with everything it kept: etcd counts it out, or it shut down (and has not
+    /// been heard from since).
+    pub(crate) async fn is_gone(&self, node: u16) -> bool {
+        if self.is_me(node) {
+            return false;
+        }
+        match self.peer(node) {
+            Ok(p) => {
+                let p = p.lock().await;
+                p.member == Some(false) || p.left
+            }
+            Err(_) => true,
+        }
+    }
+
     /// Whether this node may count itself a member: always, without etcd support built in.
     #[cfg(not(feature = "etcd"))]
     pub(crate) fn holds_membership(&self) -> bool {

@@ -55,10 +55,10 @@ impl Agent {
         if replicas <= 1 {
             return Ok(region);
         }
-        match self.place_standbys((&region, &region), usize::from(replicas - 1), &[]).await {
+        match self.place_standbys((&region, &region), replicas, &[]).await {
             Ok(copies) => {
                 tracing::debug!(region = %region, ?copies, "a replicated region and its standby copies");
-                self.shared.backups.add_homed(region, copies, None);
+                self.shared.backups.add_homed(region, copies, None, replicas);
                 Ok(region)
             }
             Err(e) => {
@@ -70,14 +70,15 @@ impl Agent {
         }
     }
 
-    /// Asks the nodes after this one, in the cluster's order (but those in `exclude`), for `want` standby
-    /// copies of `region`.
-    async fn place_standbys(
+    /// Asks the nodes after this one, in the cluster's order (but those in `exclude`), for standby copies of
+    /// `region`, a region kept on `replicas` nodes: one for each node but this one.
+    pub(crate) async fn place_standbys(
         &self,
         (region, origin): (&Region, &Region),
-        want: usize,
+        replicas: u8,
         exclude: &[u16],
     ) -> Result<Vec<Region>, FabricError> {
+        let want = usize::from(replicas.max(2) - 1);
         let nodes = self.shared.peers.len() as u16;
         let (mut copies, mut refusals) = (Vec::new(), Vec::new());
         for step in 1..nodes {
@@ -92,7 +93,7 @@ impl Agent {
                 refusals.push(format!("node {node} is not answering"));
                 continue;
             }
-            let msg = Message::Standby { region: WireRegion::from(region), origin: WireRegion::from(origin) };
+            let msg = Message::Standby { region: WireRegion::from(region), origin: WireRegion::from(origin), replicas };
             match self.call(node, &msg, &[]).await {
                 Ok(Message::Allocated { region: copy }) => copies.push(Region::from(&copy)),
                 Ok(other) => refusals.push(unexpected(node, &other).to_string()),
@@ -171,7 +172,7 @@ impl Agent {
         let others: Vec<u16> =
             standbys.copies.iter().map(|c| c.addr.node().0).filter(|&n| n != lost.addr.node().0).collect();
         let origin = standbys.origin.unwrap_or(*region);
-        let copy = self.place_standbys((region, &origin), 1, &others).await?.remove(0);
+        let copy = self.place_standbys((region, &origin), standbys.replicas, &others).await?.remove(0);
         tracing::warn!(region = %region, lost = %lost, copy = %copy, "a standby copy was gone (its node restarted): a new one takes its place");
         standbys.copies[gone] = copy;
         standbys.pending.clear();
@@ -213,11 +214,9 @@ impl Agent {
                         Err(FabricError::Remote { kind: ErrorKind::InvalidAddress, .. }) => {
                             return Err(Failure::Gone(i))
                         }
-                        // etcd counts the standby's node out: it cannot take over (only members do), so another
-                        // node takes its place.
-                        Err(_) if self.is_member(copy.addr.node().0).await == Some(false) => {
-                            return Err(Failure::Gone(i))
-                        }
+                        // etcd counts the standby's node out (it cannot take over: only members do), or it shut
+                        // down: another node takes its place.
+                        Err(_) if self.is_gone(copy.addr.node().0).await => return Err(Failure::Gone(i)),
                         Err(e) => return Err(Failure::Failed(e)),
                     }
                 }
@@ -252,11 +251,11 @@ impl Agent {
     /// Makes `copy`, a standby copy of this node that just took over from its dead home `old_home` (the
     /// region its users name `origin`), a replicated region of this node: a new standby for it on another node, with the whole region, so that
     /// the region survives this node's death too. Without a node to take it, the copy serves alone (logged).
-    pub(crate) async fn adopt(&self, copy: Region, origin: Region, old_home: u16) {
-        self.shared.backups.add_homed(copy, Vec::new(), Some(origin));
+    pub(crate) async fn adopt(&self, copy: Region, origin: Region, old_home: u16, replicas: u8) {
+        self.shared.backups.add_homed(copy, Vec::new(), Some(origin), replicas);
         let Some(entry) = self.shared.backups.homed(&copy) else { return };
         let mut standbys = entry.lock().await;
-        let placed = match self.place_standbys((&copy, &origin), 1, &[old_home]).await {
+        let placed = match self.place_standbys((&copy, &origin), replicas, &[old_home]).await {
             Ok(copies) => {
                 standbys.copies = copies;
                 standbys.pending.push(0..copy.len);

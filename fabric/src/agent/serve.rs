@@ -230,7 +230,7 @@ async fn answer(
             }
             Err(e) => Err(e),
         },
-        Message::Standby { region, origin } => agent.keep_standby(peer, &region, &origin),
+        Message::Standby { region, origin, replicas } => agent.keep_standby(peer, &region, &origin, replicas),
         Message::Replicate { copy, seq, offset, len } => {
             agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
         }

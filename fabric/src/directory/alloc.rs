@@ -58,6 +58,11 @@ impl Directory {
             .map_or(self.host, |(i, _)| i as DevIdx)
     }
 
+    /// Every live region.
+    pub fn regions(&self) -> impl Iterator<Item = &RegionEntry> {
+        self.regions.iter().flatten()
+    }
+
     /// The live region `h` names.
     pub fn region(&self, h: &RegionHandle) -> Result<&RegionEntry, DirectoryError> {
         if h.generation >> 32 != u64::from(self.cfg.epoch) {

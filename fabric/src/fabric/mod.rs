@@ -438,6 +438,11 @@ impl Fabric {
         Ok((self.inner.counters.compacted.load(Ordering::Relaxed) - before) / self.inner.page_size)
     }
 
+    /// Every live region of this node, with the tenant it is charged to.
+    pub fn regions(&self) -> Vec<(Region, TenantId)> {
+        lock(&self.inner.state).dir.regions().map(|r| (r.handle, r.placement.tenant)).collect()
+    }
+
     /// The tenant a region is charged to (what its placement named).
     pub fn tenant_of(&self, region: &Region) -> Result<TenantId, FabricError> {
         Ok(lock(&self.inner.state).dir.region(region)?.placement.tenant)

@@ -406,6 +406,10 @@ pub enum Message {
         /// The region as its users name it: `region` itself, or, for a copy that took over from a dead home,
         /// the region it took over (a caller that knows only that one finds this standby by it).
         origin: WireRegion,
+        /// How many nodes keep the region, its home included: a copy that takes over from a home keeps the
+        /// region on as many (it places standbys of its own), and 1 says the home is leaving and hands the
+        /// region over (`Agent::drain`): the copy that takes over keeps it alone.
+        replicas: u8,
     },
     /// A home's released write, copied to a standby: the payload follows as for [`Message::Write`]. A copy
     /// that took over from its home answers [`Message::Moved`] naming itself; a `len` of 0 only asks that.
@@ -584,7 +588,7 @@ mod tests {
             Message::Reserved { id: 1, bytes: 1 << 20 },
             Message::Unreserve { id: 1 },
             Message::ReservationLeft { id: 1 },
-            Message::Standby { region, origin: region },
+            Message::Standby { region, origin: region, replicas: 2 },
             Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
             Message::OnBehalf { tenant: 3 },
