@@ -225,14 +225,15 @@ pub fn run(args: &LocalArgs, command_line: &str) -> Result<(), String> {
         return client(socket, args.part.as_deref().unwrap_or(""), &region, args);
     }
     let mut cfg = args.target.load()?;
-    cfg.nodes = vec![NodeSection { name: "bench".into(), gpus: Some(vec![0]), address: None }];
+    cfg.nodes = vec![NodeSection { name: "bench".into(), gpus: Some(vec![0]), address: None, tenant: None }];
     cfg.memory.host_arena = args.host_arena;
     // Multi-threaded, so the agent serves the clients while this thread measures (a current-thread runtime runs
     // only inside `block_on`).
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build();
     let rt = rt.map_err(|e| e.to_string())?;
-    let identity = ClusterCa::generate(&cfg.cluster.name).and_then(|ca| ca.issue("bench")).map_err(|e| e.to_string())?;
+    let identity =
+        ClusterCa::generate(&cfg.cluster.name).and_then(|ca| ca.issue("bench")).map_err(|e| e.to_string())?;
     let socket = std::env::temp_dir().join(format!("vfabric-bench-local-{}.sock", std::process::id()));
     let agent = rt.block_on(async {
         let agent = Agent::start(&cfg, "bench", &identity, "127.0.0.1:0".parse().ok()).await?;
@@ -250,7 +251,9 @@ fn measure(args: &LocalArgs, agent: &Agent, socket: &Path, command_line: &str) -
     let fabric = agent.fabric();
     let emulated = fabric.device_kind() == DeviceKind::Emulated;
     if let Some(why) = fabric.fallback_reason() {
-        eprintln!("no usable GPU ({why}): benchmarking the emulated device (host memory); its figures are memcpy speeds");
+        eprintln!(
+            "no usable GPU ({why}): benchmarking the emulated device (host memory); its figures are memcpy speeds"
+        );
     }
     let device = fabric.describe();
     eprintln!("{device}");
@@ -286,7 +289,11 @@ fn measure(args: &LocalArgs, agent: &Agent, socket: &Path, command_line: &str) -
         row["in_process_s"] = json!(in_process_copy(fabric, &r, args.rounds)?);
         eprintln!("{} between two processes: {row}", ByteSize(bytes));
         if !row["first_bad_byte"].is_null() {
-            return Err(format!("{}: the copied bytes differ from the written ones at {}", ByteSize(bytes), row["first_bad_byte"]));
+            return Err(format!(
+                "{}: the copied bytes differ from the written ones at {}",
+                ByteSize(bytes),
+                row["first_bad_byte"]
+            ));
         }
         rows.push(row);
         fabric.free(&r).map_err(e)?;
@@ -309,8 +316,11 @@ fn report_results(
     let _ = writeln!(md, "## Acquire and release of a resident page ({} samples, host clock)\n", args.samples);
     let _ = writeln!(md, "| caller | acquire p50 / p99 (us) | release p50 / p99 (us) | pair p50 / p99 (us) |");
     let _ = writeln!(md, "|---|---|---|---|");
-    for (who, v) in [("in the agent's process (embedded fabric)", in_process), ("local client, another process", local)] {
-        let f = |k: &str| format!("{:.2} / {:.2}", v[k]["p50"].as_f64().unwrap_or(0.0), v[k]["p99"].as_f64().unwrap_or(0.0));
+    for (who, v) in [("in the agent's process (embedded fabric)", in_process), ("local client, another process", local)]
+    {
+        let f = |k: &str| {
+            format!("{:.2} / {:.2}", v[k]["p50"].as_f64().unwrap_or(0.0), v[k]["p99"].as_f64().unwrap_or(0.0))
+        };
         let _ = writeln!(md, "| {who} | {} | {} | {} |", f("acquire_us"), f("release_us"), f("pair_us"));
     }
     let ping = &local["ping_us"];
@@ -347,7 +357,8 @@ fn report_results(
             r["copy"].as_str().unwrap_or("")
         );
     }
-    let name = args.name.clone().unwrap_or_else(|| format!("local-{}-{stamp}", if emulated { "emulated" } else { "cuda" }));
+    let name =
+        args.name.clone().unwrap_or_else(|| format!("local-{}-{stamp}", if emulated { "emulated" } else { "cuda" }));
     let doc = json!({
         "benchmark": "local", "date": date, "device": device, "command": command_line,
         "in_process": in_process, "local_client": local, "two_processes": rows,

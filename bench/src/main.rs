@@ -13,8 +13,8 @@ mod rig;
 mod stats;
 mod storage;
 mod tiers;
-mod walk;
 mod trace;
+mod walk;
 
 use std::process::ExitCode;
 

@@ -200,7 +200,7 @@ fn two_nodes(
     c.network.heartbeat_ms = 1000;
     c.network.dead_after_ms = 30_000;
     c.memory.host_arena = ByteSize(c.memory.host_arena.bytes().max(region + (64 << 20)));
-    c.nodes = (0..2).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
+    c.nodes = (0..2).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None, tenant: None }).collect();
     if let Some(w) = window {
         c.network.stream_window = w;
         c.network.connection_window = w;

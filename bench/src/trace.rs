@@ -150,8 +150,20 @@ pub fn run(args: &TraceArgs, command_line: &str) -> Result<(), String> {
     );
     let _ = writeln!(md, "| allocator | peak allocated | peak reserved | reserved / allocated |");
     let _ = writeln!(md, "|---|---|---|---|");
-    let _ = writeln!(md, "| PyTorch's caching allocator (the trace) | {} | {} | {:.3} |", ByteSize(torch_alloc), ByteSize(torch_reserved), ratio(torch_reserved, torch_alloc));
-    let _ = writeln!(md, "| vfabric's pool (replayed) | {} | {} | **{:.3}** |", ByteSize(s.peak_allocated), ByteSize(s.peak_reserved), ratio(s.peak_reserved, s.peak_allocated));
+    let _ = writeln!(
+        md,
+        "| PyTorch's caching allocator (the trace) | {} | {} | {:.3} |",
+        ByteSize(torch_alloc),
+        ByteSize(torch_reserved),
+        ratio(torch_reserved, torch_alloc)
+    );
+    let _ = writeln!(
+        md,
+        "| vfabric's pool (replayed) | {} | {} | **{:.3}** |",
+        ByteSize(s.peak_allocated),
+        ByteSize(s.peak_reserved),
+        ratio(s.peak_reserved, s.peak_allocated)
+    );
     let name = args.name.clone().unwrap_or_else(|| format!("trace-{}-{stamp}", fabric.device_kind()));
     let doc = json!({
         "benchmark": "trace", "date": date, "device": device, "command": command_line,

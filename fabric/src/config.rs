@@ -353,6 +353,11 @@ pub struct NodeSection {
     /// Where its agent listens for peers (`ip:port`); needed only when the cluster has several nodes.
     #[serde(default)]
     pub address: Option<String>,
+    /// The tenant the node belongs to (a `[[tenant]]` id), written into its certificate by `cluster init`:
+    /// the other nodes then take every call it makes as that tenant's (its regions only, none of the
+    /// operator's calls), whatever it says it acts for.
+    #[serde(default)]
+    pub tenant: Option<u32>,
 }
 
 impl ClusterConfig {
@@ -411,7 +416,7 @@ impl ClusterConfig {
             storage: None,
             tenants: Vec::new(),
             membership: None,
-            nodes: vec![NodeSection { name: "local".into(), gpus: None, address: None }],
+            nodes: vec![NodeSection { name: "local".into(), gpus: None, address: None, tenant: None }],
         })
     }
 
@@ -493,6 +498,11 @@ impl ClusterConfig {
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
             return Err(bad(format!("tenant {} is listed twice", w[0])));
+        }
+        for n in &self.nodes {
+            if let Some(t) = n.tenant.filter(|t| ids.binary_search(t).is_err()) {
+                return Err(bad(format!("node `{}` belongs to tenant {t}, which no [[tenant]] lists", n.name)));
+            }
         }
         let mut uids: Vec<u32> = self.tenants.iter().flat_map(|t| t.uids.iter().copied()).collect();
         uids.sort_unstable();
@@ -648,6 +658,10 @@ mod tests {
             bad("[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7000\"\n[[node]]\nname = \"b\"\n").contains("no address")
         );
         assert!(bad("[[node]]\nname = \"a\"\naddress = \"10.0.0.1:0\"\n").contains("port 0"));
+        // A node belongs to a listed tenant or to none.
+        assert!(bad("[[node]]\nname = \"a\"\ntenant = 3\n").contains("which no [[tenant]] lists"));
+        let tenant_node = format!("{base}[[tenant]]\nid = 3\n[[node]]\nname = \"a\"\ntenant = 3\n");
+        assert_eq!(ClusterConfig::from_toml(&tenant_node, "t").expect("a tenant's node").nodes[0].tenant, Some(3));
         assert!(bad("[[node]]\nname = \"a\"\naddress = \"nowhere\"\n").contains("ip:port"));
         assert!(bad("[network]\nmtu = 16384\n").contains("mtu"));
         assert!(bad("[network]\nheartbeat_ms = 500\ndead_after_ms = 400\n").contains("dead_after_ms"));

@@ -113,8 +113,8 @@ fn cluster_init(config: &std::path::Path, out: Option<PathBuf>, ranks: Option<u1
     let ca = ClusterCa::generate(&cfg.cluster.name).map_err(|e| e.to_string())?;
     let ranks = (0..ranks.unwrap_or(0)).map(vfabric::agent::rank_name);
     let mut ids = Vec::new();
-    for name in cfg.nodes.iter().map(|n| n.name.clone()).chain(ranks) {
-        ids.push(ca.issue(&name).map_err(|e| format!("node {name}: {e}"))?);
+    for (name, tenant) in cfg.nodes.iter().map(|n| (n.name.clone(), n.tenant)).chain(ranks.map(|r| (r, None))) {
+        ids.push(ca.issue_for(&name, tenant).map_err(|e| format!("node {name}: {e}"))?);
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let staging = dir.join(format!(".vfabric-init-{}", std::process::id()));

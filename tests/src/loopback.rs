@@ -19,15 +19,17 @@ pub fn config(nodes: usize) -> ClusterConfig {
     c.network.chunk = ByteSize(256 << 10);
     // Two connections per pair of nodes for bulk transfers, and the latency lane (lane 0) for the others.
     c.network.lanes = 2;
-    c.nodes = (0..nodes).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None }).collect();
+    c.nodes =
+        (0..nodes).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None, tenant: None }).collect();
     c
 }
 
-/// Starts every node of `cfg` on 127.0.0.1 (certificates from `ca`) and tells each where the others are.
+/// Starts every node of `cfg` on 127.0.0.1 (certificates from `ca`, naming the tenant a node belongs to) and
+/// tells each where the others are.
 pub async fn cluster(cfg: &ClusterConfig, ca: &ClusterCa) -> Vec<Agent> {
     let mut agents = Vec::new();
     for n in &cfg.nodes {
-        let id = ca.issue(&n.name).expect("certificate");
+        let id = ca.issue_for(&n.name, n.tenant).expect("certificate");
         let a = Agent::start(cfg, &n.name, &id, Some("127.0.0.1:0".parse().expect("addr"))).await.expect("agent");
         agents.push(a);
     }

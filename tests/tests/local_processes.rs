@@ -32,7 +32,7 @@ fn config() -> ClusterConfig {
     c.memory.page_size = ByteSize(64 << 10);
     c.memory.gpu_budget = Some(ByteSize(64 << 20));
     c.memory.host_arena = ByteSize(64 << 20);
-    c.nodes = vec![NodeSection { name: "n0".into(), gpus: Some(vec![0]), address: None }];
+    c.nodes = vec![NodeSection { name: "n0".into(), gpus: Some(vec![0]), address: None, tenant: None }];
     c
 }
 

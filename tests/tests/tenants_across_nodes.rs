@@ -2,7 +2,9 @@
 //! carries its tenant to every node it reaches, and the region's home holds it to its tenant's regions there:
 //! allocations are made under its name, another tenant's region is refused like a handle naming none, and the
 //! operator's calls are refused. Calls made for no tenant (the node's operator) touch every region.
+//! A node that belongs to a tenant (its certificate says so) acts for that tenant only, whatever it says.
 
+use vfabric::config::TenantSection;
 use vfabric::{FabricError, TenantId};
 use vfabric_tests::loopback::{cluster, config};
 use vfabric_transport::quic::ClusterCa;
@@ -48,6 +50,44 @@ fn a_tenants_calls_reach_only_its_regions_on_every_node() {
         denied(a.acting_for(three, a.read(&mine, 0, &mut buf)).await, "tenant 3 reads tenant 4's region on n0");
         denied(a.acting_for(four, a.migrate_to(&mine, 1, Location::Host)).await, "tenant 4 migrates");
         a.read(&mine, 0, &mut buf).await.expect("the operator reads any region");
+        for n in &nodes {
+            n.shutdown().await;
+        }
+    });
+}
+
+#[test]
+fn a_node_that_belongs_to_a_tenant_acts_for_it_only() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut cfg = config(3);
+        cfg.tenants = [3, 4]
+            .into_iter()
+            .map(|id| TenantSection { id, gpu: None, host: None, storage: None, uids: Vec::new() })
+            .collect();
+        // n2 belongs to tenant 3: `cluster init` (here the loopback helper) writes it into n2's certificate.
+        cfg.nodes[2].tenant = Some(3);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let nodes = cluster(&cfg, &ca).await;
+        let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+        let (three, four) = (TenantId(3), TenantId(4));
+        let r3 = a.acting_for(three, a.alloc(0, 1 << 20, None)).await.expect("tenant 3's region on n0");
+        let r4 = a.acting_for(four, a.alloc(0, 1 << 20, None)).await.expect("tenant 4's region on n0");
+        let ro = a.alloc(0, 1 << 20, None).await.expect("the operator's region on n0");
+        // n2's calls, made for no tenant at n2, reach tenant 3's regions at n0, and only those.
+        c.write(&r3, 0, &[3u8; 4096]).await.expect("n2 writes tenant 3's region");
+        let mut buf = vec![0u8; 4096];
+        c.read(&r3, 0, &mut buf).await.expect("n2 reads tenant 3's region");
+        assert_eq!(buf, [3u8; 4096]);
+        denied(c.read(&r4, 0, &mut buf).await, "n2 reads tenant 4's region");
+        denied(c.read(&ro, 0, &mut buf).await, "n2 reads the operator's region");
+        denied(c.acting_for(four, c.read(&r4, 0, &mut buf)).await, "n2 says it acts for tenant 4");
+        let made = c.alloc(0, 1 << 20, None).await.expect("n2 allocates on n0");
+        assert_eq!(a.fabric().tenant_of(&made).expect("the region"), three, "allocated under tenant 3's name");
+        denied(c.migrate_to(&r3, 1, Location::Host).await, "n2 migrates a region");
+        // n2 keeps nothing of others: the standby of n1's replicated region goes to n0, past n2.
+        b.alloc_replicated(1, 1 << 20, None, 2).await.expect("a replicated region on n1");
+        assert_eq!((a.replication(), c.replication()), ((0, 1), (0, 0)), "the standby is on n0, not on n2");
         for n in &nodes {
             n.shutdown().await;
         }

@@ -108,8 +108,9 @@ impl Agent {
         // A job's ranks stop together: none hands its regions to the others.
         cfg.network.drain = false;
         let gpus = cfg.nodes.first().and_then(|n| n.gpus.clone());
-        cfg.nodes =
-            (0..job.size).map(|r| NodeSection { name: rank_name(r), gpus: gpus.clone(), address: None }).collect();
+        cfg.nodes = (0..job.size)
+            .map(|r| NodeSection { name: rank_name(r), gpus: gpus.clone(), address: None, tenant: None })
+            .collect();
         // Rank 0 listens before it does anything slow, so the others find the rendezvous early.
         let listener = if job.rank == 0 {
             Some(TcpListener::bind(rendezvous).await.map_err(LaunchError::rendezvous(rendezvous))?)

@@ -20,6 +20,8 @@ pub(crate) struct Peer {
     pub(crate) member: Option<bool>,
     /// Whether it closed its connections because it shut down (and has not been heard from since).
     pub(crate) left: bool,
+    /// The tenant it belongs to, as the configuration says (`[[node]] tenant`; its certificate says so too).
+    pub(crate) tenant: Option<u32>,
 }
 
 impl Peer {

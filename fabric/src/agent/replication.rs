@@ -89,6 +89,14 @@ impl Agent {
             if exclude.contains(&node) {
                 continue;
             }
+            // A tenant's node keeps nothing of other tenants' (nor of the operator's).
+            let tenants_node = match self.peer(node) {
+                Ok(p) => p.lock().await.tenant.is_some(),
+                Err(_) => true,
+            };
+            if tenants_node {
+                continue;
+            }
             if !matches!(self.is_alive(node).await, Ok(true)) {
                 refusals.push(format!("node {node} is not answering"));
                 continue;

@@ -54,6 +54,16 @@ async fn serve_connection(agent: Agent, conn: quinn::Connection) {
         let cluster = agent.shared.cluster.clone();
         return close(&conn, CloseCode::UnknownPeer, &ProtocolError::UnknownNode { name, cluster });
     };
+    // A node that belongs to a tenant (its certificate and the configuration agree) acts for that tenant only,
+    // whatever its requests say.
+    let listed = match agent.peer(node) {
+        Ok(p) => p.lock().await.tenant,
+        Err(_) => None,
+    };
+    let bound = match quic::peer_tenant(&conn) {
+        Some(cert) if listed.is_none() || cert == listed => cert.or(listed).map(TenantId),
+        _ => return close(&conn, CloseCode::UnknownPeer, &ProtocolError::BadTenant { name, listed }),
+    };
     let Ok((mut send, mut recv)) = conn.accept_bi().await else { return };
     if let Err(why) = greet(&agent, &name, node, &mut send, &mut recv).await {
         return close(&conn, CloseCode::Protocol, &why);
@@ -62,7 +72,7 @@ async fn serve_connection(agent: Agent, conn: quinn::Connection) {
     while let Ok((send, recv)) = conn.accept_bi().await {
         let (a, c) = (agent.clone(), conn.clone());
         tokio::spawn(async move {
-            if let Err(why) = serve_stream(&a, (node, c.stable_id()), send, recv).await {
+            if let Err(why) = serve_stream(&a, (node, c.stable_id()), bound, send, recv).await {
                 close(&c, CloseCode::Protocol, &why);
             }
         });
@@ -121,11 +131,13 @@ async fn greet(
     }
 }
 
-/// Answers one request. `Err` carries a protocol violation: the caller closes the connection with it.
+/// Answers one request of a peer that belongs to tenant `bound`, if any. `Err` carries a protocol violation:
+/// the caller closes the connection with it.
 async fn serve_stream(
     agent: &Agent,
     (peer, connection): (u16, usize),
-    send: quinn::SendStream,
+    bound: Option<TenantId>,
+    mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) -> Result<(), ProtocolError> {
     let mut msg = match read_frame(&mut recv, agent.max_frame()).await {
@@ -147,6 +159,19 @@ async fn serve_stream(
         return Err(ProtocolError::NotServed(msg.name()));
     }
     agent.heard_from(peer).await;
+    // A tenant's node acts for its tenant: for no other, and never for the operator.
+    if let Some(b) = bound {
+        if tenant.is_some_and(|t| t != b) {
+            let why = FabricError::PermissionDenied(format!(
+                "node {peer} belongs to tenant {}: it cannot act for tenant {}",
+                b.0,
+                tenant.map_or(0, |t| t.0)
+            ));
+            finish_with(&mut send, &refusal(&why), agent.max_frame()).await;
+            return Ok(());
+        }
+        tenant = Some(b);
+    }
     acting::acting_for(tenant, serve_request(agent, (peer, connection), msg, send, recv)).await
 }
 

@@ -74,6 +74,7 @@ impl Agent {
                 last_seen: None,
                 member: None,
                 left: false,
+                tenant: config.nodes[usize::from(i)].tenant,
             }));
         }
         // Nothing fails after this: the lane threads live until the runtime that started the agent ends (or

@@ -87,6 +87,14 @@ pub enum ProtocolError {
     /// A peer whose certificate names no node.
     #[error("no node name in the peer's certificate")]
     NoNodeName,
+    /// A peer whose certificate binds it to a tenant that cannot be read, or to another than the configuration's.
+    #[error("the certificate of `{name}` names a tenant that is no tenant id, or not tenant {listed:?} of the configuration")]
+    BadTenant {
+        /// The name in its certificate.
+        name: String,
+        /// The tenant the configuration gives the node.
+        listed: Option<u32>,
+    },
     /// A peer whose certificate names a node that is not in the cluster.
     #[error("`{name}` is not a node of cluster {cluster}")]
     UnknownNode {

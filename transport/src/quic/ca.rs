@@ -40,6 +40,9 @@ const ORGANIZATION: &str = "vfabric";
 /// The longest cluster name: an X.509 common name holds at most 64 characters.
 const MAX_CLUSTER_NAME: usize = 64;
 
+/// The organizational unit of a node certificate's subject that binds the node to a tenant, before its id.
+pub(crate) const TENANT_UNIT: &str = "tenant=";
+
 /// The cluster's certificate authority: `vfabric cluster init` makes one and issues every node a certificate.
 ///
 /// The CA certificate's subject is `O=vfabric, CN=<cluster>`; it may sign node certificates only (path length
@@ -115,6 +118,13 @@ impl ClusterCa {
     ///
     /// Every call makes a fresh key. See [`validate_node_name`] for the names allowed.
     pub fn issue(&self, name: &str) -> Result<NodeIdentity, QuicError> {
+        self.issue_for(name, None)
+    }
+
+    /// As [`issue`](Self::issue), for a node that belongs to `tenant` when that is `Some`: its certificate
+    /// says so (an organizational unit `tenant=<id>` in its subject, [`certificate_tenant`](super::certificate_tenant)),
+    /// and its peers hold its calls to that tenant.
+    pub fn issue_for(&self, name: &str, tenant: Option<u32>) -> Result<NodeIdentity, QuicError> {
         validate_node_name(name)?;
         let key = KeyPair::generate().map_err(certificate_error("generating a node key"))?;
         let mut params = CertificateParams::new(vec![name.to_string()])
@@ -122,6 +132,9 @@ impl ClusterCa {
         params.distinguished_name = DistinguishedName::new();
         params.distinguished_name.push(DnType::OrganizationName, ORGANIZATION);
         params.distinguished_name.push(DnType::CommonName, name);
+        if let Some(t) = tenant {
+            params.distinguished_name.push(DnType::OrganizationalUnitName, format!("{TENANT_UNIT}{t}"));
+        }
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];

@@ -347,6 +347,27 @@ pub fn peer_name(conn: &Connection) -> Option<String> {
     certificate_node_name(chain.first()?)
 }
 
+/// The tenant `conn`'s peer belongs to, as its certificate says ([`certificate_tenant`]).
+pub fn peer_tenant(conn: &Connection) -> Option<Option<u32>> {
+    let identity = conn.peer_identity()?;
+    let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    certificate_tenant(chain.first()?)
+}
+
+/// The tenant a node certificate (DER) binds its node to ([`ClusterCa::issue_for`](super::ClusterCa::issue_for)):
+/// `Some(None)` for a node of no tenant, `Some(Some(id))` for one of tenant `id`, and `None` when the
+/// certificate cannot be read or names a tenant that is no number (never a panic: this reads what peers send).
+pub fn certificate_tenant(der: &[u8]) -> Option<Option<u32>> {
+    match x509::organizational_unit(der) {
+        Some(unit) => match unit.strip_prefix(super::ca::TENANT_UNIT) {
+            Some(id) => id.parse().ok().map(Some),
+            None => Some(None),
+        },
+        // No unit, or a certificate that cannot be read at all.
+        None => x509::subject(der).map(|_| None),
+    }
+}
+
 /// The node name a certificate (DER) carries: its first DNS subject alternative name, when that is a node name
 /// (`validate_node_name`). `None` for anything else, never a panic: this reads what peers send.
 pub fn certificate_node_name(der: &[u8]) -> Option<String> {
@@ -405,6 +426,17 @@ mod tests {
         }
         QuicSettings { keep_alive: Duration::ZERO, ..d() }.validate().unwrap();
         QuicSettings { stream_window: (1 << 62) - 1, ..d() }.validate().unwrap();
+    }
+
+    #[test]
+    fn certificates_say_which_tenant_their_node_belongs_to() {
+        let ca = super::super::ca::ClusterCa::generate("t").unwrap();
+        let der = |id: &NodeIdentity| id.cert_der().unwrap();
+        assert_eq!(certificate_tenant(&der(&ca.issue("n0").unwrap())), Some(None));
+        let bound = ca.issue_for("n1", Some(7)).unwrap();
+        assert_eq!(certificate_tenant(&der(&bound)), Some(Some(7)));
+        assert_eq!(certificate_node_name(&der(&bound)).as_deref(), Some("n1"));
+        assert_eq!(certificate_tenant(b"not a certificate"), None);
     }
 
     #[test]

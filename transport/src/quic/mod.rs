@@ -43,7 +43,8 @@ mod x509;
 
 pub use ca::{validate_node_name, ClusterCa, NodeIdentity};
 pub use endpoint::{
-    certificate_node_name, connect, endpoint, endpoint_pinned, peer_name, QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU,
+    certificate_node_name, certificate_tenant, connect, endpoint, endpoint_pinned, peer_name, peer_tenant,
+    QuicSettings, DEFAULT_MTU, MAX_MTU, MIN_MTU,
 };
 pub use error::QuicError;
 pub use pool::{BufferPool, PoolBuf};

@@ -42,6 +42,11 @@ pub(crate) fn public_key_info(cert: &[u8]) -> Option<Vec<u8>> {
     parse(cert)?.tbs_certificate().subject_public_key_info().to_der().ok()
 }
 
+/// The first organizational unit of the certificate's subject.
+pub(crate) fn organizational_unit(cert: &[u8]) -> Option<String> {
+    parse(cert)?.tbs_certificate().subject().organization_unit().ok()?.map(String::from)
+}
+
 /// The first common name of the certificate's subject.
 pub(crate) fn common_name(cert: &[u8]) -> Option<String> {
     parse(cert)?.tbs_certificate().subject().common_name().ok()?.map(String::from)

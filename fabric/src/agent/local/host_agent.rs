@@ -23,7 +23,7 @@ impl HostAgent {
     pub(super) fn start(config: &ClusterConfig, socket: &Path) -> Result<HostAgent, FabricError> {
         let mut cfg = config.clone();
         let gpus = cfg.nodes.first().and_then(|n| n.gpus.clone());
-        cfg.nodes = vec![NodeSection { name: "host".into(), gpus, address: None }];
+        cfg.nodes = vec![NodeSection { name: "host".into(), gpus, address: None, tenant: None }];
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("vfabric-host-agent")
