@@ -283,10 +283,13 @@ pub struct NetworkSection {
     /// `1` keeps them on the home only; `2` also keeps a standby copy in the host memory of the next node of
     /// the list that answers, which takes over as the region's home when the home dies (at most 2 for now).
     pub replicas: u8,
-    /// Whether `vfabric agent`, told to stop (SIGTERM, Ctrl-C), hands its regions to the other nodes first
-    /// (`Agent::leave`): each region is copied whole into another node's host memory, which serves it from
-    /// then on under the same handle. Off, a stopping node's regions that have no standby go with it (what a
-    /// job that ends wants: its ranks stop together).
+    /// How far (ms) a replicated region's standby may lag its home unless the region says otherwise
+    /// (`agent::Replication`): `0`, the default, none (a write returns once the standby has it); more lets
+    /// writes return at once (a home that dies loses what its standby lacked: at most this much).
+    pub replica_lag_ms: u32,
+    /// Whether `vfabric agent`, told to stop (SIGTERM, Ctrl-C), first hands its regions to other nodes, which
+    /// serve them from then on under the same handles (`Agent::leave`). Off, its regions without a standby go
+    /// with it (what a job that ends wants: its ranks stop together).
     pub drain: bool,
 }
 
@@ -310,6 +313,7 @@ impl Default for NetworkSection {
             latency_lane: true,
             max_local_clients: 1024,
             replicas: 1,
+            replica_lag_ms: 0,
             drain: true,
         }
     }
@@ -353,9 +357,8 @@ pub struct NodeSection {
     /// Where its agent listens for peers (`ip:port`); needed only when the cluster has several nodes.
     #[serde(default)]
     pub address: Option<String>,
-    /// The tenant the node belongs to (a `[[tenant]]` id), written into its certificate by `cluster init`:
-    /// the other nodes then take every call it makes as that tenant's (its regions only, none of the
-    /// operator's calls), whatever it says it acts for.
+    /// The tenant (a `[[tenant]]` id) the node belongs to, which `cluster init` writes into its certificate:
+    /// other nodes take every call it makes as that tenant's, whatever it says it acts for.
     #[serde(default)]
     pub tenant: Option<u32>,
 }

@@ -106,6 +106,15 @@ async fn written_on_b(cfg: &ClusterConfig) -> (Agent, vfabric::Region) {
     (a, r)
 }
 
+/// Reads every block of `r` through `a`, each as round `round` wrote it.
+async fn read_round(a: &Agent, r: &vfabric::Region, round: u8) {
+    let mut buf = vec![0u8; BLOCK];
+    for i in 0..BLOCKS {
+        a.read(r, (i * BLOCK) as u64, &mut buf).await.unwrap_or_else(|e| panic!("block {i}: {e}"));
+        assert!(buf == block(i, round), "block {i} is not as round {round} wrote it");
+    }
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
@@ -254,11 +263,7 @@ fn a_standby_that_restarts_is_replaced_and_the_region_survives_its_home() {
         eprintln!("the home took writes again {:?} after its standby restarted", restarted.elapsed());
         // Now the home dies: the new copy has everything.
         signal(&b, Signal::SIGKILL);
-        let mut buf = vec![0u8; BLOCK];
-        for i in 0..BLOCKS {
-            a.read(&r, (i * BLOCK) as u64, &mut buf).await.expect("a read after the failover");
-            assert!(buf == block(i, 2), "block {i} is not as last written");
-        }
+        read_round(&a, &r, 2).await;
         a.shutdown().await;
     });
     drop(b);
@@ -453,5 +458,46 @@ fn a_node_that_leaves_hands_its_regions_over_without_replicas() {
         a.shutdown().await;
         drop(b);
     });
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn an_asynchronous_region_acknowledges_writes_before_its_standby_has_them_and_catches_up() {
+    // a is the home, in this process; b keeps the standby (a process); c reads once a has gone.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replicas-async-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b", "c"], 48400, "heartbeat_ms = 200\ndead_after_ms = 30000");
+    let b = start(&config, "b");
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = Agent::start_from_config(&cfg, "a").await.expect("agent a");
+        let c = Agent::start_from_config(&cfg, "c").await.expect("agent c");
+        // The standby may be a minute behind: the background flush comes 15 s after a write.
+        let keep = vfabric::agent::Replication::lagging(2, Duration::from_secs(60));
+        let mut placed = None;
+        for _ in 0..100 {
+            match a.alloc_replicated(0, (BLOCK * BLOCKS) as u64, None, keep).await {
+                Ok(r) => {
+                    placed = Some(r);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let r = placed.expect("an asynchronous replicated region on a");
+        write_round(&a, &r, 1).await;
+        assert!(a.replication_lag().await > Duration::ZERO, "the writes were acknowledged before b had them");
+        // With b frozen, writes still return: they do not wait for the standby.
+        signal(&b, Signal::SIGSTOP);
+        write_round(&a, &r, 2).await;
+        signal(&b, Signal::SIGCONT);
+        a.flush_replicas().await.expect("the pending writes reach b");
+        assert_eq!(a.replication_lag().await, Duration::ZERO, "b has every acknowledged write");
+        // a stops: b takes the region over, and c (which a's close tells) reads every acknowledged write there.
+        c.read(&r, 0, &mut [0u8; 16]).await.expect("c reads the region at a");
+        a.shutdown().await;
+        read_round(&c, &r, 2).await;
+        c.shutdown().await;
+    });
+    drop(b);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

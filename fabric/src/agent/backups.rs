@@ -51,6 +51,12 @@ pub(crate) struct Standbys {
     pub(crate) origin: Option<Region>,
     /// How many nodes keep the region, this one included (1: it is being handed over, `Agent::drain`).
     pub(crate) replicas: u8,
+    /// How far behind the home its standbys may be (`None`: not at all, each write reaches them first).
+    pub(crate) lag: Option<Duration>,
+    /// Since when a write acknowledged here has not reached the standbys (asynchronous regions).
+    pub(crate) behind_since: Option<Instant>,
+    /// Whether a background flush of the pending writes is scheduled.
+    pub(crate) flushing: bool,
 }
 
 /// A replicated region's entry at its home.
@@ -103,10 +109,16 @@ impl Backups {
         lock(&self.homed).get(region).cloned()
     }
 
-    /// Records `region`, a region of this node kept on `replicas` nodes, with its standby copies; `origin` is
-    /// the region its users name, when `region` took over from it.
-    pub(crate) fn add_homed(&self, region: Region, copies: Vec<Region>, origin: Option<Region>, replicas: u8) {
-        let entry = Standbys { copies, origin, replicas, ..Standbys::default() };
+    /// Records `region`, a region of this node kept on `replicas` nodes whose standbys may be `lag` behind,
+    /// with its standby copies; `origin` is the region its users name, when `region` took over from it.
+    pub(crate) fn add_homed(
+        &self,
+        region: Region,
+        copies: Vec<Region>,
+        origin: Option<Region>,
+        (replicas, lag): (u8, Option<Duration>),
+    ) {
+        let entry = Standbys { copies, origin, replicas, lag, ..Standbys::default() };
         lock(&self.homed).insert(region, Arc::new(tokio::sync::Mutex::new(entry)));
     }
 
@@ -192,7 +204,7 @@ mod tests {
     #[test]
     fn homed_regions_come_and_go() {
         let b = Backups::default();
-        b.add_homed(region(0, 1), vec![region(1, 2)], None, 2);
+        b.add_homed(region(0, 1), vec![region(1, 2)], None, (2, None));
         assert!(b.homed(&region(0, 1)).is_some() && b.homed(&region(0, 2)).is_none());
         assert_eq!(b.homed_count(), 1);
         assert!(b.remove_homed(&region(0, 1)).is_some());

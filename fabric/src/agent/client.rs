@@ -12,6 +12,7 @@ use super::acting;
 use super::forwarding::{routed, Route};
 use super::lane_use::pages_of;
 use super::remote_lease::{AgentLease, LeaseKind};
+use super::replication::Replication;
 use super::shared::{in_place, Agent};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::FabricError;
@@ -22,20 +23,21 @@ impl Agent {
     /// Allocates a region whose home is `node` (this one or a peer), placed on `device` of that node if given,
     /// and kept on the cluster's `network.replicas` nodes.
     pub async fn alloc(&self, node: u16, size: u64, device: Option<Location>) -> Result<Region, FabricError> {
-        self.alloc_direct(node, size, device, 0).await
+        self.alloc_direct(node, size, device, Replication::default()).await
     }
 
-    /// [`Agent::alloc`] of a region kept on `replicas` nodes: with 2, its home and a standby copy in another
-    /// node's host memory, which every write reaches before it returns and which takes over when the home
-    /// dies (callers then reach the region there, with the same handle). `0` takes `network.replicas`.
+    /// [`Agent::alloc`] of a region kept as `keep` says: a number of nodes (with 2, its home and a standby copy
+    /// in another node's host memory, which takes over when the home dies, callers then reaching the region
+    /// there with the same handle; `0` takes `network.replicas`), or a [`Replication`], which may also let the
+    /// standby lag behind (writes then return before it has them).
     pub async fn alloc_replicated(
         &self,
         node: u16,
         size: u64,
         device: Option<Location>,
-        replicas: u8,
+        keep: impl Into<Replication>,
     ) -> Result<Region, FabricError> {
-        self.alloc_direct(node, size, device, replicas).await
+        self.alloc_direct(node, size, device, keep.into()).await
     }
 
     /// Frees a region at its home (and its pages wherever they moved); a replicated region whose home died is

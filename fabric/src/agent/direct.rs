@@ -5,6 +5,7 @@
 use vfabric_allocator::Location;
 
 use super::calls::ReadInto;
+use super::replication::Replication;
 use super::shared::{in_place, Agent};
 use crate::directory::RegionHandle as Region;
 use crate::error::FabricError;
@@ -26,12 +27,14 @@ impl Agent {
         node: u16,
         size: u64,
         device: Option<Location>,
-        replicas: u8,
+        keep: Replication,
     ) -> Result<Region, FabricError> {
         if self.is_me(node) {
-            return self.alloc_at_home(size, device, replicas).await;
+            return self.alloc_at_home(size, device, keep).await;
         }
-        match self.call(node, &Message::Alloc { size, device: device.map(Into::into), replicas }, &[]).await? {
+        let msg =
+            Message::Alloc { size, device: device.map(Into::into), replicas: keep.replicas, lag_ms: keep.lag_ms() };
+        match self.call(node, &msg, &[]).await? {
             Message::Allocated { region } => Ok(Region::from(&region)),
             other => Err(unexpected(node, &other)),
         }

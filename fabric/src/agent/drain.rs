@@ -54,7 +54,7 @@ impl Agent {
                     // hold this entry's read guard): a write that began before would land after the copy read
                     // the region, and the handover would lose it. Writes after it reach the copy too.
                     let moving = self.shared.moves.entry(&region).write_owned().await;
-                    self.shared.backups.add_homed(region, copies, (origin != region).then_some(origin), 1);
+                    self.shared.backups.add_homed(region, copies, (origin != region).then_some(origin), (1, None));
                     if let Some(entry) = self.shared.backups.homed(&region) {
                         entry.lock().await.pending.push(0..region.len);
                     }

@@ -6,6 +6,7 @@ use tokio::sync::OwnedRwLockReadGuard;
 use vfabric_allocator::Location;
 
 use super::acting;
+use super::replication::Replication;
 use super::shared::{in_place, Agent};
 use crate::directory::RegionHandle as Region;
 use crate::error::FabricError;
@@ -107,7 +108,9 @@ impl Agent {
         self.shared.fabric.version(region, 0..1)?;
         // The copy is the region's tenant's, so that its calls are taken where the pages go.
         let tenant = self.shared.fabric.tenant_of(region)?;
-        let fresh = acting::acting_for(Some(tenant), self.alloc_direct(node, region.len, Some(device), 1)).await?;
+        let fresh =
+            acting::acting_for(Some(tenant), self.alloc_direct(node, region.len, Some(device), Replication::sync(1)))
+                .await?;
         let moved = async {
             self.copy_direct(region, &fresh, region.len).await?;
             in_place(|| self.shared.fabric.free(region))

@@ -62,4 +62,5 @@ pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOp
 #[cfg(feature = "etcd")]
 pub use membership::members_prefix;
 pub use remote_lease::AgentLease;
+pub use replication::Replication;
 pub use shared::Agent;

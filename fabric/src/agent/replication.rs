@@ -3,12 +3,12 @@
 
 use std::future::Future;
 use std::ops::Range;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vfabric_allocator::Location;
 
 use super::acting;
-use super::backups::{serves_alone, Standbys};
+use super::backups::{serves_alone, HomeEntry, Standbys};
 use super::shared::{in_place, Agent};
 use crate::config::MAX_REPLICAS;
 use crate::directory::{Placement, RegionHandle as Region};
@@ -19,6 +19,43 @@ use crate::proto::message::{ErrorKind, Message, WireRegion};
 /// Bytes of a range sent to a standby per call (bounds the home's buffer and the standby's).
 pub(crate) const REPLICA_PIECE: u64 = 16 << 20;
 
+/// How a region is kept across nodes: on how many, and how far behind its home the others may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Replication {
+    /// Nodes that keep its released writes, its home included: `1` its home only, `2` also a standby copy in
+    /// another node's host memory that takes over when the home dies; `0` takes `network.replicas`.
+    pub replicas: u8,
+    /// How far behind its home the standby may be: `Some(Duration::ZERO)` not at all (a write returns once
+    /// the standby has it); more lets writes return at once, their bytes following in the background within
+    /// about a quarter of it, a write waiting when the standby is this far behind (a home that dies loses at
+    /// most this much of its acknowledged writes); `None` takes `network.replica_lag_ms`.
+    pub lag: Option<Duration>,
+}
+
+impl From<u8> for Replication {
+    /// Kept on `replicas` nodes, the standby as far behind as `network.replica_lag_ms` lets it.
+    fn from(replicas: u8) -> Replication {
+        Replication { replicas, lag: None }
+    }
+}
+
+impl Replication {
+    /// Kept on `replicas` nodes, synchronously.
+    pub fn sync(replicas: u8) -> Replication {
+        Replication { replicas, lag: Some(Duration::ZERO) }
+    }
+
+    /// Kept on `replicas` nodes, the standby at most `lag` behind.
+    pub fn lagging(replicas: u8, lag: Duration) -> Replication {
+        Replication { replicas, lag: Some(lag) }
+    }
+
+    /// The lag in whole milliseconds, as an `Alloc` carries it (saturating).
+    pub(crate) fn lag_ms(&self) -> Option<u32> {
+        self.lag.map(|l| u32::try_from(l.as_millis()).unwrap_or(u32::MAX))
+    }
+}
+
 /// Why an exchange with the standbys failed.
 enum Failure {
     /// Standby `i`'s node answered that it keeps no such copy.
@@ -28,16 +65,19 @@ enum Failure {
 }
 
 impl Agent {
-    /// Allocates a region of this node kept on `replicas` nodes (`0`: the cluster's `network.replicas`): with
-    /// 2, a standby copy goes to the next node of the cluster's list that answers. Refused, with nothing left
-    /// allocated, when no node takes the copy.
+    /// Allocates a region of this node kept as `keep` says (defaults from the cluster's `[network]`): with 2
+    /// replicas, a standby copy goes to the next node of the cluster's list that answers. Refused, with nothing
+    /// left allocated, when no node takes the copy.
     pub(crate) async fn alloc_at_home(
         &self,
         size: u64,
         device: Option<Location>,
-        replicas: u8,
+        keep: Replication,
     ) -> Result<Region, FabricError> {
-        let replicas = if replicas == 0 { self.shared.net.replicas } else { replicas };
+        let net = &self.shared.net;
+        let replicas = if keep.replicas == 0 { net.replicas } else { keep.replicas };
+        let lag = keep.lag.unwrap_or(Duration::from_millis(u64::from(net.replica_lag_ms)));
+        let lag = (!lag.is_zero()).then_some(lag);
         if replicas > MAX_REPLICAS {
             return Err(FabricError::Unavailable(format!(
                 "{replicas} replicas asked: a region is kept on at most {MAX_REPLICAS} nodes"
@@ -58,7 +98,7 @@ impl Agent {
         match self.place_standbys((&region, &region), replicas, &[]).await {
             Ok(copies) => {
                 tracing::debug!(region = %region, ?copies, "a replicated region and its standby copies");
-                self.shared.backups.add_homed(region, copies, None, replicas);
+                self.shared.backups.add_homed(region, copies, None, (replicas, lag));
                 Ok(region)
             }
             Err(e) => {
@@ -137,6 +177,18 @@ impl Agent {
         // A write that failed midway may have changed part of the range: the standbys get it all the same.
         let out = write.await;
         standbys.pending.push(range);
+        if let Some(lag) = standbys.lag {
+            // Asynchronous: acknowledged now while the standby is less than `lag` behind, its bytes sent by a
+            // flush in the background.
+            let since = *standbys.behind_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < lag {
+                if !standbys.flushing {
+                    standbys.flushing = true;
+                    self.flush_later(*region, entry.clone(), lag / 4);
+                }
+                return out;
+            }
+        }
         let copied = self.replicate(region, &mut standbys).await;
         let out = out?;
         copied.map(|()| out)
@@ -160,10 +212,62 @@ impl Agent {
                 self.node()
             )));
         }
-        if serves_alone(standbys.confirmed.map(|t| t.elapsed()), self.dead_after()) && standbys.pending.is_empty() {
+        // Writes pending are fine while an asynchronous region's standby is less than its lag behind.
+        let current = match (standbys.lag, standbys.behind_since) {
+            (Some(lag), Some(since)) => since.elapsed() < lag,
+            _ => standbys.pending.is_empty(),
+        };
+        if serves_alone(standbys.confirmed.map(|t| t.elapsed()), self.dead_after()) && current {
             return Ok(());
         }
         self.replicate(region, &mut standbys).await
+    }
+
+    /// Sends the writes pending on `entry` (asynchronous region `region`) to its standbys `after` from now.
+    fn flush_later(&self, region: Region, entry: HomeEntry, after: Duration) {
+        let agent = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let mut standbys = entry.lock().await;
+            standbys.flushing = false;
+            if standbys.taken_over.is_some() || standbys.pending.is_empty() {
+                return;
+            }
+            if let Err(e) = agent.replicate(&region, &mut standbys).await {
+                tracing::warn!(region = %region, error = %e, "writes did not reach the standby: the next write past the region's lag waits for them");
+            }
+        });
+    }
+
+    /// How far behind their home the standbys of this node's asynchronous regions are: the age of the oldest
+    /// acknowledged write not on its standby yet, over every region (zero when every standby is current).
+    pub async fn replication_lag(&self) -> Duration {
+        let mut worst = Duration::ZERO;
+        for region in self.shared.backups.homed_regions() {
+            if let Some(entry) = self.shared.backups.homed(&region) {
+                if let Some(since) = entry.lock().await.behind_since {
+                    worst = worst.max(since.elapsed());
+                }
+            }
+        }
+        worst
+    }
+
+    /// Sends every write of this node's replicated regions that a standby does not have yet, now; the first
+    /// failure is returned once every region was tried.
+    pub async fn flush_replicas(&self) -> Result<(), FabricError> {
+        let mut first = Ok(());
+        for region in self.shared.backups.homed_regions() {
+            let Some(entry) = self.shared.backups.homed(&region) else { continue };
+            let mut standbys = entry.lock().await;
+            if standbys.taken_over.is_some() || standbys.pending.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.replicate(&region, &mut standbys).await {
+                first = first.and(Err(e));
+            }
+        }
+        first
     }
 
     /// Sends the pending ranges of `region` (or, with none, an empty exchange) to every standby; on success
@@ -235,6 +339,7 @@ impl Agent {
             }
         }
         standbys.pending.clear();
+        standbys.behind_since = None;
         standbys.confirmed = Some(sent);
         Ok(())
     }
@@ -260,7 +365,7 @@ impl Agent {
     /// region its users name `origin`), a replicated region of this node: a new standby for it on another node, with the whole region, so that
     /// the region survives this node's death too. Without a node to take it, the copy serves alone (logged).
     pub(crate) async fn adopt(&self, copy: Region, origin: Region, old_home: u16, replicas: u8) {
-        self.shared.backups.add_homed(copy, Vec::new(), Some(origin), replicas);
+        self.shared.backups.add_homed(copy, Vec::new(), Some(origin), (replicas, None));
         let Some(entry) = self.shared.backups.homed(&copy) else { return };
         let mut standbys = entry.lock().await;
         let placed = match self.place_standbys((&copy, &origin), replicas, &[old_home]).await {

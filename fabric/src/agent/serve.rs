@@ -7,6 +7,7 @@ use vfabric_transport::quic;
 
 use super::acting;
 use super::lane_use::{pages_of, BULK};
+use super::replication::Replication;
 use super::serve_pages::{grant, home_region, receive_write, send_read, take_back};
 use super::shared::{in_place, Agent, Shared};
 use crate::directory::{Mode, RegionHandle as Region};
@@ -227,8 +228,8 @@ async fn answer(
     }
     let reply = match msg {
         Message::Ping { nonce } => Ok(Message::Pong { nonce }),
-        Message::Alloc { size, device, replicas } => agent
-            .alloc_at_home(size, device.map(Into::into), replicas)
+        Message::Alloc { size, device, replicas, lag_ms } => agent
+            .alloc_at_home(size, device.map(Into::into), Replication { replicas, lag: lag_ms.map(millis) })
             .await
             .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
         Message::Free { region } => match home_region(agent, &region) {
@@ -294,4 +295,9 @@ fn operator_call(msg: &Message) -> Option<&'static str> {
         Message::Standby { .. } | Message::Replicate { .. } | Message::Failover { .. } => Some("replication"),
         _ => None,
     }
+}
+
+/// `ms` milliseconds.
+fn millis(ms: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::from(ms))
 }

@@ -148,6 +148,9 @@ pub enum Message {
         device: Option<WireLocation>,
         /// Nodes that keep its released writes, its home included (`0`: the cluster's `network.replicas`).
         replicas: u8,
+        /// How far behind its home its standbys may be, in milliseconds (`None`: the cluster's
+        /// `network.replica_lag_ms`; `0`: each write reaches them before it returns).
+        lag_ms: Option<u32>,
     },
     /// Frees a region.
     Free {
@@ -542,7 +545,7 @@ mod tests {
         vec![
             Message::Hello { cluster: "c".into(), node: 1, protocol: 1, lanes: 4, latency_lane: true },
             Message::Ping { nonce: 9 },
-            Message::Alloc { size: 4096, device: None, replicas: 0 },
+            Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None },
             Message::Free { region },
             Message::Write { region, offset: 0, len: 1 },
             Message::Read { region, offset: 0, len: 1 },

@@ -22,6 +22,7 @@ use super::session::{alloc_options, Session};
 use super::spin;
 use super::tenancy::{admits_others, caller_of, Caller};
 use crate::agent::shared::Agent;
+use crate::agent::Replication;
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::codec::{read_frame_blocking, write_frame_blocking as send, PROTOCOL_VERSION};
@@ -188,8 +189,13 @@ impl Agent {
                         AllocOptions { device, tenant, keep: true, ..AllocOptions::default() },
                     )
                 }
-                Message::Alloc { size, device, replicas } => rt
-                    .block_on(self.alloc_replicated(self.node(), size, device.map(Location::from), replicas))
+                Message::Alloc { size, device, replicas, lag_ms } => rt
+                    .block_on(self.alloc_replicated(
+                        self.node(),
+                        size,
+                        device.map(Location::from),
+                        Replication { replicas, lag: lag_ms.map(|ms| Duration::from_millis(u64::from(ms))) },
+                    ))
                     .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
                 Message::AllocWith { size, device, priority, tenant, keep, compression, reservation } => {
                     alloc_options(device.map(Location::from), priority, tenant, keep, compression, reservation)
