@@ -54,9 +54,14 @@ enum Command {
         /// Cluster configuration.
         #[arg(long)]
         config: PathBuf,
-        /// The node to run (a `[[node]]` name of the configuration).
+        /// The node to run (a `[[node]]` name of the configuration; with `[membership]`, also a node the list
+        /// leaves out, whose certificate `vfabric cluster add-node` made).
         #[arg(long)]
         node: String,
+        /// Where to listen for peers (`ip:port`), instead of the node's `[[node]]` address: what a node the list
+        /// leaves out needs.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
         /// Device layer, overriding the configuration: auto, cuda or emulated.
         #[arg(long)]
         device: Option<Backend>,
@@ -98,6 +103,20 @@ enum ClusterCommand {
         /// Also issue certificates for the ranks of a job of this many (`rank0`..), for jobs under mpirun.
         #[arg(long)]
         ranks: Option<u16>,
+    },
+    /// Issue a certificate for a node the configuration does not list, with the cluster's CA (its
+    /// `network.certs` folder must hold `ca-key.pem`), so that it can join a cluster kept in etcd
+    /// (`[membership]`): then start it with `vfabric agent --node NAME --listen IP:PORT`.
+    AddNode {
+        /// Cluster configuration.
+        #[arg(long)]
+        config: PathBuf,
+        /// The new node's name (a DNS name, as `[[node]]` names are).
+        #[arg(long)]
+        name: String,
+        /// The tenant the node belongs to (a `[[tenant]]` id), written into its certificate.
+        #[arg(long)]
+        tenant: Option<u32>,
     },
 }
 
@@ -151,11 +170,46 @@ fn cluster_init(config: &std::path::Path, out: Option<PathBuf>, ranks: Option<u1
     Ok(())
 }
 
-fn run_agent(cfg: ClusterConfig, node: String, threads: usize) -> Result<(), String> {
+fn add_node(config: &std::path::Path, name: &str, tenant: Option<u32>) -> Result<(), String> {
+    use vfabric_transport::quic::ClusterCa;
+    let cfg = ClusterConfig::from_file(config).map_err(|e| e.to_string())?;
+    if cfg.node_index(name).is_ok() {
+        return Err(format!(
+            "node {name} is listed in {}: `vfabric cluster init` made its certificate",
+            config.display()
+        ));
+    }
+    if let Some(t) = tenant.filter(|t| !cfg.tenants.iter().any(|s| s.id == *t)) {
+        return Err(format!("tenant {t} is not listed in {} ([[tenant]])", config.display()));
+    }
+    let dir = PathBuf::from(&cfg.network.certs);
+    if dir.join(format!("{name}.pem")).exists() {
+        return Err(format!("{} already holds a certificate for {name}", dir.display()));
+    }
+    let ca = ClusterCa::load(&dir).map_err(|e| format!("the cluster CA in {}: {e}", dir.display()))?;
+    let id = ca.issue_for(name, tenant).map_err(|e| format!("node {name}: {e}"))?;
+    id.save(&dir).map_err(|e| format!("node {name}: {e}"))?;
+    println!(
+        "certificate for {name} in {} (start it with `vfabric agent --node {name} --listen IP:PORT`)",
+        dir.display()
+    );
+    if cfg.membership.is_none() {
+        println!("note: without [membership] (etcd), only nodes listed in [[node]] are reached");
+    }
+    Ok(())
+}
+
+fn run_agent(
+    cfg: ClusterConfig,
+    node: String,
+    listen: Option<std::net::SocketAddr>,
+    threads: usize,
+) -> Result<(), String> {
     let rt = vfabric::agent::Agent::runtime(threads).map_err(|e| e.to_string())?;
     let drain = cfg.network.drain;
     rt.block_on(async move {
-        let agent = vfabric::agent::Agent::start_from_config(&cfg, &node).await.map_err(|e| e.to_string())?;
+        let agent =
+            vfabric::agent::Agent::start_from_config_at(&cfg, &node, listen).await.map_err(|e| e.to_string())?;
         let socket = vfabric::agent::default_socket(&cfg.cluster.name, &node);
         let socket = agent.serve_local(&socket).await.map_err(|e| e.to_string())?;
         println!(
@@ -322,8 +376,11 @@ fn main() -> ExitCode {
         Command::Cluster { command: ClusterCommand::Probe { config, node, bytes, device } } => {
             load(Some(config), device).and_then(|cfg| probe(cfg, node, bytes.bytes()))
         }
-        Command::Agent { config, node, device, threads } => {
-            load(Some(config), device).and_then(|cfg| run_agent(cfg, node, threads))
+        Command::Agent { config, node, listen, device, threads } => {
+            load(Some(config), device).and_then(|cfg| run_agent(cfg, node, listen, threads))
+        }
+        Command::Cluster { command: ClusterCommand::AddNode { config, name, tenant } } => {
+            add_node(&config, &name, tenant)
         }
         Command::CheckConfig { path } => ClusterConfig::from_file(&path).map_err(|e| e.to_string()).and_then(|cfg| {
             let text = toml_text(&cfg)?;

@@ -22,12 +22,18 @@ fn etcd_url(port: u16) -> String {
 }
 
 fn start(config: &Path, node: &str) -> Ended {
-    let log = std::fs::File::create(config.with_file_name(format!("{node}.log"))).expect("agent log");
+    start_with(config, node, &[])
+}
+
+/// [`start`] with more arguments for `vfabric agent`; the log of each start goes on after the last one's.
+fn start_with(config: &Path, node: &str, more: &[&str]) -> Ended {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(config.with_file_name(format!("{node}.log")));
     let child = Command::new(env!("CARGO_BIN_EXE_vfabric"))
         .args(["agent", "--node", node, "--config"])
         .arg(config)
+        .args(more)
         .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(log.expect("agent log"))
         .spawn()
         .expect("start an agent");
     Ended(child)
@@ -213,6 +219,58 @@ fn a_standby_that_etcd_counts_out_is_replaced_and_the_region_survives_its_home()
         eprintln!("d served the region {:?} after b was killed", t.elapsed());
         a.shutdown().await;
         drop((b, c));
+    });
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_node_the_configuration_does_not_list_joins_takes_an_id_and_keeps_it() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("members-unlisted-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b"], 47900, 23792, "");
+    let _etcd = etcd(&dir, 23792);
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    // x is in no [[node]]: the cluster's CA makes its certificate, and it says where it listens.
+    let add = |name: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+            .args(["cluster", "add-node", "--name", name, "--config"])
+            .arg(&config)
+            .output()
+            .expect("vfabric cluster add-node");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    assert!(add("x").0, "a certificate for x");
+    let (listed, why) = add("a");
+    assert!(!listed && why.contains("listed"), "a listed node's certificate comes from cluster init: {why}");
+    runtime().block_on(async {
+        let a = start_here(&cfg, "a").await;
+        let x = start_with(&config, "x", &["--listen", "127.0.0.1:47950"]);
+        // The first id after the listed nodes': 2.
+        joined(&a, 2).await;
+        let r = a.alloc(2, 1 << 20, None).await.expect("a region on x");
+        a.write(&r, 0, &[7u8; 4096]).await.expect("write on x");
+        // x stops: it hands its region over (to a, the only other node up) and leaves.
+        kill(Pid::from_raw(x.0.id() as i32), Signal::SIGTERM).expect("SIGTERM x");
+        let t = Instant::now();
+        while a.is_alive(2).await.expect("node x") {
+            assert!(t.elapsed() < Duration::from_secs(20), "x never left");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut buf = [0u8; 4096];
+        a.read(&r, 0, &mut buf).await.expect("x's region, handed over as x left");
+        assert_eq!(buf, [7u8; 4096]);
+        // x comes back (once its process is gone, and its port with it): etcd kept its id.
+        let exited = tokio::task::spawn_blocking(move || {
+            let mut x = x;
+            x.0.wait().map(|s| (s, x))
+        });
+        let (status, _gone) = exited.await.expect("join").expect("x exits");
+        assert!(status.success(), "x stops cleanly");
+        let x = start_with(&config, "x", &["--listen", "127.0.0.1:47950"]);
+        joined(&a, 2).await;
+        let again = a.alloc(2, 1 << 20, None).await.expect("a region on x again");
+        assert_eq!(again.addr.node().0, 2, "x has the id it had");
+        a.shutdown().await;
+        drop(x);
     });
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -4,11 +4,18 @@
 //! have standbys) instead of after `network.dead_after_ms` of silence; one that comes is reached at the address
 //! it registered. Heartbeats still watch the members: etcd says who is in the cluster, heartbeats whether this
 //! node can reach them.
+//!
+//! A node not listed in `[[node]]` joins too: before it starts, it claims a node id for its name in etcd
+//! (`/vfabric/<cluster>/ids/<name>`, and `/vfabric/<cluster>/nodes/<id>` naming it, both created in one
+//! transaction and kept: a node that restarts finds its id again), and it registers as `<id>@<address>`, which
+//! is how the others learn its id.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
 
 use super::shared::Agent;
 use super::standing::{Registration, Standing};
@@ -20,23 +27,70 @@ pub fn members_prefix(cluster: &str) -> String {
     format!("/vfabric/{cluster}/members/")
 }
 
+/// A client of the etcd that `m` names, and how to word its errors.
+async fn connect(m: &MembershipSection) -> Result<(Client, impl Fn(etcd_client::Error) -> NetworkError), FabricError> {
+    let endpoints = m.etcd.join(", ");
+    let failed =
+        move |e: etcd_client::Error| NetworkError::Membership { endpoints: endpoints.clone(), message: e.to_string() };
+    let options =
+        ConnectOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(5));
+    let client = Client::connect(&m.etcd, Some(options)).await.map_err(&failed)?;
+    Ok((client, failed))
+}
+
+/// The node id of `name`, a node that `[[node]]` does not list, in cluster `cluster`: the one etcd keeps for
+/// the name, or else the lowest free one from `first` (the listed nodes' ids come before) below
+/// `m.max_nodes`, claimed for good.
+pub(crate) async fn claim_node_id(
+    m: &MembershipSection,
+    cluster: &str,
+    name: &str,
+    first: u16,
+) -> Result<u16, FabricError> {
+    let (mut client, failed) = connect(m).await?;
+    let by_name = format!("/vfabric/{cluster}/ids/{name}");
+    for id in first..m.max_nodes {
+        let got = client.get(by_name.clone(), None).await.map_err(&failed)?;
+        if let Some(kv) = got.kvs().first() {
+            return kv.value_str().ok().and_then(|v| v.parse().ok()).ok_or_else(|| {
+                NetworkError::Membership {
+                    endpoints: m.etcd.join(", "),
+                    message: format!("{by_name} holds no node id"),
+                }
+                .into()
+            });
+        }
+        let by_id = format!("/vfabric/{cluster}/nodes/{id}");
+        let unclaimed = |key: &str| Compare::create_revision(key, CompareOp::Equal, 0);
+        let claim = Txn::new()
+            .when([unclaimed(&by_id), unclaimed(&by_name)])
+            .and_then([TxnOp::put(by_id.clone(), name, None), TxnOp::put(by_name.clone(), id.to_string(), None)]);
+        if client.txn(claim).await.map_err(&failed)?.succeeded() {
+            tracing::info!(name, id, "claimed a node id in etcd");
+            return Ok(id);
+        }
+        // Another node holds this id, or this name got one meanwhile (asked again at the top).
+    }
+    Err(NetworkError::Membership {
+        endpoints: m.etcd.join(", "),
+        message: format!("every node id below membership.max_nodes ({}) is taken", m.max_nodes),
+    }
+    .into())
+}
+
 impl Agent {
     /// Registers this node in etcd under a lease kept alive, takes the members there now, and follows their
     /// changes from then on.
     pub(crate) async fn join_cluster(&self, m: &MembershipSection) -> Result<(), FabricError> {
-        let endpoints = m.etcd.join(", ");
-        let failed =
-            |e: etcd_client::Error| NetworkError::Membership { endpoints: endpoints.clone(), message: e.to_string() };
-        let options =
-            ConnectOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(5));
-        let mut client = Client::connect(&m.etcd, Some(options)).await.map_err(failed)?;
-        let lease = client.lease_grant(i64::from(m.lease_ttl_s), None).await.map_err(failed)?.id();
+        let (mut client, failed) = connect(m).await?;
+        let lease = client.lease_grant(i64::from(m.lease_ttl_s), None).await.map_err(&failed)?.id();
         let prefix = members_prefix(&self.shared.cluster);
         let me = self.peer(self.node())?.lock().await.name.clone();
         let put = PutOptions::new().with_lease(lease);
-        client.put(format!("{prefix}{me}"), self.local_addr().to_string(), Some(put)).await.map_err(failed)?;
+        let value = format!("{}@{}", self.node(), self.local_addr());
+        client.put(format!("{prefix}{me}"), value, Some(put)).await.map_err(&failed)?;
         // The members now: every other node is none until etcd lists it.
-        let now = client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(failed)?;
+        let now = client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(&failed)?;
         for p in &self.shared.peers {
             p.lock().await.member = Some(false);
         }
@@ -47,7 +101,7 @@ impl Agent {
         }
         let from = now.header().map_or(0, |h| h.revision()) + 1;
         let watch = WatchOptions::new().with_prefix().with_start_revision(from);
-        let (watcher, mut changes) = client.watch(prefix.clone(), Some(watch)).await.map_err(failed)?;
+        let (watcher, mut changes) = client.watch(prefix.clone(), Some(watch)).await.map_err(&failed)?;
         let agent = self.clone();
         let following = tokio::spawn(async move {
             let _watcher = watcher;
@@ -91,19 +145,27 @@ impl Agent {
         }
     }
 
-    /// Node `name` registered at `addr`.
-    async fn member_joined(&self, name: &str, addr: &str) {
-        let Some(node) = self.node_named(name).await else {
-            return tracing::warn!(name, "a member etcd lists is no node of the configuration");
+    /// Node `name` registered as `value`: `<id>@<address>`.
+    async fn member_joined(&self, name: &str, value: &str) {
+        let parsed = value
+            .split_once('@')
+            .and_then(|(id, addr)| Some((id.parse::<u16>().ok()?, addr.parse::<SocketAddr>().ok()?)));
+        let Some((node, addr)) = parsed else {
+            return tracing::warn!(name, value, "a member registered as something other than <id>@<address>");
         };
         if self.is_me(node) {
             return;
         }
-        let Ok(addr) = addr.parse::<SocketAddr>() else {
-            return tracing::warn!(name, addr, "a member registered an address that is none");
+        let Ok(peer) = self.peer(node) else {
+            return tracing::warn!(name, node, "a member's node id is past this node's slots (membership.max_nodes)");
         };
-        let Ok(peer) = self.peer(node) else { return };
         let mut p = peer.lock().await;
+        // A node the configuration does not list takes its slot by name; a listed one must be the list's.
+        if p.name.is_empty() {
+            p.name = name.to_string();
+        } else if p.name != name {
+            return tracing::warn!(name, node, listed = %p.name, "a member registered under another node's id");
+        }
         if p.addr != Some(addr) {
             p.conns.iter_mut().for_each(|c| *c = None);
         }

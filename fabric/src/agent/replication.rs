@@ -138,7 +138,10 @@ impl Agent {
                 continue;
             }
             if !matches!(self.is_alive(node).await, Ok(true)) {
-                refusals.push(format!("node {node} is not answering"));
+                // (Slots of nodes that never joined are no nodes to mention.)
+                if self.peer(node).is_ok_and(|p| p.try_lock().map_or(true, |p| !p.name.is_empty())) {
+                    refusals.push(format!("node {node} is not answering"));
+                }
                 continue;
             }
             let msg = Message::Standby { region: WireRegion::from(region), origin: WireRegion::from(origin), replicas };

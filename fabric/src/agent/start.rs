@@ -39,7 +39,7 @@ impl Agent {
         }
         // A configuration made or changed in code gets the checks a file gets (lanes, ports, windows, ...).
         config.check(&format!("the configuration of cluster `{}`", config.cluster.name))?;
-        let node = config.node_index(name)?;
+        let node = node_id(config, name).await?;
         let net = config.network.clone();
         let bind = match bind {
             Some(b) => b,
@@ -66,15 +66,19 @@ impl Agent {
         let connections = usize::from(net.connections());
         let endpoints = bind_lanes(bind, connections, identity, &settings, lanes.as_ref())?;
         let mut peers = Vec::new();
-        for i in 0..config.nodes.len() as u16 {
+        // The listed nodes, then (with `[membership]`) slots for nodes that join without being listed, named
+        // once they register (this node's own slot at once).
+        for i in 0..config.node_slots() {
+            let listed = config.nodes.get(i);
+            let own = (i == usize::from(node)).then(|| name.to_string());
             peers.push(Mutex::new(Peer {
-                name: config.nodes[usize::from(i)].name.clone(),
-                addr: configured_addr(config, i)?,
+                name: listed.map(|n| n.name.clone()).or(own).unwrap_or_default(),
+                addr: configured_addr(config, i as u16)?,
                 conns: vec![None; connections],
                 last_seen: None,
                 member: None,
                 left: false,
-                tenant: config.nodes[usize::from(i)].tenant,
+                tenant: listed.and_then(|n| n.tenant),
             }));
         }
         // Nothing fails after this: the lane threads live until the runtime that started the agent ends (or
@@ -94,7 +98,7 @@ impl Agent {
             main: tokio::runtime::Handle::current(),
             lane_stop: std::sync::Mutex::new(lane_stop),
             started: Instant::now(),
-            loads: LaneLoads::new(&net, config.nodes.len()),
+            loads: LaneLoads::new(&net, config.node_slots()),
             peers,
             tasks: std::sync::Mutex::new(Vec::new()),
             grants: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -168,11 +172,24 @@ impl Agent {
     /// Starts node `name` with the identity `vfabric cluster init` wrote into the configuration's
     /// `network.certs` folder.
     pub async fn start_from_config(config: &ClusterConfig, name: &str) -> Result<Agent, FabricError> {
-        // A name that is no node's is the configuration's question, not a missing certificate's.
-        config.node_index(name)?;
+        Self::start_from_config_at(config, name, None).await
+    }
+
+    /// [`Agent::start_from_config`], listening on `bind` (default: the node's configured address; a node that
+    /// joins a cluster with `[membership]` without being listed in `[[node]]` has none, and needs one).
+    pub async fn start_from_config_at(
+        config: &ClusterConfig,
+        name: &str,
+        bind: Option<SocketAddr>,
+    ) -> Result<Agent, FabricError> {
+        // A name that is no node's is the configuration's question, not a missing certificate's (with
+        // `[membership]`, any node with a certificate may join).
+        if config.membership.is_none() {
+            config.node_index(name)?;
+        }
         let identity = NodeIdentity::load(Path::new(&config.network.certs), name)
             .map_err(|source| NetworkError::Certificate { node: name.to_string(), source })?;
-        Self::start(config, name, &identity, None).await
+        Self::start(config, name, &identity, bind).await
     }
 
     /// Closes every connection (peers' calls in flight fail with a closed-connection error), stops serving
@@ -294,6 +311,21 @@ fn bind_lanes(
         }
     }
     Err(last.unwrap_or(NetworkError::NoPortForLane { lane: lanes, base: bind.port() }))
+}
+
+/// The node id of `name`: its place in `[[node]]`, or, for a node the list leaves out that joins through etcd
+/// (`[membership]`), the id etcd keeps for its name.
+async fn node_id(config: &ClusterConfig, name: &str) -> Result<u16, FabricError> {
+    match (config.node_index(name), &config.membership) {
+        (Ok(node), _) => Ok(node),
+        #[cfg(feature = "etcd")]
+        (Err(_), Some(m)) => {
+            quic::validate_node_name(name)
+                .map_err(|source| NetworkError::Certificate { node: name.to_string(), source })?;
+            super::membership::claim_node_id(m, &config.cluster.name, name, config.nodes.len() as u16).await
+        }
+        (Err(e), _) => Err(e.into()),
+    }
 }
 
 /// The address node `node` listens on, as the configuration says (checked when the configuration was).

@@ -109,14 +109,14 @@ impl StorageSection {
     /// Node `node`'s file: the path itself for a one-node configuration, else the path with `.` and the node's
     /// name appended.
     pub fn path_of(&self, config: &ClusterConfig, node: u16) -> std::path::PathBuf {
+        let mut name = self.path.as_os_str().to_owned();
         match config.nodes.get(usize::from(node)) {
-            Some(n) if config.nodes.len() > 1 => {
-                let mut name = self.path.as_os_str().to_owned();
-                name.push(format!(".{}", n.name));
-                name.into()
-            }
-            _ => self.path.clone(),
+            Some(n) if config.nodes.len() > 1 => name.push(format!(".{}", n.name)),
+            Some(_) => return self.path.clone(),
+            // A node that joined without being listed (`[membership]`).
+            None => name.push(format!(".node{node}")),
         }
+        name.into()
     }
 }
 
@@ -329,8 +329,10 @@ impl NetworkSection {
 /// `[membership]`: the cluster's members kept in etcd. Each agent registers its node under a lease it keeps
 /// alive (`/vfabric/<cluster>/members/<node>`, its address as the value) and watches the others: a node that
 /// starts joins the running cluster, and one that stops (its lease revoked) or dies (its lease expired) is gone
-/// for every node at once, its regions failing over where they have standbys. The nodes are still those listed
-/// in `[[node]]` (their ids and certificates); a listed node that never started is no member.
+/// for every node at once, its regions failing over where they have standbys. A node listed in `[[node]]` has
+/// its place in the list as its id; one that is not (started with `vfabric agent --listen`, its certificate
+/// from `vfabric cluster add-node`) takes an id that etcd keeps for its name; a listed node that never started
+/// is no member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MembershipSection {
@@ -339,11 +341,21 @@ pub struct MembershipSection {
     /// Seconds a member stays one without renewing its lease (etcd's own floor applies; at least 1).
     #[serde(default = "default_lease_ttl")]
     pub lease_ttl_s: u32,
+    /// Most nodes the cluster may have, those not listed in `[[node]]` included (each takes a node id below it).
+    #[serde(default = "default_max_nodes")]
+    pub max_nodes: u16,
 }
 
 fn default_lease_ttl() -> u32 {
     2
 }
+
+fn default_max_nodes() -> u16 {
+    64
+}
+
+/// The most node ids `[membership] max_nodes` may allow (each is a peer this node keeps a slot for).
+pub const MAX_NODES: u16 = 4096;
 
 /// `[[node]]`: one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -423,6 +435,11 @@ impl ClusterConfig {
         })
     }
 
+    /// The slots for peers a node keeps: the listed nodes, or, with `[membership]`, `max_nodes`.
+    pub fn node_slots(&self) -> usize {
+        self.membership.as_ref().map_or(0, |m| usize::from(m.max_nodes)).max(self.nodes.len())
+    }
+
     /// The index of node `name` (its node id in global addresses).
     pub fn node_index(&self, name: &str) -> Result<u16, ConfigError> {
         self.nodes.iter().position(|n| n.name == name).map(|i| i as u16).ok_or_else(|| ConfigError::Invalid {
@@ -450,6 +467,13 @@ impl ClusterConfig {
                 return Err(bad(
                     "membership needs etcd = [\"http://host:2379\", ...] and a lease_ttl_s of at least 1".into()
                 ));
+            }
+            if usize::from(m.max_nodes) < self.nodes.len() || m.max_nodes > MAX_NODES {
+                return Err(bad(format!(
+                    "membership.max_nodes is {}: it must hold the {} listed node(s) and be at most {MAX_NODES}",
+                    m.max_nodes,
+                    self.nodes.len()
+                )));
             }
         }
         let replicas = self.network.replicas;
