@@ -61,6 +61,6 @@ pub use link::LinkStats;
 pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};
 #[cfg(feature = "etcd")]
 pub use membership::members_prefix;
-pub use remote_lease::AgentLease;
+pub use remote_lease::{version_after_release, AgentLease};
 pub use replication::Replication;
 pub use shared::Agent;

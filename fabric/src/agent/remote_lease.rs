@@ -235,8 +235,7 @@ impl Agent {
         };
         match released {
             Ok(Message::Done) => {
-                // A write lease's release bumps each of its pages' versions once at the home.
-                let version = if mode == Mode::Write { r.version.wrapping_add(r.pages) } else { r.version };
+                let version = version_after_release(r.version, r.pages, mode == Mode::Write);
                 self.keep_replica(r.key, Replica { copy, version });
                 Ok(())
             }
@@ -258,5 +257,17 @@ impl Agent {
                 tracing::warn!(region = %r, error = %e, "freeing a dropped replica failed");
             }
         }
+    }
+}
+
+/// The version of a leased range of `pages` pages, granted at `version`, once its lease is released: a write
+/// lease's release moves each page's version on by one at the home (the range's version is their sum), a read
+/// lease's changes nothing. The copy kept after a release carries it (`fabric/tests/lease_model.rs` checks
+/// that a copy kept so is current exactly when the home's version matches).
+pub fn version_after_release(version: u64, pages: u64, write: bool) -> u64 {
+    if write {
+        version.wrapping_add(pages)
+    } else {
+        version
     }
 }

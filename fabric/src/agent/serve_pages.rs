@@ -93,6 +93,13 @@ pub(crate) async fn grant(
     };
     if sent.await.is_ok() {
         let _ = send.finish();
+    } else {
+        // The caller's call failed (or was dropped) before the pages were in: it holds no lease, and this one
+        // ends now instead of when the connection closes (it would keep the home's writers out until then).
+        let unsent = agent.grants().remove(&id);
+        if let Some(Err(e)) = unsent.map(|g| in_place(|| agent.shared.fabric.release(g.lease))) {
+            tracing::warn!(lease = id, error = %e, "releasing a lease whose answer did not go");
+        }
     }
     Ok(())
 }
