@@ -640,6 +640,7 @@ def main():
         torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
     waited0 = streamed.waited if streamed is not None else None
+    busy0 = streamed.host_busy if streamed is not None else None
     stalls0 = fabric.stats()["stalls"] if fabric is not None else None
     if "moved" in info:
         mv0 = dict(info["moved"])
@@ -657,6 +658,7 @@ def main():
             mv1 = {k: info["moved"][k] - mv0[k] for k in mv0}
         if it == a.warmup - 1 and streamed is not None:
             waited0 = streamed.waited
+            busy0 = streamed.host_busy
             if fabric is not None:
                 stalls0 = fabric.stats()["stalls"]
     meas = times[a.warmup:] if len(times) > a.warmup else times
@@ -681,6 +683,7 @@ def main():
     if streamed is not None and a.steps > a.warmup:
         per = a.steps - a.warmup
         res["waited_ms_per_step"] = {k: round((v - waited0[k]) / per * 1e3, 1) for k, v in streamed.waited.items()}
+        res["host_busy_ms_per_step"] = {k: round((v - busy0[k]) / per * 1e3, 1) for k, v in streamed.host_busy.items()}
     if fabric is not None:
         traffic = fabric.stats()["traffic"]
         res["fabric_traffic_GB"] = {k: round(v / 1e9, 1) for k, v in traffic.items() if k != "stages"}

@@ -214,6 +214,12 @@ class StreamedLayers:
         prefetch had to make first), and the CPU's optimizer steps ("host_steps")."""
         return dict(self.stream.waited)
 
+    @property
+    def host_busy(self) -> Dict[str, float]:
+        """Seconds the CPU spent on the optimizer steps it takes so far, by part ("leases", "adamw",
+        "compute_copy", "release"): with `waited["host_steps"]`, whether the CPU bounds a step."""
+        return dict(self.stream.host_busy)
+
     def flush(self) -> None:
         """Waits for the layers' queued work and releases every lease (call before reading the fabric)."""
         self.stream.flush()

@@ -121,6 +121,10 @@ class LayerStream:
         self.accumulating = False
         """Whether backward passes only add gradients up (every micro-batch of a step but the last)."""
         self.waited = {"acquire": 0.0, "retire": 0.0, "hints": 0.0, "host_steps": 0.0}
+        self.host_busy = {"leases": 0.0, "adamw": 0.0, "compute_copy": 0.0, "release": 0.0}
+        """Seconds the CPU's worker spent on the layers it steps, by part: leasing their gradient sums, states and
+        compute copies in host memory (waiting for write-backs to land), AdamW, writing the compute copy, and
+        letting the leases go. Beside `waited["host_steps"]`, it says whether the CPU bounds a step."""
         self.flushed_for_runs = 0
         """Times a part found no run of frames until the pending layers let theirs go."""
         self._layers: List[_Layer] = []
@@ -301,22 +305,28 @@ class LayerStream:
         assert ops is not None
         lay = layer.layout
         held: List[Any] = []
+        busy = self.host_busy
         try:
             flats: Dict[Key, Array] = {}
+            t = time.perf_counter()
             for role, region, mode in (("grads", grads, "r"), ("states", layer.states, "w"), ("weights", layer.weights, "w")):
                 for k, part in enumerate(layer.parts(role)):
                     held.append(self.fabric.acquire(region, part.offset, part.nbytes, device="host", mode=mode))
                     flats[(role, k)] = ops.flat(held[-1])
+            t = _lap(busy, "leases", t)
             for k, piece in enumerate(lay.pieces):
                 p, m, v = (ops.view(flats[("states", k)], 4 * piece.numel * w, "float32", (piece.numel,)) for w in range(3))
                 ops.adamw(p, ops.view(flats[("grads", k)], 0, "float32", (piece.numel,)), m, v, layer.steps, self.optimizer)
                 del p, m, v
+            t = _lap(busy, "adamw", t)
             _copy_compute(ops, lay, flats)
             flats.clear()
+            t = _lap(busy, "compute_copy", t)
             for lease in held:
                 lease.release(wait=False)  # the CPU's work is done when its calls return
             held.clear()
             self.fabric.free(grads)
+            _lap(busy, "release", t)
         except BaseException as e:  # handed to the caller when it next needs the layer
             layer.host_error = e
             for lease in held:
@@ -467,6 +477,13 @@ class LayerStream:
             self.fabric.free(region)
         if p.host_step:
             self._queue_host_step(p.layer)
+
+
+def _lap(busy: Dict[str, float], what: str, since: float) -> float:
+    """Adds the seconds since `since` to `busy[what]`; returns now."""
+    now = time.perf_counter()
+    busy[what] += now - since
+    return now
 
 
 def _copy_compute(ops: Ops, lay: LayerLayout, flats: Mapping[Key, Array]) -> None:
