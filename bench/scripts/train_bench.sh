@@ -36,6 +36,8 @@ ARGS[large_resident]="$LARGE --mode resident --steps 8 --warmup 2";             
 ARGS[large_fsdp]="$LARGE --mode fsdp --steps 6 --warmup 2";                           TMO[large_fsdp]=220
 ARGS[large_stream_recompute]="$LARGE --mode stream --act recompute --opt gpu --steps 8 --warmup 2"; TMO[large_stream_recompute]=180
 ARGS[large_vfabric]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 8 --warmup 2"; TMO[large_vfabric]=240
+# The CPU's steps a chunk of 4 Mi parameters at a time (AdamW, then the chunk's compute copy while it is cached).
+ARGS[large_vfabric_chunk]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-chunk 4194304 --steps 8 --warmup 2"; TMO[large_vfabric_chunk]=240
 ARGS[large_vfabric_gpu]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --steps 8 --warmup 2"; TMO[large_vfabric_gpu]=240
 ARGS[large_allocator]="$LARGE --mode allocator --steps 8 --warmup 2";                 TMO[large_allocator]=120
 ARGS[large_resident_accum16]="$LARGE --mode resident --accum 16 --steps 4 --warmup 1"; TMO[large_resident_accum16]=150

@@ -45,6 +45,8 @@ def parse():
     p.add_argument("--accum", type=int, default=1, help="micro-batches per step (resident, vfabric, allocator)")
     p.add_argument("--fabric-budget", default="10GiB", help="vfabric: the fabric's GPU arena")
     p.add_argument("--lookahead", type=int, default=2, help="vfabric: blocks prefetched ahead")
+    p.add_argument("--host-chunk", type=int, default=0,
+                   help="vfabric: parameters of a CPU-stepped block whose AdamW and compute copy run together (0: whole block)")
     p.add_argument("--host-layers", type=int, default=0, help="vfabric: last blocks whose AdamW runs on the CPU")
     p.add_argument("--allocator-budget", default="120GiB", help="allocator: the fabric's GPU arena")
     p.add_argument("--layers", type=int, default=2)
@@ -336,9 +338,11 @@ name = "local"
     t0 = time.perf_counter()
     fabric = vfabric.Fabric(cfg)
     info = {"fabric_budget": a.fabric_budget, "host_arena_GiB": host, "fabric_start_s": round(time.perf_counter() - t0, 1),
-            "device": fabric.device_kind, "lookahead": a.lookahead, "host_layers": a.host_layers}
+            "device": fabric.device_kind, "lookahead": a.lookahead, "host_layers": a.host_layers,
+            "host_chunk": a.host_chunk}
     root = GPT(a, DEV, with_blocks=False)
-    layers = vt.stream([], fabric, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd, lookahead=a.lookahead)
+    layers = vt.stream([], fabric, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd, lookahead=a.lookahead,
+                       host_chunk=a.host_chunk)
     blocks = nn.ModuleList()
     t0 = time.perf_counter()
     for i in range(a.layers):  # same init as the other modes: build the block on the GPU, hand it to the fabric

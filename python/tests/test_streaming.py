@@ -115,9 +115,11 @@ class Streamed:
     """The same model with its layers' state in the fabric, run through a LayerStream; the last `on_host` layers
     take their optimizer step on the CPU."""
 
-    def __init__(self, fabric, on_host=0):
+    def __init__(self, fabric, on_host=0, host_chunk=0):
         # Pieces of 3 pages of states (16384 parameters): a layer's states come in 3 pieces.
-        self.stream = LayerStream(fabric, "gpu0", NumpyOps(), OPT, lookahead=1, host_ops=NumpyOps(), piece_bytes=192 << 10)
+        self.stream = LayerStream(
+            fabric, "gpu0", NumpyOps(), OPT, lookahead=1, host_ops=NumpyOps(), piece_bytes=192 << 10, host_chunk=host_chunk
+        )
         for i in range(LAYERS):
             values = init(i)
             self.stream.add_layer(specs(), lambda name, v=values: v[name].reshape(-1), on_host=i >= LAYERS - on_host)
@@ -155,9 +157,10 @@ def tight(tmp_path):
     return vfabric.Fabric(str(path))
 
 
-@pytest.mark.parametrize("micro_batches,on_host", [(1, 0), (3, 0), (1, 3), (3, 2)])
-def test_streamed_layers_train_as_the_resident_model_does(tight, micro_batches, on_host):
-    ref, run = Resident(), Streamed(tight, on_host)
+# The CPU's steps in chunks of 1000 parameters too: chunks that end inside a parameter and across them.
+@pytest.mark.parametrize("micro_batches,on_host,host_chunk", [(1, 0, 0), (3, 0, 0), (1, 3, 0), (3, 2, 0), (1, 3, 1000)])
+def test_streamed_layers_train_as_the_resident_model_does(tight, micro_batches, on_host, host_chunk):
+    ref, run = Resident(), Streamed(tight, on_host, host_chunk)
     for step in range(4):
         for k in range(micro_batches):
             x, t = batch(10 * step + k)

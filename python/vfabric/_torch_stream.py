@@ -134,6 +134,7 @@ class StreamedLayers:
         weight_decay: float = 0.01,
         compute_dtype: torch.dtype = torch.bfloat16,
         lookahead: int = 2,
+        host_chunk: int = 0,
     ):
         if compute_dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"compute_dtype must be torch.bfloat16, torch.float16 or torch.float32, not {compute_dtype}")
@@ -148,7 +149,7 @@ class StreamedLayers:
         self.compute_dtype = compute_dtype
         self.stream = LayerStream(
             fabric, device, TorchOps(self.device), AdamW(lr, betas, eps, weight_decay), lookahead,
-            host_ops=TorchOps(torch.device("cpu")),
+            host_ops=TorchOps(torch.device("cpu")), host_chunk=host_chunk,
         )
         self.modules: List[nn.Module] = []
         self.forwards: List[Callable[..., Any]] = []

@@ -113,7 +113,11 @@ class LayerLayout:
 
     def overlaps(self, k: int) -> List[Tuple[int, int, int]]:
         """The parameters piece `k` covers: (parameter, first element in it, elements), in order."""
-        start, n = self.pieces[k]
+        return self.covering(*self.pieces[k])
+
+    def covering(self, start: int, n: int) -> List[Tuple[int, int, int]]:
+        """The parameters that elements `start .. start + n` of the flat array cover: (parameter, first element
+        in it, elements), in order."""
         out = []
         for i, (s, first) in enumerate(zip(self.specs, self.flat)):
             lo, hi = max(start, first), min(start + n, first + s.numel)

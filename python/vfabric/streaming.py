@@ -45,7 +45,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from vfabric.stream_layout import ITEMSIZE, PIECE_BYTES, AdamW, Array, Event, LayerLayout, Ops, ParamSpec, Part
+from vfabric.stream_layout import ITEMSIZE, PIECE_BYTES, AdamW, Array, Event, LayerLayout, Ops, ParamSpec, Part, Piece
 
 __all__ = ["AdamW", "LayerLayout", "LayerStream", "Ops", "ParamSpec"]
 
@@ -110,6 +110,7 @@ class LayerStream:
         lookahead: int = 2,
         host_ops: Optional[Ops] = None,
         piece_bytes: int = PIECE_BYTES,
+        host_chunk: int = 0,
     ):
         self.fabric = fabric
         self.device = device
@@ -118,6 +119,10 @@ class LayerStream:
         self.optimizer = optimizer
         self.lookahead = max(0, lookahead)
         self.piece_bytes = piece_bytes
+        self.host_chunk = max(0, host_chunk)
+        """Elements of a layer the CPU's step takes at once, AdamW then the compute copy of the same elements,
+        while they are still in the CPU's caches (0: AdamW over the whole layer, then its compute copy, which
+        reads the master weights from memory again)."""
         self.accumulating = False
         """Whether backward passes only add gradients up (every micro-batch of a step but the last)."""
         self.waited = {"acquire": 0.0, "retire": 0.0, "hints": 0.0, "host_steps": 0.0}
@@ -314,14 +319,21 @@ class LayerStream:
                     held.append(self.fabric.acquire(region, part.offset, part.nbytes, device="host", mode=mode))
                     flats[(role, k)] = ops.flat(held[-1])
             t = _lap(busy, "leases", t)
-            for k, piece in enumerate(lay.pieces):
-                p, m, v = (ops.view(flats[("states", k)], 4 * piece.numel * w, "float32", (piece.numel,)) for w in range(3))
-                ops.adamw(p, ops.view(flats[("grads", k)], 0, "float32", (piece.numel,)), m, v, layer.steps, self.optimizer)
-                del p, m, v
-            t = _lap(busy, "adamw", t)
-            _copy_compute(ops, lay, flats)
+            if self.host_chunk:
+                # Chunk by chunk, the compute copy right after AdamW (its time counted in "adamw").
+                for k, piece in enumerate(lay.pieces):
+                    for at in range(0, piece.numel, self.host_chunk):
+                        n = min(self.host_chunk, piece.numel - at)
+                        _adamw_part(ops, flats, piece, k, at, n, layer.steps, self.optimizer)
+                        _copy_compute_part(ops, lay, flats, k, piece.start + at, n)
+                t = _lap(busy, "adamw", t)
+            else:
+                for k, piece in enumerate(lay.pieces):
+                    _adamw_part(ops, flats, piece, k, 0, piece.numel, layer.steps, self.optimizer)
+                t = _lap(busy, "adamw", t)
+                _copy_compute(ops, lay, flats)
+                t = _lap(busy, "compute_copy", t)
             flats.clear()
-            t = _lap(busy, "compute_copy", t)
             for lease in held:
                 lease.release(wait=False)  # the CPU's work is done when its calls return
             held.clear()
@@ -489,12 +501,26 @@ def _lap(busy: Dict[str, float], what: str, since: float) -> float:
 def _copy_compute(ops: Ops, lay: LayerLayout, flats: Mapping[Key, Array]) -> None:
     """Writes the compute copy (`("weights", part)` arrays) from the master weights (`("states", piece)`)."""
     for k, piece in enumerate(lay.pieces):
-        for j, first, n in lay.overlaps(k):
-            spec = lay.specs[j]
-            part, at = lay.compute[j]
-            dst = ops.view(flats[("weights", part)], at + first * ITEMSIZE[spec.dtype], spec.dtype, (n,))
-            src = ops.view(flats[("states", k)], 4 * (lay.flat[j] + first - piece.start), "float32", (n,))
-            ops.copy(dst, src)
+        _copy_compute_part(ops, lay, flats, k, piece.start, piece.numel)
+
+
+def _copy_compute_part(ops: Ops, lay: LayerLayout, flats: Mapping[Key, Array], k: int, start: int, n: int) -> None:
+    """Writes elements `start .. start + n` of the compute copy, which lie in piece `k`, from their master
+    weights."""
+    piece = lay.pieces[k]
+    for j, first, count in lay.covering(start, n):
+        spec = lay.specs[j]
+        part, at = lay.compute[j]
+        dst = ops.view(flats[("weights", part)], at + first * ITEMSIZE[spec.dtype], spec.dtype, (count,))
+        src = ops.view(flats[("states", k)], 4 * (lay.flat[j] + first - piece.start), "float32", (count,))
+        ops.copy(dst, src)
+
+
+def _adamw_part(ops: Ops, flats: Mapping[Key, Array], piece: Piece, k: int, at: int, n: int, step: int, opt: AdamW) -> None:
+    """AdamW on elements `at .. at + n` of piece `k` (its master weights, moments and gradient sums, leased on
+    the host: `("states", k)`, `("grads", k)`)."""
+    p, m, v = (ops.view(flats[("states", k)], 4 * (piece.numel * w + at), "float32", (n,)) for w in range(3))
+    ops.adamw(p, ops.view(flats[("grads", k)], 4 * at, "float32", (n,)), m, v, step, opt)
 
 
 def _stop_worker(ref: "weakref.ref[LayerStream]") -> None:
