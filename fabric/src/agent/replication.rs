@@ -74,6 +74,17 @@ impl Agent {
         device: Option<Location>,
         keep: Replication,
     ) -> Result<Region, FabricError> {
+        self.alloc_placed(size, device.map(Placement::on).unwrap_or_default(), keep).await
+    }
+
+    /// [`Agent::alloc_at_home`] with the whole placement (priority, compression, reservation; the tenant is
+    /// the one the call acts for, if any).
+    pub(crate) async fn alloc_placed(
+        &self,
+        size: u64,
+        mut placement: Placement,
+        keep: Replication,
+    ) -> Result<Region, FabricError> {
         let net = &self.shared.net;
         let replicas = if keep.replicas == 0 { net.replicas } else { keep.replicas };
         let lag = keep.lag.unwrap_or(Duration::from_millis(u64::from(net.replica_lag_ms)));
@@ -83,7 +94,6 @@ impl Agent {
                 "{replicas} replicas asked: a region is kept on at most {MAX_REPLICAS} nodes"
             )));
         }
-        let mut placement = device.map(Placement::on).unwrap_or_default();
         // A call made for a tenant allocates under its name.
         if let Some(tenant) = acting::tenant() {
             if replicas > 1 {

@@ -184,6 +184,7 @@ impl Agent {
                     let tenant = session.tenant.unwrap_or_default();
                     let device = device.map(Location::from);
                     self.alloc_for(
+                        rt,
                         session,
                         size,
                         AllocOptions { device, tenant, keep: true, ..AllocOptions::default() },
@@ -199,7 +200,7 @@ impl Agent {
                     .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
                 Message::AllocWith { size, device, priority, tenant, keep, compression, reservation } => {
                     alloc_options(device.map(Location::from), priority, tenant, keep, compression, reservation)
-                        .and_then(|options| self.alloc_for(session, size, options))
+                        .and_then(|options| self.alloc_for(rt, session, size, options))
                 }
                 Message::Reserve { device, bytes, tenant } => self.reserve_for(session, device.into(), bytes, tenant),
                 Message::Unreserve { id } => self.unreserve_for(session, id),

@@ -16,6 +16,7 @@ use super::runner::Runner;
 use super::AllocOptions;
 use crate::agent::remote_lease::AgentLease;
 use crate::agent::shared::{in_place, Agent};
+use crate::agent::Replication;
 use crate::directory::{Mode, Placement, Priority, RegionHandle as Region};
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::fabric::{LeasePtr, Reservation};
@@ -64,6 +65,7 @@ impl Agent {
     /// `AllocWith`: a region at this node; it ends with the client unless `keep`.
     pub(super) fn alloc_for(
         &self,
+        rt: &Runner,
         session: &mut Session,
         size: u64,
         options: AllocOptions,
@@ -71,7 +73,13 @@ impl Agent {
         let AllocOptions { device, priority, tenant, keep, compression, reservation } = options;
         let reservation = reservation.map(|id| session.reservation(id)).transpose()?;
         let placement = Placement { device, priority, tenant, reservation, compression };
-        let region = in_place(|| self.fabric().alloc(size, placement))?;
+        // The cluster's `network.replicas` applies to a client's regions too (not to tenants': theirs stay on
+        // their home for now).
+        let region = if self.shared.net.replicas > 1 && tenant == TenantId::default() && session.tenant.is_none() {
+            rt.block_on(self.alloc_placed(size, placement, Replication::default()))?
+        } else {
+            in_place(|| self.fabric().alloc(size, placement))?
+        };
         if !keep {
             session.owned.insert(region);
         }
