@@ -219,6 +219,8 @@ fn a_tenants_client_sees_only_its_own_regions() {
             keep: true,
             compression: 0,
             reservation: None,
+            replicas: 0,
+            lag_ms: None,
         })
     };
     // Tenant 7 allocates without naming itself, and with a plain `Alloc`: both regions are its.

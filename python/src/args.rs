@@ -64,3 +64,19 @@ pub fn tenant(value: i64) -> PyResult<vfabric::TenantId> {
         .map(vfabric::TenantId)
         .map_err(|_| value_error(format!("tenant must be in 0..={} (got {value})", u32::MAX)))
 }
+
+/// `replicas` (nodes that keep a region, 0 for the cluster's default) and `replica_lag` (seconds its standby may
+/// be behind; `None` for the cluster's default).
+pub fn replication(replicas: i64, replica_lag: Option<f64>) -> PyResult<vfabric::agent::Replication> {
+    let most = vfabric::config::MAX_REPLICAS;
+    let replicas = u8::try_from(replicas)
+        .ok()
+        .filter(|&r| r <= most)
+        .ok_or_else(|| value_error(format!("replicas must be in 0..={most} (got {replicas})")))?;
+    let lag = match replica_lag {
+        None => None,
+        Some(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Some(std::time::Duration::from_secs_f64(s)),
+        Some(s) => return Err(value_error(format!("replica_lag must be seconds between 0 and 86400 (got {s})"))),
+    };
+    Ok(vfabric::agent::Replication { replicas, lag })
+}

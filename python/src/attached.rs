@@ -66,6 +66,7 @@ impl Backend for Attached {
             keep: args.keep,
             compression: args.compression,
             reservation: args.reservation,
+            replication: args.replication,
         };
         self.client.alloc(size, &options)
     }

@@ -24,6 +24,8 @@ pub struct AllocArgs {
     pub compression: Compression,
     /// A reservation of this backend ([`HeldReservation::id`]) its pages draw on.
     pub reservation: Option<u64>,
+    /// How it is kept across nodes (an attached client's; an embedded fabric is one node).
+    pub replication: vfabric::agent::Replication,
 }
 
 /// A fabric: the calls the Python API makes.

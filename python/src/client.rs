@@ -63,7 +63,11 @@ impl PyFabricBase {
     /// `compression` ("none", "lz4", "zstd") is how its pages are stored on the node's storage tier: each page
     /// that shrinks by at least a 4 KiB block is stored packed, the others as they are.
     /// `reservation` (from `reserve`, of this fabric) is memory the region's pages take first on its device.
-    #[pyo3(signature = (nbytes, device=None, priority="normal", tenant=0, keep=false, compression="none", reservation=None))]
+    /// `replicas` (through a node's agent, `connect()`) is how many nodes keep the region's writes, its home
+    /// included: 2 adds a standby copy on another node that takes over when the home dies (0: the cluster's
+    /// `network.replicas`); `replica_lag` (seconds) lets the standby fall that far behind, writes then
+    /// returning before it has them (None: `network.replica_lag_ms`; 0: never behind).
+    #[pyo3(signature = (nbytes, device=None, priority="normal", tenant=0, keep=false, compression="none", reservation=None, replicas=0, replica_lag=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one parameter each
     fn alloc(
         &self,
@@ -75,6 +79,8 @@ impl PyFabricBase {
         keep: bool,
         compression: &str,
         reservation: Option<PyRef<'_, PyReservation>>,
+        replicas: i64,
+        replica_lag: Option<f64>,
     ) -> PyResult<PyRegion> {
         let size = args::non_negative(nbytes, "nbytes")?;
         let alloc = AllocArgs {
@@ -84,6 +90,7 @@ impl PyFabricBase {
             keep,
             compression: args::compression(compression)?,
             reservation: reservation.map(|r| r.id_for(&self.backend)).transpose()?,
+            replication: args::replication(replicas, replica_lag)?,
         };
         let region = py.detach(|| self.backend.alloc(size, &alloc)).map_err(to_py)?;
         Ok(PyRegion { region })

@@ -40,6 +40,12 @@ impl Backend for Embedded {
     }
 
     fn alloc(&self, size: u64, args: &AllocArgs) -> Result<Region, FabricError> {
+        if args.replication.replicas > 1 {
+            return Err(FabricError::Unavailable(
+                "an embedded fabric is one node: a region kept on several nodes needs their agents (vfabric.connect())"
+                    .into(),
+            ));
+        }
         // `keep` is for attached clients: an embedded fabric's regions live as long as the process.
         let placement = Placement {
             device: args.device,

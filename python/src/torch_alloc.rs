@@ -14,7 +14,9 @@ use std::sync::Mutex;
 
 use cudarc::driver::{result, sys};
 use pyo3::prelude::*;
-use vfabric::{ByteSize, ClusterConfig, DeviceKind, Fabric, FabricError, Location, PoolConfig, PoolSource, PoolStats, TensorPool};
+use vfabric::{
+    ByteSize, ClusterConfig, DeviceKind, Fabric, FabricError, Location, PoolConfig, PoolSource, PoolStats, TensorPool,
+};
 
 use crate::errors::to_py;
 
@@ -190,7 +192,11 @@ pub extern "C" fn vfabric_torch_free(ptr: *mut c_void, _size: usize, device: i32
 /// embedded configuration) with `budget` bytes of each GPU if given. Fails if it already runs.
 #[pyfunction]
 #[pyo3(signature = (config=None, budget=None))]
-pub fn _torch_allocator_start(py: Python<'_>, config: Option<std::path::PathBuf>, budget: Option<u64>) -> PyResult<String> {
+pub fn _torch_allocator_start(
+    py: Python<'_>,
+    config: Option<std::path::PathBuf>,
+    budget: Option<u64>,
+) -> PyResult<String> {
     let mut guard = lock();
     if guard.is_some() {
         return Err(crate::errors::ConfigError::err("the fabric's PyTorch allocator is already in use".to_string()));
@@ -218,7 +224,8 @@ pub fn _torch_allocator_attach(client: PyRef<'_, crate::client::PyClient>) -> Py
     if guard.is_some() {
         return Err(crate::errors::ConfigError::err("the fabric's PyTorch allocator is already in use".to_string()));
     }
-    let attached = client.as_super().attached().ok_or(FabricError::Internal("a Client without its attachment")).map_err(to_py)?;
+    let attached =
+        client.as_super().attached().ok_or(FabricError::Internal("a Client without its attachment")).map_err(to_py)?;
     let kind = attached.device_kind();
     let pools = Box::new(Pools { source: attached, pools: HashMap::new() });
     *guard = Some(Allocator { pools, cuda: kind == DeviceKind::Cuda, pending: VecDeque::new(), failures: 0 });

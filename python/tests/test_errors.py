@@ -91,6 +91,10 @@ def test_bad_arguments_are_value_errors(fabric):
         fabric.free("not a region")
     with pytest.raises(TypeError):
         fabric.write(r, 0, 12345)  # no buffer protocol
+    with pytest.raises(ValueError, match="replicas must be in"):
+        fabric.alloc(1024, replicas=9)
+    with pytest.raises(ValueError, match="replica_lag must be seconds"):
+        fabric.alloc(1024, replica_lag=-1.0)
 
 
 def test_fabric_failures_have_their_classes(fabric):
@@ -106,6 +110,10 @@ def test_fabric_failures_have_their_classes(fabric):
             fabric.free(r)
     with pytest.raises(vfabric.OutOfMemory):
         fabric.acquire(fabric.alloc(1 << 30), device="gpu0")  # more than the GPU's budget at once
+    # An embedded fabric is one node: a region kept on two needs agents (connect()).
+    with pytest.raises(vfabric.Unavailable, match="embedded fabric is one node"):
+        fabric.alloc(1024, replicas=2)
+    fabric.free(fabric.alloc(1024, replicas=1, replica_lag=0.5))
 
 
 def test_config_errors(tmp_path):

@@ -1,9 +1,11 @@
-//! A local client's regions follow the cluster's `network.replicas`: with 2, a region a process allocates
-//! through its node's agent gets a standby copy on another node, which has the process's writes and takes the
-//! region over when the agent stops. (Before, a client's regions stayed on their home only, whatever the
-//! cluster said.)
+//! A local client's regions follow the cluster's `network.replicas` unless the client chooses (as Python's
+//! `alloc(..., replicas=, replica_lag=)` does): with 2, a region a process allocates through its node's agent
+//! gets a standby copy on another node, which has the process's writes and takes the region over when the agent
+//! stops. (Before, a client's regions stayed on their home only, whatever the cluster said.)
 
-use vfabric::agent::AllocOptions;
+use std::time::Duration;
+
+use vfabric::agent::{AllocOptions, Replication};
 use vfabric_tests::loopback::{cluster, config};
 use vfabric_transport::quic::ClusterCa;
 
@@ -26,11 +28,18 @@ fn a_local_clients_regions_are_replicated_as_the_cluster_says() {
             let keep = AllocOptions { keep: true, ..AllocOptions::default() };
             let r = c.alloc(1 << 20, &keep).expect("a region through the agent");
             c.write(&r, 0, &written).expect("the client writes it");
+            // Its own choice: on its home only, and a standby that may lag a minute behind.
+            let one = AllocOptions { replication: Replication::sync(1), ..keep };
+            c.alloc(1 << 20, &one).expect("a region on its home only");
+            let lagging = AllocOptions { replication: Replication::lagging(2, Duration::from_secs(60)), ..keep };
+            let l = c.alloc(1 << 20, &lagging).expect("a region whose standby may lag");
+            c.write(&l, 0, &written[..4096]).expect("a write acknowledged before the standby has it");
             r
         })
         .await
         .expect("the client");
-        assert_eq!((a[0].replication(), a[1].replication()), ((1, 0), (0, 1)), "a standby on n1");
+        assert_eq!((a[0].replication(), a[1].replication()), ((2, 0), (0, 2)), "two standbys on n1, not three");
+        assert!(a[0].replication_lag().await > Duration::ZERO, "the lagging region's standby is behind");
         // n0 stops: n1 takes the region over, with the client's bytes (n1 reads through n0 first, so that n0's
         // close tells it n0 shut down).
         let mut got = vec![0u8; 1 << 20];

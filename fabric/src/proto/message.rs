@@ -320,6 +320,10 @@ pub enum Message {
         compression: u8,
         /// One of the client's reservations ([`Message::Reserve`]) its pages draw on.
         reservation: Option<u64>,
+        /// Nodes that keep its released writes, its home included (`0`: the cluster's `network.replicas`).
+        replicas: u8,
+        /// How far behind its home its standbys may be, in milliseconds (`None`: `network.replica_lag_ms`).
+        lag_ms: Option<u32>,
     },
     /// A lease whose pages stay in the node's arenas, which the client has mapped: answered with
     /// [`Message::Mapped`], no payload.
@@ -580,6 +584,8 @@ mod tests {
                 keep: false,
                 compression: 0,
                 reservation: Some(1),
+                replicas: 2,
+                lag_ms: Some(100),
             },
             Message::AcquireMapped { region, offset: 0, len: 1, device: WireLocation::Host, mode: WireMode::Write },
             Message::Mapped { lease: 1, first: 0, pages: WirePages::Run { offset: 0, len: 1 << 16 } },

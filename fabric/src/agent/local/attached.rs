@@ -40,6 +40,8 @@ pub struct AllocOptions {
     pub compression: Compression,
     /// One of this client's reservations ([`AttachedClient::reserve`]) its pages draw on.
     pub reservation: Option<u64>,
+    /// How it is kept across nodes (by default as the cluster's `network.replicas` and `replica_lag_ms` say).
+    pub replication: crate::agent::Replication,
 }
 
 /// A process's attachment to its node's agent, with the node's memory mapped here.
@@ -170,6 +172,8 @@ impl AttachedClient {
                 Compression::Zstd => 2,
             },
             reservation: options.reservation,
+            replicas: options.replication.replicas,
+            lag_ms: options.replication.lag_ms(),
         };
         match self.inner.conn.call(&msg)? {
             Message::Allocated { region } => Ok(Region::from(&region)),

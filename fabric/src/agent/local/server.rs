@@ -198,10 +198,25 @@ impl Agent {
                         Replication { replicas, lag: lag_ms.map(|ms| Duration::from_millis(u64::from(ms))) },
                     ))
                     .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
-                Message::AllocWith { size, device, priority, tenant, keep, compression, reservation } => {
-                    alloc_options(device.map(Location::from), priority, tenant, keep, compression, reservation)
-                        .and_then(|options| self.alloc_for(rt, session, size, options))
-                }
+                Message::AllocWith {
+                    size,
+                    device,
+                    priority,
+                    tenant,
+                    keep,
+                    compression,
+                    reservation,
+                    replicas,
+                    lag_ms,
+                } => alloc_options(device.map(Location::from), priority, tenant, keep, compression, reservation)
+                    .map(|options| AllocOptions {
+                        replication: Replication {
+                            replicas,
+                            lag: lag_ms.map(|ms| Duration::from_millis(u64::from(ms))),
+                        },
+                        ..options
+                    })
+                    .and_then(|options| self.alloc_for(rt, session, size, options)),
                 Message::Reserve { device, bytes, tenant } => self.reserve_for(session, device.into(), bytes, tenant),
                 Message::Unreserve { id } => self.unreserve_for(session, id),
                 Message::ReservationLeft { id } => self.reservation_left(session, id),

@@ -70,13 +70,18 @@ impl Agent {
         size: u64,
         options: AllocOptions,
     ) -> Result<Message, FabricError> {
-        let AllocOptions { device, priority, tenant, keep, compression, reservation } = options;
+        let AllocOptions { device, priority, tenant, keep, compression, reservation, replication } = options;
         let reservation = reservation.map(|id| session.reservation(id)).transpose()?;
         let placement = Placement { device, priority, tenant, reservation, compression };
-        // The cluster's `network.replicas` applies to a client's regions too (not to tenants': theirs stay on
-        // their home for now).
-        let region = if self.shared.net.replicas > 1 && tenant == TenantId::default() && session.tenant.is_none() {
-            rt.block_on(self.alloc_placed(size, placement, Replication::default()))?
+        // The cluster's `network.replicas` applies to a client's regions too, unless the client chose; tenants'
+        // regions stay on their home for now (refused when asked for, kept on the home by default).
+        let replicas = if replication.replicas == 0 { self.shared.net.replicas } else { replication.replicas };
+        let tenants = tenant != TenantId::default() || session.tenant.is_some();
+        if tenants && replication.replicas > 1 {
+            return Err(FabricError::Unavailable("a tenant's regions are kept on their home only, for now".into()));
+        }
+        let region = if replicas > 1 && !tenants {
+            rt.block_on(self.alloc_placed(size, placement, replication))?
         } else {
             in_place(|| self.fabric().alloc(size, placement))?
         };
@@ -233,5 +238,13 @@ pub(super) fn alloc_options(
         2 => Compression::Zstd,
         c => return Err(ProtocolError::BadField { field: "compression", value: u64::from(c) }.into()),
     };
-    Ok(AllocOptions { device, priority, tenant: TenantId(tenant), keep, compression, reservation })
+    Ok(AllocOptions {
+        device,
+        priority,
+        tenant: TenantId(tenant),
+        keep,
+        compression,
+        reservation,
+        replication: Replication::default(),
+    })
 }
