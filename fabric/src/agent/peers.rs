@@ -149,13 +149,21 @@ impl Agent {
         // look them up (and serve their hello) before either dial ends.
         drop(p);
         let dead_after = self.dead_after();
-        let conn = tokio::time::timeout(dead_after, self.dial(node, endpoint, addr, &name)).await.map_err(|_| {
+        let dialled = tokio::time::timeout(dead_after, self.dial(node, endpoint, addr, &name)).await.map_err(|_| {
             FabricError::PeerDead {
                 node,
                 name: name.clone(),
                 why: format!("no answer to hello within {} ms", dead_after.as_millis()),
             }
-        })??;
+        })?;
+        // A node whose endpoint refuses connections is shutting down: gone, as when it closes one it had.
+        let conn = match dialled {
+            Err(e) if refused(&e) => {
+                self.peer(node)?.lock().await.left = true;
+                return Err(FabricError::PeerDead { node, name, why: "it shut down (it refuses connections)".into() });
+            }
+            dialled => dialled?,
+        };
         let mut p = self.peer(node)?.lock().await;
         p.last_seen = Some(Instant::now());
         // Another call on this lane may have dialled meanwhile: keep the connection already in use (leases may
@@ -255,4 +263,15 @@ impl Agent {
 fn closed_by_shutdown(conn: &quinn::Connection) -> bool {
     let shutdown = quinn::VarInt::from_u32(crate::proto::quic::CloseCode::Shutdown as u32);
     matches!(conn.close_reason(), Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == shutdown)
+}
+
+/// Whether a dial failed because the peer's endpoint refused the connection (what a closed endpoint answers).
+fn refused(e: &FabricError) -> bool {
+    matches!(
+        e,
+        FabricError::Network(NetworkError::Connect {
+            source: quic::QuicError::Connection(quinn::ConnectionError::ConnectionClosed(c)),
+            ..
+        }) if c.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED
+    )
 }
