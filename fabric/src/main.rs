@@ -1,5 +1,7 @@
 //! The `vfabric` command.
 
+mod status_view;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -38,6 +40,25 @@ enum Command {
         /// Device layer, overriding the configuration: auto, cuda or emulated.
         #[arg(long)]
         device: Option<Backend>,
+    },
+    /// Ask a running agent how it is (its Unix socket): per device and tier the memory used, leased and free
+    /// and how fragmented, regions and leases, bytes moved, peers with their state and round trip, replicas.
+    Status {
+        /// Cluster configuration (the socket is the node's: `<temp dir>/vfabric-<cluster>-<node>.sock`).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The node whose agent to ask (default: the configuration's only node).
+        #[arg(long)]
+        node: Option<String>,
+        /// The agent's socket, instead of the configuration's.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Print the status as JSON (for scripts).
+        #[arg(long)]
+        json: bool,
+        /// Print it again every this many seconds, with the bytes moved as rates since the last print.
+        #[arg(long)]
+        watch: Option<f64>,
     },
     /// Check a cluster configuration file and print it with every default filled in.
     CheckConfig {
@@ -168,6 +189,33 @@ fn cluster_init(config: &std::path::Path, out: Option<PathBuf>, ranks: Option<u1
     }
     println!("cluster CA of {} in {} (keep ca-key.pem private)", cfg.cluster.name, dir.display());
     Ok(())
+}
+
+fn status(
+    config: Option<PathBuf>,
+    node: Option<String>,
+    socket: Option<PathBuf>,
+    json: bool,
+    watch: Option<f64>,
+) -> Result<(), String> {
+    let socket = match socket {
+        Some(s) => s,
+        None => {
+            let cfg = load(config, None)?;
+            let node = match (node, cfg.nodes.as_slice()) {
+                (Some(n), _) => n,
+                (None, [only]) => only.name.clone(),
+                (None, _) => return Err("the configuration has several nodes: say which with --node".into()),
+            };
+            vfabric::agent::default_socket(&cfg.cluster.name, &node)
+        }
+    };
+    let watch = match watch {
+        Some(s) if s.is_finite() && s >= 0.1 => Some(std::time::Duration::from_secs_f64(s)),
+        Some(s) => return Err(format!("--watch {s}: seconds, at least 0.1")),
+        None => None,
+    };
+    status_view::run(&socket, json, watch)
 }
 
 fn add_node(config: &std::path::Path, name: &str, tenant: Option<u32>) -> Result<(), String> {
@@ -382,6 +430,7 @@ fn main() -> ExitCode {
         Command::Cluster { command: ClusterCommand::AddNode { config, name, tenant } } => {
             add_node(&config, &name, tenant)
         }
+        Command::Status { config, node, socket, json, watch } => status(config, node, socket, json, watch),
         Command::CheckConfig { path } => ClusterConfig::from_file(&path).map_err(|e| e.to_string()).and_then(|cfg| {
             let text = toml_text(&cfg)?;
             println!("{text}");

@@ -156,3 +156,49 @@ fn a_probe_too_large_for_its_peer_fails_cleanly_and_leaves_nothing_behind() {
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stdout));
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+#[test]
+fn status_asks_a_running_agent_and_says_when_none_runs() {
+    let dir = scratch("status");
+    let config = two_nodes(&dir, 48650);
+    let text = std::fs::read_to_string(&config).expect("read").replace("name = \"cli\"", "name = \"cli-status\"");
+    std::fs::write(&config, text).expect("write");
+    let config = config.to_str().unwrap();
+    assert!(vfabric(&["cluster", "init", "--config", config]).status.success());
+    let a = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["agent", "--config", config, "--node", "a"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start agent a");
+    let a = Ended(a);
+    // The agent answers once it is up.
+    let mut out = vfabric(&["status", "--config", config, "--node", "a", "--json"]);
+    for _ in 0..40 {
+        if out.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        out = vfabric(&["status", "--config", config, "--node", "a", "--json"]);
+    }
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!((status["name"].as_str(), status["node"].as_u64()), (Some("a"), Some(0)));
+    let devices = status["fabric"]["directory"]["devices"].as_array().expect("devices");
+    assert!(devices.len() >= 2, "a GPU and host memory at least: {devices:?}");
+    let peers = status["peers"].as_array().expect("peers");
+    assert_eq!(peers.len(), 1, "b, which never started: {peers:?}");
+    assert!(peers[0]["state"].as_str().is_some_and(|s| s != "alive"), "{peers:?}");
+    // As a table, the way a person reads it.
+    let table = vfabric(&["status", "--config", config, "--node", "a"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("gpu0") && text.contains("host") && text.contains("fragmentation"), "{text}");
+    // Several nodes and no --node: which one is asked.
+    let which = vfabric(&["status", "--config", config]);
+    assert!(String::from_utf8_lossy(&which.stderr).contains("say which with --node"));
+    drop(a);
+    let none = vfabric(&["status", "--config", config, "--node", "a"]);
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no agent answers at"), "{none:?}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -32,6 +32,7 @@ fn every_message() -> Vec<Message> {
         Message::Replicate { copy: region, seq: u64::MAX, offset: 1 << 20, len: 0 },
         Message::Failover { region },
         Message::OnBehalf { tenant: u32::MAX },
+        Message::Status,
         Message::Free { region },
         Message::Write { region, offset: 4096, len: 1 << 20 },
         Message::Read { region, offset: 0, len: u64::MAX },

@@ -23,7 +23,7 @@
 //! - what the agent does: `replication` (a home's writes reach its standbys), `failover` (a standby takes
 //!   over from a dead home), `drain` (a leaving node hands its regions over), `migrate` (regions that move), `remote_lease` ([`AgentLease`]: leases on other nodes'
 //!   pages), `client` (the API), `serve` and `serve_pages` (answering peers), `start` (starting and stopping),
-//!   `membership` (members kept in etcd), `local` (a node's local clients, over a Unix socket), `launch` (jobs
+//!   `membership` (members kept in etcd), `status` (what an agent says about itself), `local` (a node's local clients, over a Unix socket), `launch` (jobs
 //!   under `mpirun` or Slurm).
 
 mod acting;
@@ -53,6 +53,7 @@ mod shared;
 #[cfg(feature = "etcd")]
 mod standing;
 mod start;
+mod status;
 
 pub use backups::{may_take_over, serves_alone};
 pub use drain::Drained;
@@ -64,3 +65,4 @@ pub use membership::members_prefix;
 pub use remote_lease::{version_after_release, AgentLease};
 pub use replication::Replication;
 pub use shared::Agent;
+pub use status::{AgentStatus, PeerStatus, ReplicationStatus};

@@ -443,6 +443,9 @@ pub enum Message {
         /// The tenant.
         tenant: u32,
     },
+    /// A local client asks what the agent says about itself (`vfabric status`): answered with
+    /// [`Message::Figures`], an `agent::AgentStatus` as JSON. The operator's call.
+    Status,
 }
 
 impl Message {
@@ -474,6 +477,7 @@ impl Message {
             | Message::Replicate { .. }
             | Message::Failover { .. }
             | Message::OnBehalf { .. }
+            | Message::Status
             | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
@@ -530,6 +534,7 @@ impl Message {
             Message::Replicate { .. } => "replicate",
             Message::Failover { .. } => "failover",
             Message::OnBehalf { .. } => "onbehalf",
+            Message::Status => "status",
         }
     }
 }
@@ -601,6 +606,7 @@ mod tests {
             Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
             Message::OnBehalf { tenant: 3 },
+            Message::Status,
         ]
     }
 

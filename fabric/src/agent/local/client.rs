@@ -119,6 +119,16 @@ impl LocalClient {
         let msg = Message::Free { region: WireRegion::from(region) };
         self.expect(&msg, &[], |m| matches!(m, Message::Done).then_some(())).await
     }
+
+    /// What the agent says about itself (`agent::AgentStatus`), as JSON: its fabric's figures, its peers, its
+    /// replicated regions (what `vfabric status` prints). The operator's call.
+    pub async fn status(&self) -> Result<String, FabricError> {
+        self.expect(&Message::Status, &[], |m| match m {
+            Message::Figures { json } => Some(json.clone()),
+            _ => None,
+        })
+        .await
+    }
 }
 
 /// Where `vfabric agent` serves local clients by default: `<temp dir>/vfabric-<cluster>-<node>.sock`.

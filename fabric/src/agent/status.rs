@@ -1,0 +1,116 @@
+//! What a running agent says about itself (`vfabric status`, the local `Status` call): its fabric's figures,
+//! its peers as it sees them, and its replicated regions.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::shared::Agent;
+use crate::fabric::Stats;
+
+/// How long a peer's ping may take before the status leaves its round trip out.
+const PING_WAIT: Duration = Duration::from_millis(500);
+
+/// A node's agent, as `vfabric status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentStatus {
+    /// The cluster's name.
+    pub cluster: String,
+    /// This node's id and name.
+    pub node: u16,
+    /// This node's name.
+    pub name: String,
+    /// Where it listens for peers.
+    pub address: String,
+    /// Seconds since it started.
+    pub uptime_s: f64,
+    /// The fabric's page size (the figures count frames of it).
+    pub page_size: u64,
+    /// The fabric's figures: per device and tier, the directory, the bytes moved, the waits.
+    pub fabric: Stats,
+    /// The other nodes, as this one sees them.
+    pub peers: Vec<PeerStatus>,
+    /// This node's replicated regions and the standby copies it keeps.
+    pub replication: ReplicationStatus,
+}
+
+/// A peer as an agent sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerStatus {
+    /// Its node id.
+    pub node: u16,
+    /// Its name.
+    pub name: String,
+    /// Where it listens, if known.
+    pub address: Option<String>,
+    /// `alive`, `never heard from` (not taken for dead yet: a peer gets `dead_after_ms` after this node
+    /// starts), or why it is taken for dead (worded as `PeerDead` words it).
+    pub state: String,
+    /// Milliseconds since it last answered or called (`None`: never).
+    pub last_seen_ms: Option<u64>,
+    /// A ping's round trip now, in microseconds (`None`: not answered within half a second, or not alive).
+    pub rtt_us: Option<u64>,
+}
+
+/// Replicated regions at a node.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicationStatus {
+    /// Regions of this node kept on other nodes too.
+    pub homed: usize,
+    /// Standby copies kept here for other nodes' regions.
+    pub kept: usize,
+    /// How far behind the standbys of this node's asynchronous regions are, in milliseconds.
+    pub lag_ms: f64,
+}
+
+impl Agent {
+    /// What this agent says about itself: its fabric's figures, its peers (pinged, those alive), its replicas.
+    pub async fn status(&self) -> AgentStatus {
+        let dead_after = self.dead_after();
+        let mut peers = Vec::new();
+        for (i, p) in self.shared.peers.iter().enumerate() {
+            let node = i as u16;
+            let (name, address, alive, why, last_seen) = {
+                let p = p.lock().await;
+                let alive = p.alive(dead_after, self.shared.started);
+                (p.name.clone(), p.addr.map(|a| a.to_string()), alive, p.why_dead(dead_after), p.last_seen)
+            };
+            // Slots of nodes that never joined (`[membership] max_nodes`) are no peers.
+            if self.is_me(node) || name.is_empty() {
+                continue;
+            }
+            let rtt = match alive {
+                true => tokio::time::timeout(PING_WAIT, self.ping(node)).await.ok().and_then(Result::ok),
+                false => None,
+            };
+            peers.push(PeerStatus {
+                node,
+                name,
+                address,
+                state: match (alive, last_seen) {
+                    (true, Some(_)) => "alive".into(),
+                    (true, None) => "never heard from".into(),
+                    (false, _) => why,
+                },
+                last_seen_ms: last_seen.map(|t| t.elapsed().as_millis() as u64),
+                rtt_us: rtt.map(|d| d.as_micros() as u64),
+            });
+        }
+        let (homed, kept) = self.replication();
+        let me = match self.peer(self.node()) {
+            Ok(p) => p.lock().await.name.clone(),
+            Err(_) => String::new(),
+        };
+        AgentStatus {
+            cluster: self.shared.cluster.clone(),
+            node: self.node(),
+            name: me,
+            address: self.local_addr().to_string(),
+            uptime_s: self.shared.started.elapsed().as_secs_f64(),
+            page_size: self.shared.fabric.page_size(),
+            fabric: self.shared.fabric.stats(),
+            peers,
+            replication: ReplicationStatus { homed, kept, lag_ms: self.replication_lag().await.as_secs_f64() * 1e3 },
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! `vfabric status`: a running agent's status (`agent::AgentStatus`, from its Unix socket), printed as a table
+//! the way nvidia-smi prints a GPU's, or as JSON; with `--watch`, again every so often with the rates since the
+//! last print.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vfabric::ByteSize;
+
+/// The traffic counters shown, in order, with their labels.
+const TRAFFIC: [(&str, &str); 7] = [
+    ("fetched", "fetched"),
+    ("prefetched", "prefetched"),
+    ("evicted", "evicted"),
+    ("written_back", "written back"),
+    ("to_storage", "to storage"),
+    ("from_storage", "from storage"),
+    ("migrated", "migrated"),
+];
+
+/// Asks the agent at `socket` for its status and prints it; with `watch`, again every `watch` until stopped.
+pub fn run(socket: &std::path::Path, json: bool, watch: Option<Duration>) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let client = vfabric::agent::LocalClient::connect(socket)
+            .await
+            .map_err(|e| format!("no agent answers at {}: {e}", socket.display()))?;
+        let mut last: Option<(Instant, Value)> = None;
+        loop {
+            let text = client.status().await.map_err(|e| format!("the agent's status: {e}"))?;
+            if json {
+                println!("{text}");
+            } else {
+                let now: Value = serde_json::from_str(&text).map_err(|e| format!("the agent's status: {e}"))?;
+                print!("{}", render(&now, last.as_ref().map(|(t, v)| (t.elapsed(), v))));
+                last = Some((Instant::now(), now));
+            }
+            match watch {
+                Some(every) => tokio::time::sleep(every).await,
+                None => return Ok(()),
+            }
+        }
+    })
+}
+
+/// The status `now` as text; with `before` (how long ago, and that status), traffic as rates since then.
+fn render(now: &Value, before: Option<(Duration, &Value)>) -> String {
+    let mut out = String::new();
+    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let page = num(now, "page_size");
+    let uptime = now.get("uptime_s").and_then(Value::as_f64).unwrap_or(0.0) as u64;
+    out += &format!(
+        "node {} ({}) of cluster {}, peers at {}, up {}h{:02}m{:02}s\n\n",
+        now["name"].as_str().unwrap_or("?"),
+        num(now, "node"),
+        now["cluster"].as_str().unwrap_or("?"),
+        now["address"].as_str().unwrap_or("?"),
+        uptime / 3600,
+        uptime / 60 % 60,
+        uptime % 60
+    );
+    let dir = &now["fabric"]["directory"];
+    out += &format!(
+        "{:<10} {:>10} {:>10} {:>10} {:>10} {:>17} {:>14}\n",
+        "device", "total", "used", "leased", "free", "largest free run", "fragmentation"
+    );
+    for d in dir["devices"].as_array().into_iter().flatten() {
+        let frames = num(d, "frames");
+        let (used, leased, run) = (num(d, "used"), num(d, "leased"), num(d, "largest_free_run"));
+        let free = frames.saturating_sub(used);
+        // The share of free memory that lies outside the largest free run.
+        let fragmented = if free == 0 { 0.0 } else { 100.0 * (free - run.min(free)) as f64 / free as f64 };
+        let bytes = |f: u64| ByteSize(f * page).to_string();
+        out += &format!(
+            "{:<10} {:>10} {:>10} {:>10} {:>10} {:>17} {:>13.0}%\n",
+            location(&d["location"]),
+            bytes(frames),
+            bytes(used),
+            bytes(leased),
+            bytes(free),
+            bytes(run),
+            fragmented
+        );
+    }
+    out += &format!(
+        "\nregions {}, pages {}, leases {}, directory metadata {}\n",
+        num(dir, "regions"),
+        num(dir, "pages"),
+        num(dir, "leases"),
+        ByteSize(num(dir, "metadata_bytes"))
+    );
+    let traffic = &now["fabric"]["traffic"];
+    out += &match before {
+        Some((ago, then)) => {
+            let secs = ago.as_secs_f64().max(1e-3);
+            let rate = |k: &str| {
+                let moved = num(traffic, k).saturating_sub(num(&then["fabric"]["traffic"], k));
+                format!("{}/s", ByteSize((moved as f64 / secs) as u64))
+            };
+            format!("traffic, the last {:.1} s: {}\n", secs, list(&TRAFFIC.map(|(k, l)| format!("{l} {}", rate(k)))))
+        }
+        None => format!(
+            "traffic since start: {}\n",
+            list(&TRAFFIC.map(|(k, l)| format!("{l} {}", ByteSize(num(traffic, k)))))
+        ),
+    };
+    let peers = now["peers"].as_array().cloned().unwrap_or_default();
+    if !peers.is_empty() {
+        out += &format!(
+            "\n{:<6} {:<16} {:<22} {:<40} {:>10} {:>10}\n",
+            "node", "peer", "address", "state", "last seen", "rtt"
+        );
+        for p in &peers {
+            let seen = p["last_seen_ms"].as_u64().map_or("never".to_string(), |ms| format!("{ms} ms"));
+            let rtt = p["rtt_us"].as_u64().map_or("-".to_string(), |us| format!("{us} us"));
+            out += &format!(
+                "{:<6} {:<16} {:<22} {:<40} {:>10} {:>10}\n",
+                num(p, "node"),
+                p["name"].as_str().unwrap_or("?"),
+                p["address"].as_str().unwrap_or("-"),
+                p["state"].as_str().unwrap_or("?"),
+                seen,
+                rtt
+            );
+        }
+    }
+    let r = &now["replication"];
+    out += &format!(
+        "\nreplicas: {} region(s) of this node kept on others too, {} standby copies kept here, standbys {:.0} ms behind\n",
+        num(r, "homed"),
+        num(r, "kept"),
+        r["lag_ms"].as_f64().unwrap_or(0.0)
+    );
+    out
+}
+
+/// A location as the fabric names devices (`gpu0`, `host`, `storage`).
+fn location(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.to_lowercase(),
+        Value::Object(m) => m.iter().map(|(k, n)| format!("{}{n}", k.to_lowercase())).collect(),
+        other => other.to_string(),
+    }
+}
+
+fn list(items: &[String]) -> String {
+    items.join(", ")
+}
