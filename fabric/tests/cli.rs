@@ -202,3 +202,21 @@ fn status_asks_a_running_agent_and_says_when_none_runs() {
     assert!(String::from_utf8_lossy(&none.stderr).contains("no agent answers at"), "{none:?}");
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+#[test]
+fn logs_come_as_json_lines_when_asked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["info", "--device", "emulated"])
+        .env("VFABRIC_LOG", "info")
+        .env("VFABRIC_LOG_FORMAT", "json")
+        .output()
+        .expect("vfabric info");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> =
+        stderr.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "INFO" && l["fields"]["message"] == "arena ready"),
+        "the arenas' log lines, as JSON: {stderr}"
+    );
+}
