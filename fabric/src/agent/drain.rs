@@ -41,7 +41,7 @@ impl Agent {
                 Some(s) => s.origin,
                 None => region,
             };
-            if self.shared.backups.homed(&region).is_some() || self.replicas().holds(&region) {
+            if self.shared.backups.homed(&region).is_some() || self.is_private(&region) {
                 continue; // replicated already (handed over below), or a private copy of another node's pages
             }
             if tenant != TenantId::default() {

@@ -12,7 +12,7 @@ use super::replicas::{Replica, ReplicaKey};
 use super::shared::{in_place, Agent};
 use crate::directory::{Mode, Placement, RegionHandle as Region};
 use crate::error::FabricError;
-use crate::fabric::{Fabric, Lease, LeasePtr};
+use crate::fabric::{Lease, LeasePtr};
 use crate::proto::convert::unexpected;
 use crate::proto::message::{Message, WireRegion};
 
@@ -92,7 +92,7 @@ impl Drop for RemoteLease {
                 if let Err(e) = release.await {
                     tracing::warn!(home, lease = id, error = %e, "releasing a dropped remote lease failed");
                 }
-                let _ = in_place(|| agent.shared.fabric.free(&copy));
+                let _ = in_place(|| agent.free_private(&copy));
             });
         }
     }
@@ -100,7 +100,7 @@ impl Drop for RemoteLease {
 
 /// This node's copy of a peer's pages while an acquire fills it: freed when dropped before [`CopyInFill::keep`].
 struct CopyInFill<'a> {
-    fabric: &'a Fabric,
+    agent: &'a Agent,
     copy: Region,
     kept: bool,
 }
@@ -116,7 +116,7 @@ impl CopyInFill<'_> {
 impl Drop for CopyInFill<'_> {
     fn drop(&mut self) {
         if !self.kept {
-            let _ = self.fabric.free(&self.copy);
+            let _ = self.agent.free_private(&self.copy);
         }
     }
 }
@@ -151,10 +151,10 @@ impl Agent {
         let cached = self.replicas().take(&key);
         let (copy, cached) = match cached {
             Some(r) => (r.copy, Some(r.version)),
-            None => (in_place(|| f.alloc(full, Placement::on(device)))?, None),
+            None => (in_place(|| self.alloc_private(full, Placement::on(device)))?, None),
         };
         // Freed on every way out but the lease, a caller dropping this call at an await included.
-        let filling = CopyInFill { fabric: f, copy, kept: false };
+        let filling = CopyInFill { agent: self, copy, kept: false };
         let msg = Message::Acquire {
             region: WireRegion::from(region),
             offset: range.start,
@@ -240,7 +240,7 @@ impl Agent {
                 Ok(())
             }
             other => {
-                let _ = in_place(|| f.free(&copy));
+                let _ = in_place(|| self.free_private(&copy));
                 match other {
                     Ok(m) => Err(unexpected(home, &m)),
                     Err(e) => Err(e),
@@ -253,7 +253,7 @@ impl Agent {
     fn keep_replica(&self, key: ReplicaKey, replica: Replica) {
         let dropped = self.replicas().keep(key, replica);
         for r in dropped {
-            if let Err(e) = in_place(|| self.shared.fabric.free(&r)) {
+            if let Err(e) = in_place(|| self.free_private(&r)) {
                 tracing::warn!(region = %r, error = %e, "freeing a dropped replica failed");
             }
         }

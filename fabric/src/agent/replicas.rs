@@ -37,11 +37,6 @@ impl ReplicaCache {
         ReplicaCache { entries: LruCache::unbounded(), bytes: 0, cap }
     }
 
-    /// Whether `region` holds one of the kept copies.
-    pub(crate) fn holds(&self, region: &RegionHandle) -> bool {
-        self.entries.iter().any(|(_, r)| r.copy == *region)
-    }
-
     /// Takes the copy of `key` out (a lease uses it now; it comes back with [`ReplicaCache::keep`]).
     pub(crate) fn take(&mut self, key: &ReplicaKey) -> Option<Replica> {
         let r = self.entries.pop(key)?;

@@ -13,6 +13,7 @@ use super::lanes::Lanes;
 use super::peer::Peer;
 use super::replicas::ReplicaCache;
 use crate::config::NetworkSection;
+use crate::directory::{Placement, RegionHandle as Region};
 use crate::error::FabricError;
 use crate::fabric::{Fabric, Lease};
 
@@ -47,6 +48,9 @@ pub(crate) struct Shared {
     pub(crate) next_grant: std::sync::atomic::AtomicU64,
     /// Copies of other nodes' pages kept after their leases ended.
     pub(crate) replicas: std::sync::Mutex<ReplicaCache>,
+    /// Every region that holds a copy of another node's pages for a lease here (in use, or kept in `replicas`):
+    /// private to this node, which no caller names and a leaving node does not hand over.
+    pub(crate) private: std::sync::Mutex<std::collections::HashSet<Region>>,
     /// Forwarding entries of this node's regions whose pages moved to another node.
     pub(crate) moves: Moves,
     /// Payload buffers for the chunks this agent sends (back from quinn once acknowledged).
@@ -120,6 +124,24 @@ impl Agent {
         self.shared.replicas.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Allocates a region for a copy of another node's pages (see `Shared::private`).
+    pub(crate) fn alloc_private(&self, size: u64, placement: Placement) -> Result<Region, FabricError> {
+        let region = self.shared.fabric.alloc(size, placement)?;
+        lock(&self.shared.private).insert(region);
+        Ok(region)
+    }
+
+    /// Frees a region [`Agent::alloc_private`] made.
+    pub(crate) fn free_private(&self, region: &Region) -> Result<(), FabricError> {
+        lock(&self.shared.private).remove(region);
+        self.shared.fabric.free(region)
+    }
+
+    /// Whether `region` holds a copy of another node's pages for a lease here.
+    pub(crate) fn is_private(&self, region: &Region) -> bool {
+        lock(&self.shared.private).contains(region)
+    }
+
     pub(crate) fn grants(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, RemoteGrant>> {
         self.shared.grants.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -149,4 +171,8 @@ pub(crate) fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<
         Ok(tokio::runtime::RuntimeFlavor::CurrentThread) | Err(_) => f(),
         Ok(_) => tokio::task::block_in_place(f),
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
