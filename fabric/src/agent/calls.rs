@@ -14,6 +14,7 @@ use crate::proto::codec::{read_frame, write_frame};
 use crate::proto::convert::reply_or_error;
 use crate::proto::message::Message;
 use crate::proto::quic::{send_chunk, QuicChunks};
+use tracing::Instrument;
 
 /// Where the chunks of a read's answer go.
 pub(crate) enum ReadInto<'a> {
@@ -59,11 +60,12 @@ impl Agent {
         msg: &Message,
         payload: &[u8],
     ) -> Result<Message, FabricError> {
+        let id = self.request_id();
         let work = async {
             let conn = self.connection(node, lane.lane, matches!(msg, Message::Ping { .. })).await?;
             let exchange = async {
                 let (mut send, mut recv) = conn.open_bi().await?;
-                self.open_request(&mut send, msg).await?;
+                self.open_request(&mut send, id, msg).await?;
                 let chunk = self.shared.net.chunk.bytes() as usize;
                 let mut stopped = false;
                 for (i, piece) in payload.chunks(chunk).enumerate() {
@@ -84,6 +86,7 @@ impl Agent {
                 }
                 let reply = read_frame(&mut recv, self.max_frame()).await?;
                 self.heard_from(node).await;
+                tracing::debug!(answer = reply.as_ref().map_or("nothing", Message::name), "answered");
                 match (reply_or_error(node, reply), stopped) {
                     // A success for a payload that did not all arrive would be a peer's bug: never take it.
                     (Ok(_), true) => Err(NetworkError::Stream(ChunkError::Stopped).into()),
@@ -95,7 +98,7 @@ impl Agent {
                 answered => answered,
             }
         };
-        self.bounded(node, work).await
+        self.bounded(node, work.instrument(call_span(id, node, msg))).await
     }
 
     /// A read request to `node` on `lane`: the answer, then its chunks, each verified and put where `into`
@@ -109,11 +112,12 @@ impl Agent {
         expect: impl Fn(&Message) -> u64,
     ) -> Result<Message, FabricError> {
         let max_chunk = self.shared.net.chunk.bytes();
+        let id = self.request_id();
         let work = async {
             let conn = self.connection(node, lane.lane, false).await?;
             let exchange = async {
                 let (mut send, mut recv) = conn.open_bi().await?;
-                self.open_request(&mut send, msg).await?;
+                self.open_request(&mut send, id, msg).await?;
                 send.finish().map_err(NetworkError::Finish)?;
                 let reply = reply_or_error(node, read_frame(&mut recv, self.max_frame()).await?)?;
                 let (offset, room) = into.span();
@@ -137,6 +141,7 @@ impl Agent {
                     e => e,
                 })?;
                 self.heard_from(node).await;
+                tracing::debug!(answer = reply.name(), bytes = want, "answered");
                 Ok(reply)
             };
             match exchange.await {
@@ -144,11 +149,13 @@ impl Agent {
                 answered => answered,
             }
         };
-        self.bounded(node, work).await
+        self.bounded(node, work.instrument(call_span(id, node, msg))).await
     }
 
-    /// Writes request `msg` on a new stream, after `OnBehalf` when the call acts for a tenant.
-    async fn open_request(&self, send: &mut quinn::SendStream, msg: &Message) -> Result<(), FabricError> {
+    /// Writes request `msg` on a new stream, after its id (`Traced`) and, when the call acts for a tenant,
+    /// `OnBehalf`.
+    async fn open_request(&self, send: &mut quinn::SendStream, id: u64, msg: &Message) -> Result<(), FabricError> {
+        write_frame(send, &Message::Traced { id }, self.max_frame()).await?;
         if let Some(t) = acting::tenant() {
             write_frame(send, &Message::OnBehalf { tenant: t.0 }, self.max_frame()).await?;
         }
@@ -190,4 +197,9 @@ impl Agent {
             _ => work.await,
         }
     }
+}
+
+/// The span of call `id` to `node`: its logs, here and (span `served`) at the peer, carry the id.
+fn call_span(id: u64, node: u16, msg: &Message) -> tracing::Span {
+    tracing::debug_span!("call", id = %format_args!("{id:016x}"), node, request = msg.name())
 }

@@ -17,6 +17,7 @@ use crate::proto::codec::{read_frame, PROTOCOL_VERSION};
 use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
 use crate::proto::quic::{answer as finish_with, close as quic_close, CloseCode};
+use tracing::Instrument;
 use vfabric_allocator::TenantId;
 
 /// Accepts connections on lane `lane`'s endpoint until it closes.
@@ -146,20 +147,27 @@ async fn serve_stream(
         Ok(None) => return Ok(()),
         Err(e) => return Err(ProtocolError::Codec(e)),
     };
-    // A request made for a tenant comes after `OnBehalf`, and is answered acting for it.
-    let mut tenant = None;
-    if let Message::OnBehalf { tenant: t } = msg {
-        tenant = Some(TenantId(t));
+    // Ahead of the request, its id (`Traced`) and, for a request made for a tenant, `OnBehalf` (answered
+    // acting for it): each at most once.
+    let (mut tenant, mut id) = (None, None);
+    loop {
+        match msg {
+            Message::OnBehalf { tenant: t } if tenant.is_none() => tenant = Some(TenantId(t)),
+            Message::Traced { id: i } if id.is_none() => id = Some(i),
+            _ => break,
+        }
         msg = match read_frame(&mut recv, agent.max_frame()).await {
             Ok(Some(m)) => m,
             Ok(None) => return Ok(()),
             Err(e) => return Err(ProtocolError::Codec(e)),
         };
     }
-    if !msg.is_request() || matches!(msg, Message::Hello { .. } | Message::OnBehalf { .. }) {
+    if !msg.is_request() || matches!(msg, Message::Hello { .. } | Message::OnBehalf { .. } | Message::Traced { .. }) {
         return Err(ProtocolError::NotServed(msg.name()));
     }
     agent.heard_from(peer).await;
+    let span =
+        tracing::debug_span!("served", id = %format_args!("{:016x}", id.unwrap_or(0)), peer, request = msg.name());
     // A tenant's node acts for its tenant: for no other, and never for the operator.
     if let Some(b) = bound {
         if tenant.is_some_and(|t| t != b) {
@@ -173,7 +181,11 @@ async fn serve_stream(
         }
         tenant = Some(b);
     }
-    acting::acting_for(tenant, serve_request(agent, (peer, connection), msg, send, recv)).await
+    let served = async {
+        tracing::debug!("serving");
+        serve_request(agent, (peer, connection), msg, send, recv).await
+    };
+    acting::acting_for(tenant, served).instrument(span).await
 }
 
 /// Answers request `msg`, on the lane's thread when it moves little.

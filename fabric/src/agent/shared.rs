@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     /// Leases peers hold on regions whose home is this node, by the id they were given.
     pub(crate) grants: std::sync::Mutex<std::collections::HashMap<u64, RemoteGrant>>,
     pub(crate) next_grant: std::sync::atomic::AtomicU64,
+    /// The count in the ids of this node's calls to peers (`Message::Traced`).
+    pub(crate) next_request: std::sync::atomic::AtomicU64,
     /// Copies of other nodes' pages kept after their leases ended.
     pub(crate) replicas: std::sync::Mutex<ReplicaCache>,
     /// Every region that holds a copy of another node's pages for a lease here (in use, or kept in `replicas`):
@@ -122,6 +124,12 @@ impl Agent {
 
     pub(crate) fn replicas(&self) -> std::sync::MutexGuard<'_, ReplicaCache> {
         self.shared.replicas.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new id for a call to a peer: this node's id in the top 16 bits, a count below.
+    pub(crate) fn request_id(&self) -> u64 {
+        let n = self.shared.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        u64::from(self.shared.node) << 48 | n & ((1 << 48) - 1)
     }
 
     /// Allocates a region for a copy of another node's pages (see `Shared::private`).

@@ -446,6 +446,13 @@ pub enum Message {
     /// A local client asks what the agent says about itself (`vfabric status`): answered with
     /// [`Message::Figures`], an `agent::AgentStatus` as JSON. The operator's call.
     Status,
+    /// Opens a request stream ahead of the request (before or after `OnBehalf`): the caller's id for the
+    /// request, which the serving agent's logs carry too (span `served`, as the caller's span `call`). Not
+    /// answered itself.
+    Traced {
+        /// The request's id: the calling node's id in the top 16 bits, a count of its calls below.
+        id: u64,
+    },
 }
 
 impl Message {
@@ -478,6 +485,7 @@ impl Message {
             | Message::Failover { .. }
             | Message::OnBehalf { .. }
             | Message::Status
+            | Message::Traced { .. }
             | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
@@ -535,6 +543,7 @@ impl Message {
             Message::Failover { .. } => "failover",
             Message::OnBehalf { .. } => "onbehalf",
             Message::Status => "status",
+            Message::Traced { .. } => "traced",
         }
     }
 }
@@ -607,6 +616,7 @@ mod tests {
             Message::Failover { region },
             Message::OnBehalf { tenant: 3 },
             Message::Status,
+            Message::Traced { id: 1 << 48 | 7 },
         ]
     }
 
