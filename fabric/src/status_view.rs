@@ -104,6 +104,7 @@ fn render(now: &Value, before: Option<(Duration, &Value)>) -> String {
             list(&TRAFFIC.map(|(k, l)| format!("{l} {}", ByteSize(num(traffic, k)))))
         ),
     };
+    out += &tenants(now);
     let peers = now["peers"].as_array().cloned().unwrap_or_default();
     if !peers.is_empty() {
         out += &format!(
@@ -131,6 +132,40 @@ fn render(now: &Value, before: Option<(Duration, &Value)>) -> String {
         num(r, "kept"),
         r["lag_ms"].as_f64().unwrap_or(0.0)
     );
+    out
+}
+
+/// The regions by tenant, with what each uses of its quota per tier (`used/quota`, or just `used`).
+fn tenants(now: &Value) -> String {
+    if now["tenants"].as_array().is_none_or(|t| t.is_empty()) {
+        return String::new();
+    }
+    let mut out =
+        format!("\n{:<8} {:>8} {:>10} {:>22} {:>22} {:>22}\n", "tenant", "regions", "bytes", "gpu", "host", "storage");
+    for t in now["tenants"].as_array().into_iter().flatten() {
+        let tier = |i: usize| {
+            let e = &t["tiers"][i];
+            let used = ByteSize(e[1].as_u64().unwrap_or(0));
+            match e[2].as_u64() {
+                Some(limit) => format!("{used} / {}", ByteSize(limit)),
+                None => used.to_string(),
+            }
+        };
+        let who = match t["tenant"].as_u64() {
+            Some(0) => "operator".to_string(),
+            Some(n) => n.to_string(),
+            None => "?".to_string(),
+        };
+        out += &format!(
+            "{:<8} {:>8} {:>10} {:>22} {:>22} {:>22}\n",
+            who,
+            t["regions"].as_u64().unwrap_or(0),
+            ByteSize(t["bytes"].as_u64().unwrap_or(0)).to_string(),
+            tier(0),
+            tier(1),
+            tier(2)
+        );
+    }
     out
 }
 

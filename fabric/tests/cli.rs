@@ -161,7 +161,11 @@ fn a_probe_too_large_for_its_peer_fails_cleanly_and_leaves_nothing_behind() {
 fn status_asks_a_running_agent_and_says_when_none_runs() {
     let dir = scratch("status");
     let config = two_nodes(&dir, 48650);
-    let text = std::fs::read_to_string(&config).expect("read").replace("name = \"cli\"", "name = \"cli-status\"");
+    // A tenant with a GPU quota: the status shows it.
+    let text = std::fs::read_to_string(&config)
+        .expect("read")
+        .replace("name = \"cli\"", "name = \"cli-status\"")
+        .replacen("[[node]]", "[[tenant]]\nid = 3\ngpu = \"4MiB\"\n[[node]]", 1);
     std::fs::write(&config, text).expect("write");
     let config = config.to_str().unwrap();
     assert!(vfabric(&["cluster", "init", "--config", config]).status.success());
@@ -189,6 +193,9 @@ fn status_asks_a_running_agent_and_says_when_none_runs() {
     let peers = status["peers"].as_array().expect("peers");
     assert_eq!(peers.len(), 1, "b, which never started: {peers:?}");
     assert!(peers[0]["state"].as_str().is_some_and(|s| s != "alive"), "{peers:?}");
+    let tenant = &status["tenants"][0];
+    assert_eq!((tenant["tenant"].as_u64(), tenant["regions"].as_u64()), (Some(3), Some(0)), "{status}");
+    assert_eq!(tenant["tiers"][0], serde_json::json!(["gpu", 0, 4 << 20]), "its GPU quota: {status}");
     // As a table, the way a person reads it.
     let table = vfabric(&["status", "--config", config, "--node", "a"]);
     let text = String::from_utf8_lossy(&table.stdout);

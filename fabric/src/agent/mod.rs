@@ -65,4 +65,4 @@ pub use membership::members_prefix;
 pub use remote_lease::{version_after_release, AgentLease};
 pub use replication::Replication;
 pub use shared::Agent;
-pub use status::{AgentStatus, PeerStatus, ReplicationStatus};
+pub use status::{AgentStatus, PeerStatus, ReplicationStatus, TenantStatus};

@@ -1,9 +1,11 @@
 //! What a running agent says about itself (`vfabric status`, the local `Status` call): its fabric's figures,
 //! its peers as it sees them, and its replicated regions.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
+use vfabric_allocator::{TenantId, Tier};
 
 use super::shared::Agent;
 use crate::fabric::Stats;
@@ -32,6 +34,21 @@ pub struct AgentStatus {
     pub peers: Vec<PeerStatus>,
     /// This node's replicated regions and the standby copies it keeps.
     pub replication: ReplicationStatus,
+    /// The regions of this node by tenant (the operator's are tenant 0), with what each uses of its quotas.
+    pub tenants: Vec<TenantStatus>,
+}
+
+/// A tenant at a node: its regions there and what it uses of each tier.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantStatus {
+    /// The tenant (0: the operator's, or unnamed).
+    pub tenant: u32,
+    /// Its regions at this node.
+    pub regions: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Per tier (`gpu`, `host`, `storage`): bytes used here, and the quota (`None`: none).
+    pub tiers: Vec<(String, u64, Option<u64>)>,
 }
 
 /// A peer as an agent sees it.
@@ -101,7 +118,9 @@ impl Agent {
             Ok(p) => p.lock().await.name.clone(),
             Err(_) => String::new(),
         };
+        let tenants = self.tenant_status();
         AgentStatus {
+            tenants,
             cluster: self.shared.cluster.clone(),
             node: self.node(),
             name: me,
@@ -112,5 +131,30 @@ impl Agent {
             peers,
             replication: ReplicationStatus { homed, kept, lag_ms: self.replication_lag().await.as_secs_f64() * 1e3 },
         }
+    }
+
+    /// The tenants with regions here or a quota in the configuration, the operator first.
+    fn tenant_status(&self) -> Vec<TenantStatus> {
+        let f = &self.shared.fabric;
+        let mut by: BTreeMap<u32, (usize, u64)> = self.shared.tenants.iter().map(|t| (t.id, (0, 0))).collect();
+        for (region, tenant) in f.regions() {
+            let e = by.entry(tenant.0).or_default();
+            (e.0, e.1) = (e.0 + 1, e.1 + region.len);
+        }
+        let tiers = [("gpu", Tier::Gpu), ("host", Tier::Host), ("storage", Tier::Nvme)];
+        by.into_iter()
+            .map(|(tenant, (regions, bytes))| TenantStatus {
+                tenant,
+                regions,
+                bytes,
+                tiers: tiers
+                    .iter()
+                    .map(|&(name, tier)| {
+                        let (used, limit) = f.quota(TenantId(tenant), tier);
+                        (name.to_string(), used, limit)
+                    })
+                    .collect(),
+            })
+            .collect()
     }
 }

@@ -149,6 +149,11 @@ impl Directory {
         self.devs[usize::from(dev)].location
     }
 
+    /// The tenant quotas, to read.
+    pub fn quotas(&self) -> &QuotaBook {
+        &self.quotas
+    }
+
     /// The tenant quotas.
     pub fn quotas_mut(&mut self) -> &mut QuotaBook {
         &mut self.quotas

@@ -476,11 +476,6 @@ impl Fabric {
         self.inner.counters.snapshot()
     }
 
-    /// Sets a tenant's quota on a tier (bytes; `None` for no limit).
-    pub fn set_quota(&self, tenant: TenantId, tier: Tier, limit: Option<u64>) {
-        lock(&self.inner.state).dir.quotas_mut().set_limit(tenant, tier, limit);
-    }
-
     fn arena_at(&self, dir: &Directory, location: Location) -> Result<&Arc<dyn Arena>, FabricError> {
         self.inner.arena(dir, location)
     }

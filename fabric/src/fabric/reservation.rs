@@ -1,9 +1,9 @@
 //! `Reservation`: capacity set aside on a device before a task starts (see the directory's `reserve`), given
-//! back when dropped.
+//! back when dropped; and tenants' quotas.
 
 use std::sync::Arc;
 
-use vfabric_allocator::{Location, TenantId};
+use vfabric_allocator::{Location, TenantId, Tier};
 
 use super::node::{lock, Inner};
 use super::Fabric;
@@ -58,5 +58,18 @@ impl Fabric {
         let mut st = lock(&self.inner.state);
         let id = self.drive(&mut st, |d| d.step_reserve(location, bytes, tenant))?;
         Ok(Reservation { inner: Arc::clone(&self.inner), id, location })
+    }
+}
+
+impl Fabric {
+    /// What a tenant uses on a tier of this node, and its quota there (bytes; `None` for no limit).
+    pub fn quota(&self, tenant: TenantId, tier: Tier) -> (u64, Option<u64>) {
+        let state = lock(&self.inner.state);
+        (state.dir.quotas().used(tenant, tier), state.dir.quotas().limit(tenant, tier))
+    }
+
+    /// Sets a tenant's quota on a tier (bytes; `None` for no limit).
+    pub fn set_quota(&self, tenant: TenantId, tier: Tier, limit: Option<u64>) {
+        lock(&self.inner.state).dir.quotas_mut().set_limit(tenant, tier, limit);
     }
 }
