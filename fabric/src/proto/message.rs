@@ -628,7 +628,8 @@ mod tests {
         expected.extend([true, false, true]);
         expected.extend([true, false, true, true, false, true, true, false, true]);
         expected.extend([true, false, true, true]);
-        expected.extend([true; 4]);
+        // Standby, Replicate, Failover, OnBehalf, Status, Traced.
+        expected.extend([true; 6]);
         assert_eq!(kinds, expected);
     }
 
