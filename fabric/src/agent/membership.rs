@@ -17,7 +17,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
 
-use super::shared::Agent;
+use super::shared::{lock, Agent};
 use super::standing::{Registration, Standing};
 use crate::config::MembershipSection;
 use crate::error::{FabricError, NetworkError};
@@ -200,10 +200,6 @@ impl Agent {
         }
         None
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Renews lease `lease` a few times per `ttl_s`, noting each renewal in `agent`'s standing; a renewal that

@@ -181,6 +181,7 @@ pub(crate) fn in_place<T>(f: impl FnOnce() -> Result<T, FabricError>) -> Result<
     }
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// `m`'s guard, also after a panic while it was held (the tables stay usable).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
