@@ -12,8 +12,9 @@
 #   VFABRIC_CONFIG       configuration of the info, demo, migrate and pager steps (default h200x2.toml)
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
-#   VFABRIC_STEPS        steps to run (default: all): machine ptx tests procs python info demo torch nccl migrate
+#   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests procs python info demo torch nccl migrate
 #                        pager local trace storage tiers train remote
+#   VFABRIC_PIN_GIB      size of the pin step's host memory files (default 8)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -25,7 +26,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine ptx tests procs python info demo torch nccl migrate pager local trace storage tiers train remote}
+STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager local trace storage tiers train remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the info, demo, migrate and pager steps
 summary=()
 
@@ -48,8 +49,13 @@ machine() {
     nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,clocks.mem,power.draw --format=csv
     nvcc --version | tail -2
     nproc
-    uname -r
     command -v iperf3 > /dev/null && iperf3 --version | head -1
+    # What pinning the host tier costs depends on these (shmem pages are 4 KiB unless shmem THP is on).
+    for f in enabled shmem_enabled defrag; do
+        echo "transparent_hugepage/$f: $(cat /sys/kernel/mm/transparent_hugepage/$f 2>/dev/null)"
+    done
+    grep -E "HugePages_Total|Hugepagesize|MemTotal" /proc/meminfo
+    uname -r
     # What the QUIC sockets can get (network.socket_buffer is capped at these).
     echo "net.core.rmem_max $(cat /proc/sys/net/core/rmem_max) wmem_max $(cat /proc/sys/net/core/wmem_max)"
 }
@@ -66,6 +72,8 @@ ptx() {
 }
 
 step machine machine
+# What pinning the host tier costs, and what makes it cheaper (bench/scripts/pin_probe.py).
+step pin python3 bench/scripts/pin_probe.py --gib "${VFABRIC_PIN_GIB:-8}"
 step ptx ptx
 step tests "$B/gpu-tests" --test-threads=1
 # Local clients in processes of their own on the GPU (the test binary runs itself again as the clients).

@@ -151,6 +151,8 @@ struct Sim {
     fetches: u64,
     /// Pages copied by eviction stages (the only copy of a page going to host memory).
     evicted: u64,
+    /// Pages moved within a device to join free frames into runs.
+    compacted: u64,
     prefetched: u64,
     /// Pages prefetched from the storage tier (into host memory, on their way to a GPU).
     staged: u64,
@@ -171,6 +173,9 @@ impl Sim {
         }
         if stage.kind == StageKind::Evict {
             self.evicted += stage.pages() as u64;
+        }
+        if stage.kind == StageKind::Compact {
+            self.compacted += stage.pages() as u64;
         }
         if fail {
             self.dir.abort(stage);
@@ -581,6 +586,7 @@ fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Si
         prefetch: VecDeque::new(),
         fetches: 0,
         evicted: 0,
+        compacted: 0,
         prefetched: 0,
         staged: 0,
     }
@@ -707,6 +713,57 @@ fn leases_get_one_run_through_compaction_or_fall_back_to_pages() {
         let (grant, _, _) = s.leases.last().expect("granted");
         let frames = grant.frames.frames();
         assert_eq!(frames.len(), 3);
+    }
+}
+
+/// A full device gives a lease its run by emptying one window of frames, whose pages are written back and only
+/// dropped, not by evicting the least recently used pages wherever they lie and then moving others within the
+/// device to join the holes.
+#[test]
+fn a_full_device_empties_one_window_for_a_run() {
+    let mut s = sim_with(0, 100, 100);
+    // Eight one-page regions written on the host, each leased once on GPU 0 (8 frames): the GPU holds a copy of
+    // each, the host's copy stays, so every GPU copy can simply be dropped.
+    for i in 0..8 {
+        let h = s.dir.alloc(PAGE, Placement::on(Location::Host)).expect("alloc");
+        s.model.insert(key(&h, 0), 0);
+        s.regions.push(h);
+        s.apply(&Op::Write { region: i, page: 0, pages: 1 });
+    }
+    let touch = |s: &mut Sim, i: usize| {
+        let op = Op::Acquire { region: i, page: 0, pages: 1, device: 0, write: false };
+        s.apply(&op);
+        s.check(&op);
+        let last = s.leases.len() - 1;
+        s.apply(&Op::Release { lease: last });
+    };
+    for i in 0..8 {
+        touch(&mut s, i);
+    }
+    // Used again in another order: the least recently used frames are now every other one.
+    for i in [1, 3, 5, 7] {
+        touch(&mut s, i);
+    }
+    let st = s.dir.stats();
+    assert_eq!((st.devices[0].used, st.devices[0].largest_free_run), (8, 0), "{st:?}");
+    let big = s.dir.alloc(3 * PAGE, Placement::on(Location::Host)).expect("alloc");
+    for p in 0..3 {
+        s.model.insert(key(&big, p), 0);
+    }
+    s.regions.push(big);
+    s.apply(&Op::Write { region: 8, page: 0, pages: 3 });
+    let acquire = Op::Acquire { region: 8, page: 0, pages: 3, device: 0, write: false };
+    s.apply(&acquire);
+    s.check(&acquire);
+    let (grant, _, _) = s.leases.last().expect("granted");
+    assert!(matches!(grant.frames, vfabric::directory::LeaseFrames::Run { len: 3, .. }), "one run: {grant:?}");
+    assert_eq!(s.compacted, 0, "no page moved within the device");
+    // Three pages left the GPU (dropped: their host copies stayed), the other five are still there.
+    assert_eq!(s.dir.stats().devices[0].used, 8);
+    for i in 0..8 {
+        let op = Op::Read { region: i, page: 0, pages: 1 };
+        s.apply(&op);
+        s.check(&op);
     }
 }
 

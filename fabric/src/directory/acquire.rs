@@ -108,6 +108,14 @@ impl Directory {
             // Every page goes into one run, those already here included.
             self.draw_reservation(slot, dev, n);
             let evict = self.eviction_need(dev, n);
+            if evict > 0 && self.devs[usize::from(dev)].frames.largest_free_run() < n {
+                // A full device with no run: empty the window that costs least, instead of evicting pages
+                // wherever they lie and then moving others to join the holes.
+                let stage = self.plan_window_evict(dev, n, &in_request)?;
+                if !stage.updates.is_empty() {
+                    return Ok(Step::Stage(stage));
+                }
+            }
             if evict > 0 {
                 let stage = self.plan_evict(dev, evict, &in_request)?;
                 if !stage.updates.is_empty() {

@@ -4,10 +4,11 @@
 
 use std::collections::HashMap;
 
-use vfabric_allocator::{AllocClass, Compression};
+use vfabric_allocator::{AllocClass, Compression, FrameState};
 
 use super::error::DirectoryError;
 use super::page::{Copy, DevIdx, PageRef};
+use super::region::Priority;
 use super::stage::{Stage, StageKind, Update};
 use super::state::Directory;
 
@@ -68,52 +69,195 @@ impl Directory {
             if keep(page) {
                 continue;
             }
-            let copy = Copy { dev, frame };
-            let copies = self.page(page).copies().count() as u32;
-            let gone = dropped.get(&page).copied().unwrap_or(0);
-            if copies - gone > 1 {
-                stage.updates.push(Update::Drop { page, copy });
-                *dropped.entry(page).or_default() += 1;
-            } else {
-                // The only copy goes one tier down: a GPU's to host memory, host memory's to storage.
-                let below = if dev == self.host {
-                    self.storage
-                } else if Some(dev) == self.storage {
-                    None // nothing is below the storage tier
-                } else {
-                    Some(self.host)
-                };
-                let Some(below) = below else { continue };
-                let tenant = self.tenant_of(page.slot);
-                let f = match self.take(below, 1, tenant, AllocClass::Reserved) {
-                    Ok(f) => f[0],
-                    Err(e) => {
-                        if !stage.updates.is_empty() {
-                            break;
-                        }
-                        self.abort(stage);
-                        if below == self.host && self.storage.is_some() {
-                            // Host memory is full: make room there first (its pages go to storage), and the
-                            // caller asks again.
-                            let cascade = self.plan_evict(self.host, count.saturating_sub(chosen), keep)?;
-                            if !cascade.updates.is_empty() {
-                                return Ok(cascade);
-                            }
-                        }
-                        return Err(e);
-                    }
-                };
-                let to = Copy { dev: below, frame: f };
-                stage.taken.push(to);
-                let compression = match self.regions.get(page.slot as usize) {
-                    Some(Some(r)) if Some(below) == self.storage => r.placement.compression,
-                    _ => Compression::None,
-                };
-                stage.copy_packed(self.loc(dev), self.loc(below), frame, f, compression);
-                stage.updates.push(Update::Relocate { page, old: copy, new: to });
+            match self.evict_copy(&mut stage, dev, frame, page, &mut dropped, count - chosen, keep)? {
+                Evicted::Planned => chosen += 1,
+                Evicted::Kept => {}
+                Evicted::Full => break,
+                Evicted::Instead(other) => return Ok(other),
             }
-            chosen += 1;
         }
         Ok(stage)
     }
+
+    /// Plans emptying the window of `n` frames of `dev` that costs least to empty, for a run of that length on a
+    /// device with none free: its unpinned copies are evicted as [`Directory::plan_evict`] evicts them, those
+    /// already written back (dropped, no copy) before those that are not, lower priorities before higher, and
+    /// prefetched copies not yet leased last. A window holding a pinned frame or a page `keep` names is not
+    /// taken. Returns an empty stage when no window can be emptied.
+    ///
+    /// On a device that is full (a stream through more than it holds), this replaces evicting the least recently
+    /// used pages wherever they lie and then moving pages within the device to join the holes into a run: that
+    /// moved about as many bytes again as it evicted, and each acquire waited for both.
+    pub(super) fn plan_window_evict(
+        &mut self,
+        dev: DevIdx,
+        n: u32,
+        keep: &dyn Fn(PageRef) -> bool,
+    ) -> Result<Stage, DirectoryError> {
+        let mut stage = Stage::new(StageKind::Evict);
+        let Some(start) = self.cheapest_window(dev, n, keep) else { return Ok(stage) };
+        let mut dropped: HashMap<PageRef, u32> = HashMap::new();
+        for frame in start..start + n {
+            let Some(page) = self.devs[usize::from(dev)].users[frame as usize] else { continue };
+            match self.evict_copy(&mut stage, dev, frame, page, &mut dropped, n, keep)? {
+                Evicted::Planned => {}
+                // The window cannot be emptied after all: nothing of it is evicted.
+                Evicted::Kept | Evicted::Full => {
+                    self.abort(stage);
+                    return Ok(Stage::new(StageKind::Evict));
+                }
+                Evicted::Instead(other) => return Ok(other),
+            }
+        }
+        Ok(stage)
+    }
+
+    /// The first frame of the window of `n` frames of `dev` that costs least to empty (see
+    /// [`Directory::plan_window_evict`]), among those that hold no pinned frame and no page `keep` names and
+    /// hold at least one page; `None` when there is none.
+    fn cheapest_window(&self, dev: DevIdx, n: u32, keep: &dyn Fn(PageRef) -> bool) -> Option<u32> {
+        let d = &self.devs[usize::from(dev)];
+        let total = d.frames.frames();
+        if n == 0 || n > total {
+            return None;
+        }
+        // Per frame: None where it blocks the window, else what emptying it costs (0 for a free frame).
+        let cost = |f: u32| -> Option<u64> {
+            match (d.frames.state(f)?, d.users[f as usize]) {
+                (FrameState::Free, _) => Some(0),
+                (FrameState::Used { .. }, Some(page)) if d.lru.contains(f) && !keep(page) => {
+                    let only_copy = self.page(page).copies().count() == 1;
+                    let prio = match d.lru.priority(f) {
+                        Some(Priority::High) => 2,
+                        Some(Priority::Normal) => 1,
+                        _ => 0,
+                    };
+                    Some(1 + if only_copy { 4 } else { 0 } + prio + if d.fresh[f as usize] { 8 } else { 0 })
+                }
+                // Taken by a stage in flight, leased, reserved, or a page to keep.
+                _ => None,
+            }
+        };
+        let mut w = Window::default();
+        for f in 0..n {
+            w.add(cost(f));
+        }
+        let mut best = w.takeable().then_some((w.cost, 0));
+        for start in 1..=total - n {
+            w.remove(cost(start - 1));
+            w.add(cost(start + n - 1));
+            if w.takeable() && best.is_none_or(|(b, _)| w.cost < b) {
+                best = Some((w.cost, start));
+            }
+        }
+        best.map(|(_, start)| start)
+    }
+
+    /// Adds evicting the copy of `page` in `frame` of `dev` to `stage`: dropped when the page has another copy
+    /// (counting those `dropped` already lets go), else moved one tier down.
+    #[allow(clippy::too_many_arguments)]
+    fn evict_copy(
+        &mut self,
+        stage: &mut Stage,
+        dev: DevIdx,
+        frame: u32,
+        page: PageRef,
+        dropped: &mut HashMap<PageRef, u32>,
+        wanted: u32,
+        keep: &dyn Fn(PageRef) -> bool,
+    ) -> Result<Evicted, DirectoryError> {
+        let copy = Copy { dev, frame };
+        let copies = self.page(page).copies().count() as u32;
+        let gone = dropped.get(&page).copied().unwrap_or(0);
+        if copies - gone > 1 {
+            stage.updates.push(Update::Drop { page, copy });
+            *dropped.entry(page).or_default() += 1;
+            return Ok(Evicted::Planned);
+        }
+        // The only copy goes one tier down: a GPU's to host memory, host memory's to storage.
+        let below = if dev == self.host {
+            self.storage
+        } else if Some(dev) == self.storage {
+            None // nothing is below the storage tier
+        } else {
+            Some(self.host)
+        };
+        let Some(below) = below else { return Ok(Evicted::Kept) };
+        let tenant = self.tenant_of(page.slot);
+        let f = match self.take(below, 1, tenant, AllocClass::Reserved) {
+            Ok(f) => f[0],
+            Err(e) => {
+                if !stage.updates.is_empty() {
+                    return Ok(Evicted::Full);
+                }
+                self.abort(std::mem::replace(stage, Stage::new(StageKind::Evict)));
+                if below == self.host && self.storage.is_some() {
+                    // Host memory is full: make room there first (its pages go to storage), and the caller
+                    // asks again.
+                    let cascade = self.plan_evict(self.host, wanted, keep)?;
+                    if !cascade.updates.is_empty() {
+                        return Ok(Evicted::Instead(cascade));
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let to = Copy { dev: below, frame: f };
+        stage.taken.push(to);
+        let compression = match self.regions.get(page.slot as usize) {
+            Some(Some(r)) if Some(below) == self.storage => r.placement.compression,
+            _ => Compression::None,
+        };
+        stage.copy_packed(self.loc(dev), self.loc(below), frame, f, compression);
+        stage.updates.push(Update::Relocate { page, old: copy, new: to });
+        Ok(Evicted::Planned)
+    }
+}
+
+/// A window of frames as it slides: how many of its frames block it, what emptying the others costs, and how
+/// many of them hold a page.
+#[derive(Default)]
+struct Window {
+    blocked: u32,
+    cost: u64,
+    used: u32,
+}
+
+impl Window {
+    fn add(&mut self, c: Option<u64>) {
+        match c {
+            None => self.blocked += 1,
+            Some(c) => {
+                self.cost += c;
+                self.used += u32::from(c > 0);
+            }
+        }
+    }
+
+    fn remove(&mut self, c: Option<u64>) {
+        match c {
+            None => self.blocked -= 1,
+            Some(c) => {
+                self.cost -= c;
+                self.used -= u32::from(c > 0);
+            }
+        }
+    }
+
+    /// Whether it can be emptied and holds something to empty.
+    fn takeable(&self) -> bool {
+        self.blocked == 0 && self.used > 0
+    }
+}
+
+/// What [`Directory::evict_copy`] did with one copy.
+enum Evicted {
+    /// Its eviction is in the stage.
+    Planned,
+    /// It stays: it is the only copy of its page and nothing is below its tier.
+    Kept,
+    /// The tier below is full and the stage already frees something: evict what it holds.
+    Full,
+    /// The tier below is full: this other stage (evicting that tier) comes first, and the caller asks again.
+    Instead(Stage),
 }

@@ -145,13 +145,21 @@ impl Directory {
         let used = u64::from(frames.used_frames());
         let over = (used + u64::from(need)).saturating_sub(high).min(u64::from(u32::MAX)) as u32;
         let mut evict = need.saturating_sub(self.available(dev)).max(over);
-        if frames.largest_free_run() < need {
+        let no_run = frames.largest_free_run() < need;
+        if no_run {
             // No run for the chunk: evict down to the low watermark as an acquire would.
             evict = evict.max(self.eviction_need(dev, need));
         }
+        // The walk's own pages ahead stay; those behind it are the least recently used anyway.
+        let keep = |p: PageRef| p.slot == slot && keep.contains(&p.page);
+        if evict > 0 && no_run && runs {
+            // A full device with no run for the chunk: empty the window that costs least (as an acquire does).
+            let stage = self.plan_window_evict(dev, need, &keep)?;
+            if !stage.updates.is_empty() {
+                return Ok(Step::Stage(stage));
+            }
+        }
         if evict > 0 {
-            // The walk's own pages ahead stay; those behind it are the least recently used anyway.
-            let keep = |p: PageRef| p.slot == slot && keep.contains(&p.page);
             let stage = self.plan_evict(dev, evict, &keep)?;
             if !stage.updates.is_empty() {
                 return Ok(Step::Stage(stage));

@@ -10,7 +10,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 
 use nix::sys::memfd::{memfd_create, MFdFlags};
-use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+use nix::sys::mman::{madvise, mmap, munmap, MapFlags, MmapAdvise, ProtFlags};
 
 use super::error::DeviceError;
 
@@ -79,6 +79,41 @@ impl SharedHostMemory {
         Ok(SharedHostMemory { ptr: p.cast(), len: size.get(), fd })
     }
 
+    /// Faults every page of the mapping in, writable, from up to `threads` threads at once (a piece each), as
+    /// `madvise(MADV_POPULATE_WRITE)` does. Registering memory with the driver faults in what is not yet there,
+    /// but on one thread: a 72 GiB host tier took a minute that way, most of it the kernel zeroing and mapping
+    /// 4 KiB pages one after the other. Kernels before Linux 5.14 lack the advice: then nothing is done here
+    /// and the pages come in as before.
+    pub fn populate(&self, threads: usize) -> Result<(), DeviceError> {
+        const PIECE_ALIGN: usize = 2 << 20;
+        let threads = threads.clamp(1, 64);
+        let piece = self.len.div_ceil(threads).div_ceil(PIECE_ALIGN) * PIECE_ALIGN;
+        let base = self.ptr.as_ptr() as usize;
+        let results: Vec<Result<(), nix::errno::Errno>> = std::thread::scope(|s| {
+            let pieces: Vec<_> = (0..self.len)
+                .step_by(piece)
+                .map(|at| {
+                    let n = piece.min(self.len - at);
+                    s.spawn(move || {
+                        let p = NonNull::new((base + at) as *mut std::ffi::c_void).ok_or(nix::errno::Errno::EINVAL)?;
+                        // SAFETY: `p..p+n` lies inside this value's mapping, which outlives the scope; populating
+                        // changes no byte.
+                        unsafe { madvise(p, n, MmapAdvise::MADV_POPULATE_WRITE) }
+                    })
+                })
+                .collect();
+            pieces.into_iter().map(|h| h.join().unwrap_or(Err(nix::errno::Errno::EINTR))).collect()
+        });
+        match results.into_iter().find(|r| r.is_err()) {
+            None => Ok(()),
+            // An older kernel: registration faults the pages in itself.
+            Some(Err(nix::errno::Errno::EINVAL)) => Ok(()),
+            Some(Err(nix::errno::Errno::ENOMEM)) => Err(DeviceError::HostAllocFailed { bytes: self.len as u64 }),
+            Some(Err(e)) => Err(os("madvise(MADV_POPULATE_WRITE)")(e)),
+            Some(Ok(())) => Ok(()),
+        }
+    }
+
     /// A new descriptor of the file, to send to another process.
     pub fn share(&self) -> Result<OwnedFd, DeviceError> {
         self.fd.try_clone().map_err(|source| DeviceError::Os { call: "dup", source })
@@ -127,5 +162,32 @@ mod tests {
         // A mapping longer than the file is refused, not a SIGBUS later.
         let r = SharedHostMemory::map(a.share().unwrap(), 2 << 20);
         assert!(matches!(r, Err(DeviceError::InvalidArgument(_))), "{r:?}");
+    }
+
+    fn allocated(m: &SharedHostMemory) -> u64 {
+        nix::sys::stat::fstat(&m.fd).unwrap().st_blocks as u64 * 512
+    }
+
+    #[test]
+    fn populate_allocates_every_page_and_keeps_the_bytes() {
+        // 9 MiB + 4 KiB: pieces of 2 MiB multiples, the last one short.
+        let len = (9 << 20) + 4096;
+        let m = SharedHostMemory::create("vfabric-test", len).unwrap();
+        assert_eq!(allocated(&m), 0, "a new file takes no memory");
+        // SAFETY: in bounds; this test is the mapping's only user.
+        unsafe { *m.as_ptr().add(5 << 20) = 0x77 };
+        m.populate(4).unwrap();
+        // On kernels without MADV_POPULATE_WRITE (before 5.14) populate does nothing, by design.
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut v = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u32>().ok());
+        let supported = (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (5, 14);
+        if supported {
+            assert_eq!(allocated(&m), len, "every page is in memory");
+        }
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(*m.as_ptr().add(5 << 20), 0x77);
+            assert_eq!(*m.as_ptr().add(len as usize - 1), 0);
+        }
     }
 }

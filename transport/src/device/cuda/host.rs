@@ -78,6 +78,10 @@ impl Drop for PinnedHostMemory {
     }
 }
 
+/// At most this many threads fault a host tier's pages in before it is registered (a bound, so that a host
+/// with hundreds of cores does not start hundreds of threads for it).
+const POPULATE_THREADS: usize = 16;
+
 /// Shared host memory ([`SharedHostMemory`]: another process of the node may map the same file) page-locked and
 /// mapped for every GPU with `cuMemHostRegister`: to the copy engines and kernels the same as
 /// [`PinnedHostMemory`], and shareable. The agent registers its host tier at once; a local client registers its
@@ -117,10 +121,22 @@ impl RegisteredHostMemory {
             return Ok(d);
         }
         self.ctx.bind()?;
+        // The pages faulted in by every core first: the driver's registration does it on one thread.
+        let t = std::time::Instant::now();
+        let threads = std::thread::available_parallelism().map_or(1, usize::from).min(POPULATE_THREADS);
+        self.mem.populate(threads)?;
+        let populated = t.elapsed();
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         let p = self.mem.as_ptr() as *mut std::ffi::c_void;
         // SAFETY: `p..p+len` is a live mapping owned by `mem`, which outlives the registration.
         unsafe { cu!(cuMemHostRegister_v2(p, self.mem.len() as usize, flags))? };
+        tracing::info!(
+            bytes = self.mem.len(),
+            threads,
+            populate_s = populated.as_secs_f64(),
+            register_s = (t.elapsed() - populated).as_secs_f64(),
+            "host memory pinned"
+        );
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `p` was just registered with DEVICEMAP.
         if let Err(e) = unsafe { cu!(cuMemHostGetDevicePointer_v2(&mut dptr, p, 0)) } {
