@@ -91,6 +91,9 @@ enum Command {
         /// own (the bulk lanes run on the workers).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        /// Where to serve Prometheus metrics (`ip:port`, at `/metrics`), instead of `[metrics] listen`.
+        #[arg(long)]
+        metrics: Option<std::net::SocketAddr>,
     },
 }
 
@@ -252,6 +255,7 @@ fn run_agent(
     node: String,
     listen: Option<std::net::SocketAddr>,
     threads: usize,
+    metrics: Option<std::net::SocketAddr>,
 ) -> Result<(), String> {
     let rt = vfabric::agent::Agent::runtime(threads).map_err(|e| e.to_string())?;
     let drain = cfg.network.drain;
@@ -260,13 +264,20 @@ fn run_agent(
             vfabric::agent::Agent::start_from_config_at(&cfg, &node, listen).await.map_err(|e| e.to_string())?;
         let socket = vfabric::agent::default_socket(&cfg.cluster.name, &node);
         let socket = agent.serve_local(&socket).await.map_err(|e| e.to_string())?;
+        let metrics = match metrics.or(cfg.metrics.as_ref().map(|m| m.listen)) {
+            Some(addr) => Some(agent.serve_metrics(addr).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let metrics_at = metrics.as_ref().map(|m| format!(", metrics at http://{}/metrics", m.local_addr()));
         println!(
-            "agent {node} (node {}) listening on {}, local clients on {}",
+            "agent {node} (node {}) listening on {}, local clients on {}{}",
             agent.node(),
             agent.local_addr(),
-            socket.display()
+            socket.display(),
+            metrics_at.unwrap_or_default()
         );
         wait_for_stop().await?;
+        drop(metrics);
         if drain {
             println!("stopping: handing this node's regions to the others (network.drain)");
             let d = agent.leave().await;
@@ -424,8 +435,8 @@ fn main() -> ExitCode {
         Command::Cluster { command: ClusterCommand::Probe { config, node, bytes, device } } => {
             load(Some(config), device).and_then(|cfg| probe(cfg, node, bytes.bytes()))
         }
-        Command::Agent { config, node, listen, device, threads } => {
-            load(Some(config), device).and_then(|cfg| run_agent(cfg, node, listen, threads))
+        Command::Agent { config, node, listen, device, threads, metrics } => {
+            load(Some(config), device).and_then(|cfg| run_agent(cfg, node, listen, threads, metrics))
         }
         Command::Cluster { command: ClusterCommand::AddNode { config, name, tenant } } => {
             add_node(&config, &name, tenant)

@@ -3,6 +3,7 @@
 //! and where a call's work runs (a lane's thread, or the runtime that started the agent).
 
 use std::future::Future;
+use std::time::Instant;
 
 use super::acting;
 use super::lane_use::{LaneUse, BULK};
@@ -98,7 +99,10 @@ impl Agent {
                 answered => answered,
             }
         };
-        self.bounded(node, work.instrument(call_span(id, node, msg))).await
+        let t0 = Instant::now();
+        let answer = self.bounded(node, work.instrument(call_span(id, node, msg))).await;
+        self.shared.metrics.peer_call(msg.name(), t0.elapsed());
+        answer
     }
 
     /// A read request to `node` on `lane`: the answer, then its chunks, each verified and put where `into`
@@ -149,7 +153,10 @@ impl Agent {
                 answered => answered,
             }
         };
-        self.bounded(node, work.instrument(call_span(id, node, msg))).await
+        let t0 = Instant::now();
+        let answer = self.bounded(node, work.instrument(call_span(id, node, msg))).await;
+        self.shared.metrics.peer_call(msg.name(), t0.elapsed());
+        answer
     }
 
     /// Writes request `msg` on a new stream, after its id (`Traced`) and, when the call acts for a tenant,

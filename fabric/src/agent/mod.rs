@@ -28,6 +28,7 @@
 
 mod acting;
 mod backups;
+mod call_metrics;
 mod calls;
 mod client;
 mod direct;
@@ -41,6 +42,8 @@ mod link;
 pub mod local;
 #[cfg(feature = "etcd")]
 mod membership;
+pub mod metrics;
+mod metrics_server;
 mod migrate;
 mod peer;
 mod peers;
@@ -57,6 +60,7 @@ mod status;
 
 pub use backups::{may_take_over, serves_alone};
 pub use drain::Drained;
+pub use metrics_server::MetricsServer;
 pub use launch::{rank_name, JobRank};
 pub use link::LinkStats;
 pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};

@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     pub(crate) standing: std::sync::Mutex<Option<super::standing::Standing>>,
     /// The cluster's tenants: which local users act as which (`local/tenancy.rs`).
     pub(crate) tenants: Vec<crate::config::TenantSection>,
+    /// The latencies of the calls it serves and makes (`[metrics]`).
+    pub(crate) metrics: super::call_metrics::CallMetrics,
 }
 
 /// A lease a peer holds here: the peer, the connection it came over (the lease ends when that connection

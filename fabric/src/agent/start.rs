@@ -119,6 +119,7 @@ impl Agent {
             buffers: quic::BufferPool::new(64),
             net,
             tenants: config.tenants.clone(),
+            metrics: super::call_metrics::CallMetrics::new(),
         });
         let agent = Agent { shared };
         let serving = (0..agent.shared.endpoints.len())

@@ -83,6 +83,11 @@ pub struct ReplicationStatus {
 impl Agent {
     /// What this agent says about itself: its fabric's figures, its peers (pinged, those alive), its replicas.
     pub async fn status(&self) -> AgentStatus {
+        self.status_of(true).await
+    }
+
+    /// [`Agent::status`], pinging the live peers for their round trips only with `ping`.
+    pub(crate) async fn status_of(&self, ping: bool) -> AgentStatus {
         let dead_after = self.dead_after();
         let mut peers = Vec::new();
         for (i, p) in self.shared.peers.iter().enumerate() {
@@ -96,7 +101,7 @@ impl Agent {
             if self.is_me(node) || name.is_empty() {
                 continue;
             }
-            let rtt = match alive {
+            let rtt = match alive && ping {
                 true => tokio::time::timeout(PING_WAIT, self.ping(node)).await.ok().and_then(Result::ok),
                 false => None,
             };

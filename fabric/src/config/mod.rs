@@ -72,6 +72,9 @@ pub struct ClusterConfig {
     /// is a member, its liveness told by heartbeats alone).
     #[serde(default)]
     pub membership: Option<MembershipSection>,
+    /// `[metrics]`: where the agent serves its metrics; none when absent.
+    #[serde(default)]
+    pub metrics: Option<MetricsSection>,
     /// `[[node]]`: the nodes of the cluster.
     #[serde(default, rename = "node")]
     pub nodes: Vec<NodeSection>,
@@ -354,6 +357,15 @@ fn default_max_nodes() -> u16 {
     64
 }
 
+/// `[metrics]`: the agent serves its figures (tiers, moves, waits, peers, replicas, tenants, call latencies) in
+/// Prometheus text exposition at `http://LISTEN/metrics` (`vfabric agent --metrics ADDR` overrides it per node).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// The address and port to serve on, e.g. `"127.0.0.1:9464"` (port 0: any free one, said in the log).
+    pub listen: std::net::SocketAddr,
+}
+
 /// The most node ids `[membership] max_nodes` may allow (each is a peer this node keeps a slot for).
 pub const MAX_NODES: u16 = 4096;
 
@@ -431,6 +443,7 @@ impl ClusterConfig {
             storage: None,
             tenants: Vec::new(),
             membership: None,
+            metrics: None,
             nodes: vec![NodeSection { name: "local".into(), gpus: None, address: None, tenant: None }],
         })
     }

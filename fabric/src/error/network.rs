@@ -26,6 +26,14 @@ pub enum NetworkError {
         /// Why.
         source: QuicError,
     },
+    /// The metrics endpoint (`[metrics] listen`) could not listen.
+    #[error("serving metrics on {addr}: {message}")]
+    MetricsListen {
+        /// Where.
+        addr: SocketAddr,
+        /// Why.
+        message: String,
+    },
     /// The lanes take consecutive ports from the node's, and there is none left for this one.
     #[error("lane {lane}: no port above {base}")]
     NoPortForLane {

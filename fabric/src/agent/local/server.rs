@@ -170,6 +170,7 @@ impl Agent {
                 }
                 continue;
             }
+            let (call, t0) = (msg.name(), Instant::now());
             let reply = match msg {
                 Message::Ping { nonce } => Ok(Message::Pong { nonce }),
                 Message::Attach => {
@@ -263,6 +264,7 @@ impl Agent {
                 Err(e) => refusal(&e),
             };
             send(s, &answer, max)?;
+            self.shared.metrics.local_call(call, t0.elapsed());
         }
         Ok(())
     }
