@@ -89,6 +89,10 @@ fn pager_on_the_emulated_device_verifies_every_page() {
     assert!(json["directory_bytes_per_page"].as_f64().unwrap_or(0.0) > 0.0);
     assert_eq!(json["compaction"]["bad_pages"], 0);
     assert!(json["compaction"]["largest_free_run_after"].as_u64().unwrap_or(0) >= 4);
+    // Every result says what it is and where it is from: its layout's version, the commit, the machine.
+    assert_eq!(json["schema_version"], 1, "{}", json["schema_version"]);
+    assert!(json["git_rev"].as_str().is_some_and(|r| !r.is_empty()), "{}", json["git_rev"]);
+    assert!(json["machine"]["cores"].as_u64().is_some_and(|c| c >= 1), "{}", json["machine"]);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
