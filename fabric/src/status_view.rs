@@ -105,26 +105,8 @@ fn render(now: &Value, before: Option<(Duration, &Value)>) -> String {
         ),
     };
     out += &tenants(now);
-    let peers = now["peers"].as_array().cloned().unwrap_or_default();
-    if !peers.is_empty() {
-        out += &format!(
-            "\n{:<6} {:<16} {:<22} {:<40} {:>10} {:>10}\n",
-            "node", "peer", "address", "state", "last seen", "rtt"
-        );
-        for p in &peers {
-            let seen = p["last_seen_ms"].as_u64().map_or("never".to_string(), |ms| format!("{ms} ms"));
-            let rtt = p["rtt_us"].as_u64().map_or("-".to_string(), |us| format!("{us} us"));
-            out += &format!(
-                "{:<6} {:<16} {:<22} {:<40} {:>10} {:>10}\n",
-                num(p, "node"),
-                p["name"].as_str().unwrap_or("?"),
-                p["address"].as_str().unwrap_or("-"),
-                p["state"].as_str().unwrap_or("?"),
-                seen,
-                rtt
-            );
-        }
-    }
+    out += &peers(now, before);
+    out += &reservations(now);
     let r = &now["replication"];
     out += &format!(
         "\nreplicas: {} region(s) of this node kept on others too, {} standby copies kept here, standbys {:.0} ms behind\n",
@@ -140,8 +122,10 @@ fn tenants(now: &Value) -> String {
     if now["tenants"].as_array().is_none_or(|t| t.is_empty()) {
         return String::new();
     }
-    let mut out =
-        format!("\n{:<8} {:>8} {:>10} {:>22} {:>22} {:>22}\n", "tenant", "regions", "bytes", "gpu", "host", "storage");
+    let mut out = format!(
+        "\n{:<8} {:>8} {:>10} {:>18} {:>22} {:>22} {:>22}\n",
+        "tenant", "regions", "bytes", "leases", "gpu", "host", "storage"
+    );
     for t in now["tenants"].as_array().into_iter().flatten() {
         let tier = |i: usize| {
             let e = &t["tiers"][i];
@@ -156,14 +140,82 @@ fn tenants(now: &Value) -> String {
             Some(n) => n.to_string(),
             None => "?".to_string(),
         };
+        let leases =
+            format!("{} ({})", t["leases"].as_u64().unwrap_or(0), ByteSize(t["leased_bytes"].as_u64().unwrap_or(0)));
         out += &format!(
-            "{:<8} {:>8} {:>10} {:>22} {:>22} {:>22}\n",
+            "{:<8} {:>8} {:>10} {:>18} {:>22} {:>22} {:>22}\n",
             who,
             t["regions"].as_u64().unwrap_or(0),
             ByteSize(t["bytes"].as_u64().unwrap_or(0)).to_string(),
+            leases,
             tier(0),
             tier(1),
             tier(2)
+        );
+    }
+    out
+}
+
+/// The peers as this node sees them, with their links: bytes sent and received since the link was made (or per
+/// second since `before`), packets lost.
+fn peers(now: &Value, before: Option<(Duration, &Value)>) -> String {
+    let peers = now["peers"].as_array().cloned().unwrap_or_default();
+    if peers.is_empty() {
+        return String::new();
+    }
+    let (sent, received) = if before.is_some() { ("sent/s", "received/s") } else { ("sent", "received") };
+    let mut out = format!(
+        "\n{:<6} {:<16} {:<22} {:<40} {:>10} {:>10} {:>12} {:>12} {:>6}\n",
+        "node", "peer", "address", "state", "last seen", "rtt", sent, received, "lost"
+    );
+    for p in &peers {
+        let seen = p["last_seen_ms"].as_u64().map_or("never".to_string(), |ms| format!("{ms} ms"));
+        let rtt = p["rtt_us"].as_u64().map_or("-".to_string(), |us| format!("{us} us"));
+        let link = &p["link"];
+        // The same peer's link in the status before, for rates.
+        let then = before.and_then(|(ago, b)| {
+            let old = b["peers"].as_array()?.iter().find(|q| q["node"] == p["node"])?;
+            Some((ago.as_secs_f64().max(1e-3), old["link"].clone()))
+        });
+        let bytes = |k: &str| match (link.get(k).and_then(Value::as_u64), &then) {
+            (None, _) => "-".to_string(),
+            (Some(n), Some((secs, old))) => {
+                let moved = n.saturating_sub(old.get(k).and_then(Value::as_u64).unwrap_or(n));
+                ByteSize((moved as f64 / secs) as u64).to_string()
+            }
+            (Some(n), None) => ByteSize(n).to_string(),
+        };
+        let lost = link.get("lost_packets").and_then(Value::as_u64).map_or("-".to_string(), |n| n.to_string());
+        out += &format!(
+            "{:<6} {:<16} {:<22} {:<40} {:>10} {:>10} {:>12} {:>12} {:>6}\n",
+            p["node"].as_u64().unwrap_or(0),
+            p["name"].as_str().unwrap_or("?"),
+            p["address"].as_str().unwrap_or("-"),
+            p["state"].as_str().unwrap_or("?"),
+            seen,
+            rtt,
+            bytes("sent_bytes"),
+            bytes("received_bytes"),
+            lost
+        );
+    }
+    out
+}
+
+/// The reservations held on the node.
+fn reservations(now: &Value) -> String {
+    let held = now["reservations"].as_array().cloned().unwrap_or_default();
+    if held.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("\n{:<12} {:<10} {:<8} {:>12}\n", "reservation", "device", "tenant", "holds");
+    for r in &held {
+        out += &format!(
+            "{:<12} {:<10} {:<8} {:>12}\n",
+            r["id"].as_u64().unwrap_or(0),
+            location(&r["location"]),
+            r["tenant"].as_u64().unwrap_or(0),
+            ByteSize(r["bytes"].as_u64().unwrap_or(0)).to_string()
         );
     }
     out
@@ -180,4 +232,36 @@ fn location(v: &Value) -> String {
 
 fn list(items: &[String]) -> String {
     items.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status(sent: u64, reservations: Value) -> Value {
+        json!({
+            "name": "a", "node": 0, "cluster": "c", "address": "127.0.0.1:1", "uptime_s": 5.0, "page_size": 65536,
+            "fabric": {"directory": {"devices": []}, "traffic": {}},
+            "peers": [{"node": 1, "name": "b", "address": "127.0.0.1:2", "state": "alive", "last_seen_ms": 5,
+                       "rtt_us": 90, "link": {"sent_bytes": sent, "received_bytes": 4096, "lost_packets": 3}}],
+            "replication": {}, "tenants": [], "reservations": reservations,
+        })
+    }
+
+    #[test]
+    fn peers_show_their_links_as_totals_then_as_rates() {
+        let before = status(1 << 20, json!([]));
+        let first = render(&before, None);
+        let row = first.lines().find(|l| l.starts_with("1 ")).expect("the peer's row");
+        assert!(row.contains("1MiB") && row.contains("4KiB") && row.trim_end().ends_with('3'), "{first}");
+        // 4 MiB more in 2 s: 2 MiB a second; nothing more received.
+        let now = status(5 << 20, json!([{"id": 7, "location": "Host", "tenant": 3, "bytes": 2 << 20}]));
+        let text = render(&now, Some((Duration::from_secs(2), &before)));
+        assert!(text.contains("sent/s"), "{text}");
+        let row = text.lines().find(|l| l.starts_with("1 ")).expect("the peer's row");
+        assert!(row.contains("2MiB") && row.contains(" 0B "), "{text}");
+        let held = text.lines().find(|l| l.starts_with("7 ")).expect("the reservation's row");
+        assert!(held.contains("host") && held.contains('3') && held.contains("2MiB"), "{text}");
+    }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use vfabric::agent::{Agent, LocalClient};
 use vfabric::config::{NodeSection, TenantSection};
-use vfabric::{ByteSize, ClusterConfig};
+use vfabric::{ByteSize, ClusterConfig, Location, TenantId};
 use vfabric_transport::quic::ClusterCa;
 use vfabric_transport::Backend;
 
@@ -42,6 +42,7 @@ struct Nodes {
     agents: Vec<Agent>,
     metrics: vfabric::agent::MetricsServer,
     socket: std::path::PathBuf,
+    _held: (vfabric::Reservation, vfabric::Lease),
 }
 
 impl Drop for Nodes {
@@ -58,7 +59,7 @@ impl Drop for Nodes {
 fn nodes(name: &str) -> Nodes {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let socket = std::env::temp_dir().join(format!("vfabric-{name}-{}.sock", std::process::id()));
-    let (agents, metrics) = rt.block_on(async {
+    let (agents, metrics, held) = rt.block_on(async {
         let mut cfg = ClusterConfig::embedded_local();
         cfg.cluster.name = name.into();
         cfg.device.backend = Backend::Emulated;
@@ -88,9 +89,14 @@ fn nodes(name: &str) -> Nodes {
         let c = LocalClient::connect(&socket).await.expect("connect");
         let r = c.alloc(1 << 20, None).await.expect("alloc through the socket");
         c.write(&r, 0, &[7u8; 4096]).await.expect("write through the socket");
-        (agents, metrics)
+        // Held while the test scrapes: a reservation for tenant 3 and a lease on one of n0's regions (a page each).
+        let f = agents[0].fabric();
+        let reservation = f.reserve(Location::Host, 2 << 20, TenantId(3)).expect("a reservation");
+        let region = f.alloc(2 << 20, vfabric::Placement::on(Location::Host)).expect("a region");
+        let lease = f.acquire(&region, 0..(2 << 20), Location::Host, vfabric::Mode::Write).expect("a lease");
+        (agents, metrics, (reservation, lease))
     });
-    Nodes { rt, agents, metrics, socket }
+    Nodes { rt, agents, metrics, socket, _held: held }
 }
 
 #[test]
@@ -99,8 +105,8 @@ fn metrics_describe_the_agent_and_pass_promtool() {
     let addr = n.metrics.local_addr();
     let (code, text) = get(addr, "/metrics");
     assert_eq!(code, 200, "{text}");
-    // n0 holds its own region and the client's; n1's is n1's.
-    assert_eq!(value(&text, "vfabric_regions"), Some(2.0), "{text}");
+    // n0 holds its own region, the client's and the leased one; n1's is n1's.
+    assert_eq!(value(&text, "vfabric_regions"), Some(3.0), "{text}");
     assert!(text.lines().any(|l| l.starts_with("vfabric_info{") && l.contains("name=\"n0\"")), "{text}");
     let host = value(&text, "vfabric_device_capacity_bytes{device=\"host\"}");
     assert_eq!(host, Some((16u64 << 20) as f64), "{text}");
@@ -110,6 +116,12 @@ fn metrics_describe_the_agent_and_pass_promtool() {
     assert!(value(&text, "vfabric_peer_call_seconds_count{call=\"write\"}").is_some_and(|v| v >= 1.0), "{text}");
     assert!(value(&text, "vfabric_local_call_seconds_count{call=\"alloc\"}").is_some_and(|v| v >= 1.0), "{text}");
     assert!(text.contains("vfabric_moved_bytes_total{kind=\"fetched\"}"), "{text}");
+    // The link to n1, which n0 wrote to; the reservation and the lease held.
+    assert!(value(&text, "vfabric_link_sent_bytes_total{peer=\"n1\"}").is_some_and(|v| v >= 65536.0), "{text}");
+    assert!(value(&text, "vfabric_link_lanes_open{peer=\"n1\"}").is_some_and(|v| v >= 1.0), "{text}");
+    assert_eq!(value(&text, "vfabric_reserved_bytes{device=\"host\",tenant=\"3\"}"), Some((2u64 << 20) as f64));
+    assert_eq!(value(&text, "vfabric_tenant_leases{tenant=\"0\"}"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "vfabric_tenant_leased_bytes{tenant=\"0\"}"), Some((2u64 << 20) as f64), "{text}");
     let quota = value(&text, "vfabric_tenant_quota_bytes{tenant=\"3\",tier=\"gpu\"}");
     assert_eq!(quota, Some((4u64 << 20) as f64), "{text}");
 
@@ -227,7 +239,7 @@ fn a_prometheus_server_scrapes_the_agent() {
         assert!(t.elapsed() < Duration::from_secs(60), "Prometheus never had vfabric_regions; its log:\n{log}");
         std::thread::sleep(Duration::from_millis(250));
     };
-    assert_eq!(answer["value"][1], "2", "{answer}");
+    assert_eq!(answer["value"][1], "3", "{answer}");
     assert_eq!(answer["metric"]["instance"], target.to_string(), "{answer}");
     // The dashboard's queries are PromQL that Prometheus runs.
     for q in dashboard_queries() {

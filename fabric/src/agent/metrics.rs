@@ -6,6 +6,7 @@
 //! `_total` on counters, and labels for what varies (a device, a kind of move, a peer, a tenant).
 
 use prometheus::core::Collector;
+use prometheus::proto::MetricFamily;
 use prometheus::{
     CounterVec, Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, TextEncoder,
 };
@@ -35,11 +36,16 @@ impl Agent {
 
 /// Gauges and counters from a status, on a registry of their own (made per scrape: the figures are read whole
 /// from the agent each time).
-fn status_families(s: &AgentStatus) -> Vec<prometheus::proto::MetricFamily> {
+fn status_families(s: &AgentStatus) -> Vec<MetricFamily> {
     let mut fams = Vec::new();
-    let mut add = |c: &dyn Collector| fams.extend(c.collect());
-    let ps = s.page_size;
+    for section in [identity, devices, directory, traffic, peers, reservations, tenants] {
+        section(s, &mut |c: &dyn Collector| fams.extend(c.collect()));
+    }
+    fams
+}
 
+/// The agent's identity and uptime.
+fn identity(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
     let info = IntGaugeVec::new(
         Opts::new("vfabric_info", "The agent: its cluster, node and version."),
         &["cluster", "node", "name", "version"],
@@ -50,7 +56,11 @@ fn status_families(s: &AgentStatus) -> Vec<prometheus::proto::MetricFamily> {
     let uptime = Gauge::new("vfabric_uptime_seconds", "Seconds since the agent started.").expect("valid");
     uptime.set(s.uptime_s);
     add(&uptime);
+}
 
+/// Each device's arena: its size, what holds pages and leases, its free runs.
+fn devices(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
+    let ps = s.page_size;
     let device = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["device"]).expect("valid");
     let capacity = device("vfabric_device_capacity_bytes", "Bytes of the device's arena (its budget).");
     let used = device("vfabric_device_used_bytes", "Bytes of the device's arena holding pages.");
@@ -69,7 +79,10 @@ fn status_families(s: &AgentStatus) -> Vec<prometheus::proto::MetricFamily> {
     for g in [&capacity, &used, &leased, &run, &ranges] {
         add(g);
     }
+}
 
+/// The node's regions, leases and replicas, and the storage tier's use.
+fn directory(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
     let dir = &s.fabric.directory;
     for (name, help, v) in [
         ("vfabric_regions", "Live regions at this node.", dir.regions as i64),
@@ -87,7 +100,10 @@ fn status_families(s: &AgentStatus) -> Vec<prometheus::proto::MetricFamily> {
         Gauge::new("vfabric_replication_lag_seconds", "How far behind the asynchronous standbys are.").expect("valid");
     lag.set(s.replication.lag_ms / 1e3);
     add(&lag);
+}
 
+/// Bytes moved by kind, stages run, and the time callers waited by what for.
+fn traffic(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
     let t = &s.fabric.traffic;
     let moved = IntCounterVec::new(
         Opts::new("vfabric_moved_bytes_total", "Bytes the fabric moved since the agent started, by kind of move."),
@@ -139,7 +155,10 @@ fn status_families(s: &AgentStatus) -> Vec<prometheus::proto::MetricFamily> {
         stalls.with_label_values(&[what]).inc_by(ns as f64 / 1e9);
     }
     add(&stalls);
+}
 
+/// Each peer's liveness and link.
+fn peers(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
     let peer = |name: &str, help: &str| GaugeVec::new(Opts::new(name, help), &["peer"]).expect("valid");
     let up = peer("vfabric_peer_up", "1 while the peer is taken for alive, 0 once taken for dead.");
     let seen = peer("vfabric_peer_last_seen_seconds", "Seconds since the peer last answered or called.");
@@ -153,15 +172,64 @@ fn status_families(s: &AgentStatus) -> Vec<prometheus::proto::MetricFamily> {
     }
     add(&up);
     add(&seen);
+    let link_counter = |name: &str, help: &str| IntCounterVec::new(Opts::new(name, help), &["peer"]).expect("valid");
+    let sent = link_counter("vfabric_link_sent_bytes_total", "UDP payload bytes sent to the peer (its open lanes).");
+    let received =
+        link_counter("vfabric_link_received_bytes_total", "UDP payload bytes received from the peer (its open lanes).");
+    let lost = link_counter("vfabric_link_lost_packets_total", "Packets to the peer declared lost and resent.");
+    let cuts = link_counter("vfabric_link_congestion_events_total", "Times the link to the peer cut its window.");
+    let lanes =
+        IntGaugeVec::new(Opts::new("vfabric_link_lanes_open", "Lanes open to the peer."), &["peer"]).expect("valid");
+    let rtt = peer("vfabric_link_rtt_seconds", "The largest smoothed round trip among the lanes to the peer.");
+    for p in &s.peers {
+        let Some(l) = &p.link else { continue };
+        let peer = [p.name.as_str()];
+        sent.with_label_values(&peer).inc_by(l.sent_bytes);
+        received.with_label_values(&peer).inc_by(l.received_bytes);
+        lost.with_label_values(&peer).inc_by(l.lost_packets);
+        cuts.with_label_values(&peer).inc_by(l.congestion_events);
+        lanes.with_label_values(&peer).set(l.lanes_open as i64);
+        rtt.with_label_values(&peer).set(l.rtt_us as f64 / 1e6);
+    }
+    for c in [&sent, &received, &lost, &cuts] {
+        add(c);
+    }
+    add(&lanes);
+    add(&rtt);
+}
 
+/// Reservations held, by device and tenant.
+fn reservations(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
+    let reserved = IntGaugeVec::new(
+        Opts::new("vfabric_reserved_bytes", "Bytes reservations hold on a device for a tenant (not yet used)."),
+        &["device", "tenant"],
+    )
+    .expect("valid");
+    let count = IntGaugeVec::new(Opts::new("vfabric_reservations", "Reservations held, by tenant."), &["tenant"])
+        .expect("valid");
+    for r in &s.reservations {
+        let (device, tenant) = (r.location.to_string(), r.tenant.0.to_string());
+        reserved.with_label_values(&[&device, &tenant]).add(r.bytes as i64);
+        count.with_label_values(&[&tenant]).inc();
+    }
+    add(&reserved);
+    add(&count);
+}
+
+/// Each tenant's regions, leases, use of each tier and quota.
+fn tenants(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
     let tenant =
         |name: &str, help: &str, labels: &[&str]| IntGaugeVec::new(Opts::new(name, help), labels).expect("valid");
     let regions = tenant("vfabric_tenant_regions", "Regions of the tenant at this node.", &["tenant"]);
+    let tleases = tenant("vfabric_tenant_leases", "Leases held on the tenant's regions here.", &["tenant"]);
+    let tleased = tenant("vfabric_tenant_leased_bytes", "Bytes those leases cover.", &["tenant"]);
     let tused = tenant("vfabric_tenant_used_bytes", "Bytes the tenant uses of a tier here.", &["tenant", "tier"]);
     let quota = tenant("vfabric_tenant_quota_bytes", "The tenant's quota of a tier here.", &["tenant", "tier"]);
     for ts in &s.tenants {
         let id = ts.tenant.to_string();
         regions.with_label_values(&[&id]).set(ts.regions as i64);
+        tleases.with_label_values(&[&id]).set(ts.leases as i64);
+        tleased.with_label_values(&[&id]).set(ts.leased_bytes as i64);
         for (tier, bytes, q) in &ts.tiers {
             tused.with_label_values(&[&id, tier]).set(*bytes as i64);
             if let Some(q) = q {
@@ -169,8 +237,7 @@ fn status_families(s: &AgentStatus) -> Vec<prometheus::proto::MetricFamily> {
             }
         }
     }
-    for g in [&regions, &tused, &quota] {
+    for g in [&regions, &tleases, &tleased, &tused, &quota] {
         add(g);
     }
-    fams
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 use vfabric_allocator::{TenantId, Tier};
 
 use super::shared::Agent;
+use crate::directory::ReservationInfo;
 use crate::fabric::Stats;
 
 /// How long a peer's ping may take before the status leaves its round trip out.
@@ -36,6 +37,8 @@ pub struct AgentStatus {
     pub replication: ReplicationStatus,
     /// The regions of this node by tenant (the operator's are tenant 0), with what each uses of its quotas.
     pub tenants: Vec<TenantStatus>,
+    /// The reservations held on this node (capacity set aside for a tenant's task).
+    pub reservations: Vec<ReservationInfo>,
 }
 
 /// A tenant at a node: its regions there and what it uses of each tier.
@@ -49,6 +52,27 @@ pub struct TenantStatus {
     pub bytes: u64,
     /// Per tier (`gpu`, `host`, `storage`): bytes used here, and the quota (`None`: none).
     pub tiers: Vec<(String, u64, Option<u64>)>,
+    /// Leases held now on its regions here, and the bytes they cover.
+    pub leases: usize,
+    /// The bytes those leases cover.
+    pub leased_bytes: u64,
+}
+
+/// The QUIC link to a peer, over its open lanes, counted since each lane's connection was made.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkStatus {
+    /// Lanes with an open connection.
+    pub lanes_open: usize,
+    /// UDP payload bytes sent.
+    pub sent_bytes: u64,
+    /// UDP payload bytes received.
+    pub received_bytes: u64,
+    /// Packets declared lost (and resent) by this end.
+    pub lost_packets: u64,
+    /// Times this end cut its congestion window.
+    pub congestion_events: u64,
+    /// The largest smoothed round-trip time among the lanes, in microseconds.
+    pub rtt_us: u64,
 }
 
 /// A peer as an agent sees it.
@@ -67,6 +91,8 @@ pub struct PeerStatus {
     pub last_seen_ms: Option<u64>,
     /// A ping's round trip now, in microseconds (`None`: not answered within half a second, or not alive).
     pub rtt_us: Option<u64>,
+    /// The link to it (`None`: no lane is open).
+    pub link: Option<LinkStatus>,
 }
 
 /// Replicated regions at a node.
@@ -116,6 +142,17 @@ impl Agent {
                 },
                 last_seen_ms: last_seen.map(|t| t.elapsed().as_millis() as u64),
                 rtt_us: rtt.map(|d| d.as_micros() as u64),
+                link: match self.link_stats(node).await {
+                    Ok(l) if l.lanes_open > 0 => Some(LinkStatus {
+                        lanes_open: l.lanes_open,
+                        sent_bytes: l.udp_tx_bytes,
+                        received_bytes: l.udp_rx_bytes,
+                        lost_packets: l.lost_packets,
+                        congestion_events: l.congestion_events,
+                        rtt_us: l.rtt.as_micros() as u64,
+                    }),
+                    _ => None,
+                },
             });
         }
         let (homed, kept) = self.replication();
@@ -126,6 +163,7 @@ impl Agent {
         let tenants = self.tenant_status();
         AgentStatus {
             tenants,
+            reservations: self.shared.fabric.reservations(),
             cluster: self.shared.cluster.clone(),
             node: self.node(),
             name: me,
@@ -146,12 +184,16 @@ impl Agent {
             let e = by.entry(tenant.0).or_default();
             (e.0, e.1) = (e.0 + 1, e.1 + region.len);
         }
+        let leases: BTreeMap<u32, (usize, u64)> =
+            f.leases_by_tenant().into_iter().map(|(t, n, bytes)| (t.0, (n, bytes))).collect();
         let tiers = [("gpu", Tier::Gpu), ("host", Tier::Host), ("storage", Tier::Nvme)];
         by.into_iter()
             .map(|(tenant, (regions, bytes))| TenantStatus {
                 tenant,
                 regions,
                 bytes,
+                leases: leases.get(&tenant).map_or(0, |l| l.0),
+                leased_bytes: leases.get(&tenant).map_or(0, |l| l.1),
                 tiers: tiers
                     .iter()
                     .map(|&(name, tier)| {

@@ -64,6 +64,7 @@ pub use page::{Copy, DevIdx, PageEntry, PageRef};
 pub use page_table::PageTable;
 pub use prefetch::{PREFETCH_DEPTH, STAGING_DEPTH};
 pub use region::{Placement, Priority, RegionEntry, RegionHandle};
+pub use reserve::ReservationInfo;
 pub use stage::{Stage, StageBatch, StageKind, Step};
 pub use state::Directory;
 pub use stats::{DeviceStats, DirectoryStats};

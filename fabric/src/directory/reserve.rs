@@ -11,6 +11,19 @@ use super::page::{Copy, DevIdx};
 use super::stage::Step;
 use super::state::Directory;
 
+/// A reservation as [`Directory::reservations`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ReservationInfo {
+    /// Its id.
+    pub id: u64,
+    /// The device it holds frames of.
+    pub location: Location,
+    /// The tenant it holds them for.
+    pub tenant: TenantId,
+    /// The bytes it still holds (what allocations naming it have not used yet).
+    pub bytes: u64,
+}
+
 impl Directory {
     /// One step of reserving `bytes` (whole pages) of `location` for `tenant`: `Done(id)` once the frames are
     /// set aside, `Stage` when pages must be evicted first, `Wait` while a prefetch is in flight. Refused with
@@ -58,13 +71,30 @@ impl Directory {
         }
         let r = &mut self.reservations;
         r.next += 1;
-        r.held.insert(r.next, (dev, frames));
+        r.held.insert(r.next, (dev, frames, tenant));
         Ok(Step::Done(r.next))
+    }
+
+    /// Every reservation held: its id, device, tenant and the bytes it still holds, by id.
+    pub fn reservations(&self) -> Vec<ReservationInfo> {
+        let mut out: Vec<ReservationInfo> = self
+            .reservations
+            .held
+            .iter()
+            .map(|(&id, (dev, frames, tenant))| ReservationInfo {
+                id,
+                location: self.loc(*dev),
+                tenant: *tenant,
+                bytes: frames.len() as u64 * self.page_size(),
+            })
+            .collect();
+        out.sort_by_key(|r| r.id);
+        out
     }
 
     /// Gives back what is left of reservation `id`.
     pub fn unreserve(&mut self, id: u64) -> Result<(), DirectoryError> {
-        let (dev, frames) = self.reservations.held.remove(&id).ok_or(DirectoryError::UnknownReservation(id))?;
+        let (dev, frames, _) = self.reservations.held.remove(&id).ok_or(DirectoryError::UnknownReservation(id))?;
         for f in frames {
             self.free_reserved(dev, f);
         }
@@ -73,13 +103,13 @@ impl Directory {
 
     /// Bytes reservation `id` still holds.
     pub fn reserved(&self, id: u64) -> Result<u64, DirectoryError> {
-        let (_, frames) = self.reservations.held.get(&id).ok_or(DirectoryError::UnknownReservation(id))?;
+        let (_, frames, _) = self.reservations.held.get(&id).ok_or(DirectoryError::UnknownReservation(id))?;
         Ok(frames.len() as u64 * self.page_size())
     }
 
     /// Frames of `dev` that reservations hold.
     pub(super) fn reserved_frames(&self, dev: DevIdx) -> u32 {
-        self.reservations.held.values().filter(|(d, _)| *d == dev).map(|(_, f)| f.len() as u32).sum()
+        self.reservations.held.values().filter(|(d, _, _)| *d == dev).map(|(_, f, _)| f.len() as u32).sum()
     }
 
     /// Lets `n` frames of the reservation region `slot` names go, when it holds frames of `dev`: called just
@@ -89,7 +119,7 @@ impl Directory {
         else {
             return;
         };
-        let Some((d, frames)) = self.reservations.held.get_mut(&id) else { return };
+        let Some((d, frames, _)) = self.reservations.held.get_mut(&id) else { return };
         if *d != dev {
             return;
         }

@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use vfabric_allocator::{Fit, FrameArena, FrameArenaConfig, Location, QuotaBook, RangeAllocator, Tier, MAX_OFFSET};
+use vfabric_allocator::{
+    Fit, FrameArena, FrameArenaConfig, Location, QuotaBook, RangeAllocator, TenantId, Tier, MAX_OFFSET,
+};
 
 use super::config::DirectoryConfig;
 use super::error::DirectoryError;
@@ -52,7 +54,7 @@ pub(super) struct InFlight {
 /// A reservation's frames, pinned and holding no page.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Reservations {
-    pub(super) held: HashMap<u64, (DevIdx, Vec<u32>)>,
+    pub(super) held: HashMap<u64, (DevIdx, Vec<u32>, TenantId)>,
     pub(super) next: u64,
 }
 

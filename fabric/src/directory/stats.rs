@@ -1,6 +1,8 @@
 //! Figures about the directory: per device, and the host memory its own tables take.
 
-use vfabric_allocator::Location;
+use std::collections::BTreeMap;
+
+use vfabric_allocator::{Location, TenantId};
 
 use super::lru::Lru;
 use super::page::PageRef;
@@ -48,6 +50,16 @@ impl Directory {
         let Ok(dev) = self.dev(location) else { return Vec::new() };
         let users = &self.devs[usize::from(dev)].users;
         users.iter().enumerate().filter(|(_, u)| u.is_some()).map(|(f, _)| f as u32).collect()
+    }
+
+    /// The leases held now, by the tenant of their regions: the tenant, how many, and the bytes they cover.
+    pub fn leases_by_tenant(&self) -> Vec<(TenantId, usize, u64)> {
+        let mut by: BTreeMap<TenantId, (usize, u64)> = BTreeMap::new();
+        for l in self.leases.values() {
+            let e = by.entry(self.tenant_of(l.slot)).or_default();
+            (e.0, e.1) = (e.0 + 1, e.1 + l.frames.len() as u64 * self.page_size());
+        }
+        by.into_iter().map(|(t, (n, bytes))| (t, n, bytes)).collect()
     }
 
     /// Figures about every device and the tables themselves.

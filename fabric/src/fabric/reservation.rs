@@ -7,6 +7,7 @@ use vfabric_allocator::{Location, TenantId, Tier};
 
 use super::node::{lock, Inner};
 use super::Fabric;
+use crate::directory::ReservationInfo;
 use crate::error::FabricError;
 
 /// Capacity of one device held for a tenant until dropped. Regions whose `Placement::reservation` is
@@ -58,6 +59,16 @@ impl Fabric {
         let mut st = lock(&self.inner.state);
         let id = self.drive(&mut st, |d| d.step_reserve(location, bytes, tenant))?;
         Ok(Reservation { inner: Arc::clone(&self.inner), id, location })
+    }
+
+    /// Every reservation held on this node: id, device, tenant and the bytes it still holds.
+    pub fn reservations(&self) -> Vec<ReservationInfo> {
+        lock(&self.inner.state).dir.reservations()
+    }
+
+    /// The leases held on this node now, by the tenant of their regions: how many, and their bytes.
+    pub fn leases_by_tenant(&self) -> Vec<(TenantId, usize, u64)> {
+        lock(&self.inner.state).dir.leases_by_tenant()
     }
 }
 
