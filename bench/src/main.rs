@@ -11,6 +11,7 @@ mod remote;
 mod report;
 mod rig;
 mod stats;
+mod status;
 mod storage;
 mod tiers;
 mod trace;
@@ -50,6 +51,9 @@ enum Command {
     /// A PyTorch allocator trace replayed through the fabric's tensor pool, beside the trace's own caching
     /// allocator: peak reserved / peak allocated.
     Trace(trace::TraceArgs),
+    /// How long an agent serving many regions takes to answer `vfabric status` and a Prometheus scrape, beside
+    /// a ping on the same socket.
+    Status(status::StatusArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         Command::Local(args) => local::run(args, &command_line),
         Command::Storage(args) => storage::run(args, &command_line),
         Command::Trace(args) => trace::run(args, &command_line),
+        Command::Status(args) => status::run(args, &command_line),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

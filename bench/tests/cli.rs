@@ -188,7 +188,33 @@ fn a_trace_replays_through_the_pool_beside_its_own_figures() {
     assert!((1.0..2.0).contains(&r), "the pool reserves at least what it hands out, and not twice: {r}");
     let bad = dir.join("bad.json");
     std::fs::write(&bad, r#"{"events": [["alloc", 1]]}"#).expect("bad trace");
-    let o = Command::new(env!("CARGO_BIN_EXE_vfabric-bench")).args(["trace", "--device", "emulated"]).arg(&bad).output().expect("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["trace", "--device", "emulated"])
+        .arg(&bad)
+        .output()
+        .expect("run");
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("event 0"), "a clear error");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// `vfabric-bench status`: an agent with regions answers status calls and scrapes, beside pings, and the results
+/// say how many regions it counted.
+#[test]
+fn status_times_the_agents_answers_beside_a_ping() {
+    let dir = std::env::temp_dir().join(format!("vfabric-bench-status-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["status", "--device", "emulated", "--regions", "40", "--samples", "5", "--name", "s", "--out"])
+        .arg(&dir)
+        .output()
+        .expect("run vfabric-bench");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("s.json")).expect("json")).expect("valid json");
+    assert_eq!(json["regions"], 40);
+    for call in ["status", "scrape", "ping"] {
+        assert_eq!(json[call]["n"], 5, "{json}");
+        assert!(json[call]["p50_us"].as_f64().is_some_and(|us| us > 0.0), "{json}");
+    }
+    assert!(json["status_bytes"].as_u64().is_some_and(|b| b > 100), "{json}");
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -120,6 +120,15 @@ impl LocalClient {
         self.expect(&msg, &[], |m| matches!(m, Message::Done).then_some(())).await
     }
 
+    /// A round trip to the agent and back that does nothing: the floor under every call on the socket.
+    pub async fn ping(&self) -> Result<(), FabricError> {
+        let nonce = 0x7666_6162; // echoed back
+        self.expect(&Message::Ping { nonce }, &[], |m| {
+            matches!(m, Message::Pong { nonce: n } if n == nonce).then_some(())
+        })
+        .await
+    }
+
     /// What the agent says about itself (`agent::AgentStatus`), as JSON: its fabric's figures, its peers, its
     /// replicated regions (what `vfabric status` prints). The operator's call.
     pub async fn status(&self) -> Result<String, FabricError> {
