@@ -13,7 +13,7 @@
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests procs python info demo torch nccl migrate
-#                        pager local trace storage tiers train remote
+#                        pager local status trace storage tiers train remote
 #   VFABRIC_PIN_GIB      size of the pin step's host memory files (default 8)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -26,7 +26,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager local trace storage tiers train remote}
+STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager local status trace storage tiers train remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the info, demo, migrate and pager steps
 summary=()
 
@@ -98,6 +98,8 @@ step migrate "$B/vfabric-bench" migrate --config "$CONFIG" ${VFABRIC_BENCH_ARGS:
 # shellcheck disable=SC2086
 step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} --out "$OUT" --name "${VFABRIC_PAGER_NAME:-pager-h200x2}"
 # A node's agent and local clients in processes of their own.
+# An agent serving 1,000 regions asked for its status and scraped, beside a ping (vfabric-bench status).
+step status "$B/vfabric-bench" status --config "$CONFIG" --out "$OUT" --name status-h200x1
 step local "$B/vfabric-bench" local --config "${VFABRIC_LOCAL_CONFIG:-cluster-configs/h200x2.toml}" --out "$OUT" --name "${VFABRIC_LOCAL_NAME:-local-h200x2}"
 # PyTorch's allocator traces of a few training steps (its default allocator, and expandable segments), each
 # replayed through the fabric's tensor pool.
