@@ -40,7 +40,9 @@ pub use agent::{Agent, AgentLease, AllocOptions, AttachedClient, JobRank, JoinOp
 pub use config::{ClusterConfig, ConfigError};
 pub use directory::{DirectoryError, Mode, Placement, Priority};
 pub use error::{FabricError, LaunchError, NetworkError};
-pub use fabric::{Fabric, Lease, LeasePtr, LeasedPages, Region, Reservation, Stalls, Stats, StorageUsage, Traffic};
+pub use fabric::{
+    Fabric, Lease, LeasePtr, LeasedPages, NodePlan, Region, Reservation, Stalls, Stats, StorageUsage, Traffic,
+};
 pub use pool::{PoolConfig, PoolSource, PoolStats, TensorPool};
 pub use units::ByteSize;
 pub use vfabric_allocator::{Compression, GlobalAddr, Location, NodeId, PageSize, TenantId, Tier};

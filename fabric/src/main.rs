@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use vfabric::{ClusterConfig, Fabric};
+use vfabric::ClusterConfig;
 use vfabric_transport::Backend;
 
 #[derive(Parser)]
@@ -409,23 +409,23 @@ fn main() -> ExitCode {
             }
         }),
         Command::Info { config, device } => load(config, device).and_then(|cfg| {
-            let fabric = Fabric::embedded(&cfg).map_err(|e| e.to_string())?;
-            if let Some(why) = fabric.fallback_reason() {
+            // The plan, not the fabric: making the arenas would pin the whole host tier first.
+            let plan = vfabric::NodePlan::for_node(&cfg, 0).map_err(|e| e.to_string())?;
+            if let Some(why) = plan.fallback_reason() {
                 println!("no usable GPU ({why}): the emulated device stands in");
             }
-            println!("{}", fabric.describe());
-            println!("NCCL: {}", if fabric.nccl_available() { "available" } else { "not found" });
-            let ps = fabric.page_size();
-            for d in fabric.stats().directory.devices {
-                let bytes = u64::from(d.frames) * ps;
+            println!("{}", plan.describe());
+            println!("NCCL: {}", if plan.nccl_available() { "available" } else { "not found" });
+            let ps = plan.page_size;
+            let storage = plan.storage.map(|bytes| (vfabric::Location::Storage, bytes));
+            for (location, bytes) in plan.arenas.iter().copied().chain(storage) {
                 // The storage tier is a file of slots, not an arena.
                 let (what, unit) =
-                    if d.location == vfabric::Location::Storage { ("file", "slots") } else { ("arena", "frames") };
+                    if location == vfabric::Location::Storage { ("file", "slots") } else { ("arena", "frames") };
                 println!(
-                    "  {}: {what} {} = {} {unit} of {}",
-                    d.location,
+                    "  {location}: {what} {} = {} {unit} of {}",
                     vfabric::ByteSize(bytes),
-                    d.frames,
+                    bytes / ps,
                     vfabric::ByteSize(ps)
                 );
             }

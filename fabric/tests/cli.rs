@@ -214,7 +214,7 @@ fn status_asks_a_running_agent_and_says_when_none_runs() {
 fn logs_come_as_json_lines_when_asked() {
     let out = Command::new(env!("CARGO_BIN_EXE_vfabric"))
         .args(["info", "--device", "emulated"])
-        .env("VFABRIC_LOG", "info")
+        .env("VFABRIC_LOG", "debug")
         .env("VFABRIC_LOG_FORMAT", "json")
         .output()
         .expect("vfabric info");
@@ -223,7 +223,7 @@ fn logs_come_as_json_lines_when_asked() {
     let lines: Vec<serde_json::Value> =
         stderr.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
     assert!(
-        lines.iter().any(|l| l["level"] == "INFO" && l["fields"]["message"] == "arena ready"),
-        "the arenas' log lines, as JSON: {stderr}"
+        lines.iter().any(|l| l["level"] == "DEBUG" && l["fields"]["message"] == "node planned"),
+        "the node plan's log line, as JSON: {stderr}"
     );
 }

@@ -60,12 +60,12 @@ mod status;
 
 pub use backups::{may_take_over, serves_alone};
 pub use drain::Drained;
-pub use metrics_server::MetricsServer;
 pub use launch::{rank_name, JobRank};
 pub use link::LinkStats;
 pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};
 #[cfg(feature = "etcd")]
 pub use membership::members_prefix;
+pub use metrics_server::MetricsServer;
 pub use remote_lease::{version_after_release, AgentLease};
 pub use replication::Replication;
 pub use shared::Agent;

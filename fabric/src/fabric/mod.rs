@@ -16,12 +16,14 @@ mod copying;
 mod lease;
 mod node;
 mod parts;
+mod plan;
 mod reservation;
 mod stalls;
 mod stats;
 mod traffic;
 
 pub use lease::{Lease, LeasePtr, LeasedPages};
+pub use plan::NodePlan;
 pub use reservation::Reservation;
 pub use stalls::Stalls;
 pub use stats::{Stats, StorageUsage};
@@ -35,9 +37,7 @@ use std::time::Instant;
 
 use vfabric_allocator::{Location, NodeId, TenantId, Tier};
 use vfabric_transport::storage::{AlignedBuffer, StorageFile, StorageSpec};
-use vfabric_transport::{
-    open, Arena, ArenaSpec, DeviceError, DeviceKind, EngineChoice, ExportedArena, OpenOptions, PageBatch,
-};
+use vfabric_transport::{Arena, ArenaSpec, DeviceError, DeviceKind, EngineChoice, ExportedArena, PageBatch};
 
 use copying::Copying;
 use node::{lock, InFlight, Inner, State};
@@ -45,13 +45,12 @@ use parts::slice_parts;
 use stalls::StallCounters;
 use traffic::Counters;
 
-use crate::config::{ClusterConfig, ConfigError};
+use crate::config::ClusterConfig;
 use crate::directory::{
     AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseFrames, Mode, Placement, ReadSource, RegionHandle,
     Stage, StageKind, Step, PREFETCH_DEPTH, STAGING_DEPTH,
 };
 use crate::error::FabricError;
-use crate::units::ByteSize;
 
 /// A region of the fabric's address space: a name, not memory (where its pages live is the directory's
 /// business). Cheap to copy; using it after [`Fabric::free`] is an error, never a crash.
@@ -74,39 +73,12 @@ impl Fabric {
     /// The fabric of node `node` (its index in the configuration's `[[node]]` list, and the home id in the
     /// global addresses of the regions it allocates), on the devices that node's section names.
     pub fn for_node(config: &ClusterConfig, node: u16) -> Result<Fabric, FabricError> {
-        let opened = open(&OpenOptions {
-            backend: config.device.backend,
-            emulated_gpus: config.device.emulated_gpus,
-            emulated_gpu_memory: config.device.emulated_gpu_memory.bytes(),
-            emulated_host_link: config.device.emulated_host_link.bytes(),
-        })?;
-        let layer = opened.layer;
+        let plan = NodePlan::for_node(config, node)?;
+        let layer = Arc::clone(&plan.layer);
         let page = config.memory.page();
         let ps = page.bytes();
-        let all: Vec<u16> = layer.gpus().iter().map(|g| g.index).collect();
-        let gpus = match config.nodes.get(usize::from(node)).and_then(|n| n.gpus.clone()) {
-            Some(wanted) => {
-                if let Some(&g) = wanted.iter().find(|g| !all.contains(g)) {
-                    return Err(FabricError::DeviceUnavailable(Location::Gpu(g)));
-                }
-                wanted
-            }
-            None => all,
-        };
-        let mut devices = Vec::new();
-        for &g in &gpus {
-            let total = layer.gpus()[usize::from(g)].total_memory;
-            if let Some(budget) = config.memory.gpu_budget.filter(|b| b.bytes() > total) {
-                // Asking for more than the GPU has is a mistake to say, not to shrink quietly.
-                return Err(FabricError::Config(ConfigError::Invalid {
-                    origin: config.cluster.name.clone(),
-                    message: format!("memory.gpu_budget {budget} is more than gpu{g} has ({})", ByteSize(total)),
-                }));
-            }
-            devices.push((Location::Gpu(g), config.memory.gpu_arena_bytes(total) / ps * ps));
-        }
-        let host_bytes = config.memory.host_arena.bytes() / ps * ps;
-        devices.push((Location::Host, host_bytes));
+        let mut devices = plan.arenas.clone();
+        let host_bytes = devices.iter().find(|d| d.0 == Location::Host).map_or(0, |d| d.1);
         let mut arenas = Vec::new();
         for &(location, bytes) in &devices {
             let t = Instant::now();
@@ -117,20 +89,15 @@ impl Fabric {
             })?);
             tracing::info!(%location, bytes, ms = t.elapsed().as_secs_f64() * 1e3, "arena ready");
         }
-        let storage = match &config.storage {
-            Some(s) => {
-                let spec = StorageSpec {
-                    path: s.path_of(config, node),
-                    bytes: s.size.bytes() / ps * ps,
-                    page_size: ps,
-                    depth: s.depth,
-                };
+        let storage = match (&config.storage, plan.storage) {
+            (Some(s), Some(bytes)) => {
+                let spec = StorageSpec { path: s.path_of(config, node), bytes, page_size: ps, depth: s.depth };
                 let file = StorageFile::create(&spec)?;
                 tracing::info!(path = %spec.path.display(), bytes = spec.bytes, "storage tier ready");
                 devices.push((Location::Storage, spec.bytes));
                 Some(Arc::new(file))
             }
-            None => None,
+            _ => None,
         };
         let dir = Directory::new(
             DirectoryConfig {
@@ -163,7 +130,7 @@ impl Fabric {
                 page_size: ps,
                 counters: Counters::default(),
                 stalls: StallCounters::default(),
-                fallback: opened.fallback_reason,
+                fallback: plan.fallback,
                 write_piece: match storage {
                     Some(_) => (host_bytes / 4 / ps).max(1) * ps,
                     None => u64::MAX,
