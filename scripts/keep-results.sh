@@ -62,4 +62,11 @@ if [ ${#fed[@]} -eq 0 ]; then
     echo "nothing of a device run found in $src" >&2
     exit 1
 fi
+# Each kept result's plot beside its JSON (bench/scripts/plot_results.py; matplotlib from the venv of
+# scripts/python-venv.sh, else the system's python3).
+py=python3
+[ -x target/pyenv/bin/python ] && py=target/pyenv/bin/python
+for s in "${fed[@]}"; do
+    "$py" bench/scripts/plot_results.py "$dst/$s" || echo "could not draw $dst/$s (is matplotlib installed?)" >&2
+done
 echo "fed: ${fed[*]}; now update their README.md files and docs/benchmarks.md"

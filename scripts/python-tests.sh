@@ -36,4 +36,14 @@ echo "python-tests: pytest python/tests"
 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/pytest" -q -p no:cacheprovider python/tests
 status=$?
 [ "$status" = 0 ] || failed "pytest python/tests (exit $status): the failing tests are listed above"
+
+# The benchmark plots: every committed result the plotter knows is drawn (into a scratch folder).
+echo "python-tests: bench/scripts/plot_results.py over bench/results"
+plots=$(mktemp -d)
+PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" bench/scripts/plot_results.py --out "$plots" bench/results > "$plots/log" 2>&1
+status=$?
+tail -n 1 "$plots/log"
+grep -q "Traceback" "$plots/log" && status=1
+[ "$status" = 0 ] || { cat "$plots/log"; rm -rf "$plots"; failed "plot_results.py could not draw the committed results"; }
+rm -rf "$plots"
 echo "python-tests: passed"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python environment the package is built and tested in: a venv under target/pyenv with maturin (1.x),
-# pytest and numpy. Creates it when missing (installing python3-venv with apt when `python3 -m venv` cannot,
-# as root or through sudo), then makes sure the tools are there. Used by python-tests.sh and python-wheel.sh.
+# pytest, numpy and matplotlib (the benchmark plots). Creates it when missing (installing python3-venv with apt
+# when `python3 -m venv` cannot, as root or through sudo), then makes sure the tools are there. Used by
+# python-tests.sh and python-wheel.sh.
 #
 #   bash scripts/python-venv.sh        # prints nothing on success but pip's complaints; exits non-zero on failure
 set -euo pipefail
@@ -31,5 +32,5 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import sys" >/dev/nul
         python3 -m venv "$venv" || fail "python3 -m venv $venv, even with python3-venv installed"
     fi
 fi
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9.4,<2" pytest numpy ||
-    fail "pip install maturin pytest numpy into $venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9.4,<2" pytest numpy matplotlib ||
+    fail "pip install maturin pytest numpy matplotlib into $venv"

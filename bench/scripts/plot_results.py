@@ -1,0 +1,220 @@
+"""Plots of vfabric-bench results: one SVG beside each result's JSON (`NAME.json` -> `NAME.svg`), every figure
+drawn beside its baseline from the same run.
+
+  python3 bench/scripts/plot_results.py bench/results/pager/h200x1.json     # one result
+  python3 bench/scripts/plot_results.py bench/results                       # every result under a folder
+  python3 bench/scripts/plot_results.py --out /tmp/plots bench/results      # the SVGs elsewhere
+
+The scenario comes from the JSON's `benchmark` (or `scenario`) field: migrate (bandwidth against size per
+engine and layout, the plain copy dashed), pager (walks: GB/s per setup, order and chunk), remote (throughput
+per operation and size beside iperf3; latencies), local (acquire/release latency in the agent's process and
+through the socket; pages handed between processes beside a plain copy), storage (GB/s against depth per
+operation, beside fio), trace (peak reserved / peak allocated beside PyTorch's), status (status and scrape
+latencies beside a ping). Files of other shapes are skipped with a word. Needs matplotlib.
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from typing import Any, Callable, Dict, List, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+Doc = Dict[str, Any]
+
+
+def _bars(ax, labels: List[str], series: Dict[str, List[float]], ylabel: str) -> None:
+    """Grouped bars: one group per label, one bar per series."""
+    n = max(len(series), 1)
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [j + (i - (n - 1) / 2) * width for j in range(len(labels))]
+        ax.bar(xs, values, width, label=name)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _size(b: float) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k:
+            return f"{b / k:g}{unit}"
+    return f"{b:g}B"
+
+
+def migrate(d: Doc):
+    rows = d.get("rows", [])
+    dirs = sorted({r["direction"] for r in rows})
+    fig, axes = plt.subplots(1, len(dirs), figsize=(6 * len(dirs), 4.5), squeeze=False)
+    for ax, direction in zip(axes[0], dirs):
+        lines: Dict[str, List] = defaultdict(list)
+        base: Dict[int, List[float]] = defaultdict(list)
+        for r in rows:
+            if r["direction"] != direction:
+                continue
+            lines[f"{r['engine']} {r['layout']} {_size(r['page'])}"].append((r["bytes"], r["gb_s"]))
+            if r.get("baseline_gb_s"):
+                base[r["bytes"]].append(r["baseline_gb_s"])
+        for name, pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
+        if base:
+            xs = sorted(base)
+            ax.plot(xs, [max(base[x]) for x in xs], "k--", label=rows[0].get("baseline", "baseline"))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes moved")
+        ax.set_ylabel("GB/s")
+        ax.set_title(direction)
+        ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def pager(d: Doc):
+    walks = d.get("walks", [])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labels = [f"{w['setup']} {w['order']} x{w['chunk']}" for w in walks]
+    _bars(ax, labels, {"walk GB/s": [w.get("walk_gb_s", 0) for w in walks]}, "GB/s")
+    ax.set_title("pager walks (resident: the same walk kept on the GPU)")
+    return fig
+
+
+def remote(d: Doc):
+    rows = d.get("rows", [])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = [f"{r.get('op', '?')} {_size(r.get('size', 0))} x{r.get('streams', 1)}" for r in rows]
+    _bars(a, labels, {"vfabric": [r.get("gbit_s", 0) for r in rows]}, "Gbit/s")
+    for i, base in enumerate(d.get("iperf3_gbit_s") or []):
+        a.axhline(base.get("gbit_s", 0), ls="--", color=f"C{i + 1}", label=f"iperf3 x{base.get('streams', 1)}")
+    a.legend(fontsize=8)
+    a.set_title("between two agents over QUIC")
+    lat = d.get("latency", [])
+    labels = [f"{_size(l.get('page') or l.get('size') or 0)}" for l in lat]
+    series = {k: [l.get(k, 0) for l in lat] for k in ("ping_p50_us", "p50_us", "acquire_p50_us", "acquire_p99_us")}
+    _bars(b, labels, series, "us")
+    b.set_title("remote latency")
+    return fig
+
+
+def local(d: Doc):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    kinds = ("acquire_us", "release_us", "pair_us")
+    where = {"in the agent's process": d.get("in_process", {}), "local client (socket)": d.get("local_client", {})}
+    _bars(a, list(kinds), {w: [v.get(k, {}).get("p50", 0) for k in kinds] for w, v in where.items()}, "us (p50)")
+    a.set_yscale("log")
+    a.set_title("lease latency")
+    two = d.get("two_processes", [])
+    labels = [_size(t["bytes"]) for t in two]
+    _bars(b, labels, {"fabric": [t["fabric_gb_s"] for t in two], "plain copy": [t["plain_gb_s"] for t in two]}, "GB/s")
+    b.set_title("pages handed between two processes")
+    return fig
+
+
+def storage(d: Doc):
+    io = [r for r in d.get("io", []) if r.get("data", "random") == "random" and r.get("compression", "none") == "none"]
+    ops = sorted({r["op"] for r in io})
+    fig, axes = plt.subplots(1, max(len(ops), 1), figsize=(5 * max(len(ops), 1), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        for engine in sorted({r["engine"] for r in io}):
+            pts = sorted((r["depth"], r["gb_s"]) for r in io if r["op"] == op and r["engine"] == engine)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls="--" if engine == "fio" else "-",
+                    label=engine)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("requests in flight")
+        ax.set_ylabel("GB/s")
+        ax.set_title(op)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def trace(d: Doc):
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    pool, torch = d.get("pool", {}), d.get("torch", {})
+    _bars(ax, ["peak reserved / peak allocated"],
+          {"vfabric tensor pool": [pool.get("ratio", 0)], "PyTorch caching allocator": [torch.get("ratio", 0)]}, "ratio")
+    ax.set_ylim(1.0, max(1.2, pool.get("ratio", 1), torch.get("ratio", 1)) * 1.02)
+    ax.set_title(os.path.basename(d.get("file", "trace")))
+    return fig
+
+
+def status(d: Doc):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    calls = ("status", "scrape", "ping")
+    _bars(ax, list(calls), {q: [d.get(c, {}).get(f"{q}_us", 0) for c in calls] for q in ("p50", "p99")}, "us")
+    ax.set_title(f"an agent serving {d.get('regions', '?')} regions")
+    return fig
+
+
+PLOTS: Dict[str, Callable[[Doc], Any]] = {
+    "migrate": migrate, "pager": pager, "remote": remote, "local": local, "storage": storage, "trace": trace,
+    "status": status,
+}
+
+
+def scenario(d: Any) -> Optional[str]:
+    if not isinstance(d, dict):
+        return None
+    name = str(d.get("benchmark") or d.get("scenario") or "")
+    for key in PLOTS:
+        if name.startswith(key):
+            return key
+    # Older results without a name, by their shape.
+    if "iperf3_gbit_s" in d:
+        return "remote"
+    return None
+
+
+def plot(path: str, out: Optional[str]) -> Optional[str]:
+    with open(path) as f:
+        try:
+            d = json.load(f)
+        except json.JSONDecodeError as e:
+            print(f"plot_results: {path}: not JSON ({e})", file=sys.stderr)
+            return None
+    kind = scenario(d)
+    if kind is None:
+        print(f"plot_results: {path}: not a result this script draws; skipped")
+        return None
+    fig = PLOTS[kind](d)
+    fig.suptitle(f"{kind}: {d.get('device', '')[:90]}  ({d.get('date', '')}, {d.get('git_rev', 'rev unknown')})",
+                 fontsize=9)
+    fig.tight_layout()
+    dest = os.path.splitext(path)[0] + ".svg"
+    if out:
+        # Results of different scenarios share names (h200x1.json): the folder's name goes first.
+        os.makedirs(out, exist_ok=True)
+        folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        dest = os.path.join(out, f"{folder}-{os.path.basename(dest)}")
+    fig.savefig(dest)
+    plt.close(fig)
+    print(f"plot_results: {dest}")
+    return dest
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", help="result JSON files, or folders to search for them")
+    p.add_argument("--out", help="folder for the SVGs (default: beside each JSON)")
+    a = p.parse_args()
+    files = []
+    for path in a.paths:
+        if os.path.isdir(path):
+            for root, _, names in sorted(os.walk(path)):
+                files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".json")]
+        else:
+            files.append(path)
+    drawn = [f for f in files if plot(f, a.out)]
+    print(f"plot_results: {len(drawn)} plot(s) from {len(files)} file(s)")
+    return 0 if drawn or not files else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
