@@ -241,7 +241,11 @@ pub fn run(args: &LocalArgs, command_line: &str) -> Result<(), String> {
         Ok::<_, vfabric::FabricError>(agent)
     });
     let agent = agent.map_err(|e| e.to_string())?;
-    let result = measure(args, &agent, &socket, command_line);
+    let result = {
+        // The metrics endpoint the measurement starts reads the agent on its runtime.
+        let _runtime = rt.enter();
+        measure(args, &agent, &socket, command_line)
+    };
     rt.block_on(agent.shutdown());
     let _ = std::fs::remove_file(&socket);
     result
@@ -272,8 +276,14 @@ fn measure(args: &LocalArgs, agent: &Agent, socket: &Path, command_line: &str) -
         Ok((a, t.elapsed().as_secs_f64()))
     })?;
     eprintln!("in-process acquire/release: {in_process}");
-    let local = run_client(socket, "latency", &one, args)?;
+    let mut local = run_client(socket, "latency", &one, args)?;
     eprintln!("local client acquire/release: {local}");
+    // The same with the agent's metrics served, which times every call it serves: what `[metrics]` costs.
+    let served = agent.serve_metrics(([127, 0, 0, 1], 0).into()).map_err(e)?;
+    let timed = run_client(socket, "latency", &one, args)?;
+    drop(served);
+    eprintln!("local client acquire/release, metrics served: {timed}");
+    local["with_metrics"] = timed;
     // Throughput between two processes of GPU 0.
     let sizes: Vec<u64> = match args.sizes.is_empty() {
         true if emulated => vec![16 << 20, 64 << 20],
@@ -329,6 +339,17 @@ fn report_results(
         "\nThe socket's own round trip through the agent's thread (a ping, nothing done there): p50 {:.2} us, p99 {:.2} us.",
         ping["p50"].as_f64().unwrap_or(0.0),
         ping["p99"].as_f64().unwrap_or(0.0)
+    );
+    let with = &local["with_metrics"];
+    let p50 = |v: &serde_json::Value, k: &str| v[k]["p50"].as_f64().unwrap_or(0.0);
+    let _ = writeln!(
+        md,
+        "With the agent's metrics served (each call it serves timed into a histogram), the same client: acquire \
+         p50 {:.2} us ({:.3}x without), release p50 {:.2} us ({:.3}x).",
+        p50(with, "acquire_us"),
+        p50(with, "acquire_us") / p50(local, "acquire_us").max(1e-9),
+        p50(with, "release_us"),
+        p50(with, "release_us") / p50(local, "release_us").max(1e-9),
     );
     let _ = writeln!(
         md,

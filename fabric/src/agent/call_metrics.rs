@@ -1,7 +1,8 @@
 //! The latencies an agent observes as calls happen, as Prometheus histograms: its local clients' requests and
 //! its calls to peers (exposed at `/metrics` beside the figures of [`super::metrics`]).
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use prometheus::{HistogramOpts, HistogramVec, Registry};
 
@@ -12,8 +13,11 @@ const BUCKETS: &[f64] = &[
     10.0,
 ];
 
-/// The latencies an agent observes as calls happen.
+/// The latencies an agent observes as calls happen, while its metrics are served.
 pub(crate) struct CallMetrics {
+    /// Whether calls are timed: only while a metrics endpoint serves them (`Agent::serve_metrics`), so that an
+    /// agent without `[metrics]` pays one load per call and nothing more.
+    on: AtomicBool,
     registry: Registry,
     /// Requests of local clients (its Unix socket), by call, from the request read to the answer sent.
     local: HistogramVec,
@@ -37,21 +41,59 @@ impl CallMetrics {
             // Distinct names, registered once on a fresh registry: cannot fail.
             let _ = registry.register(Box::new(h.clone()));
         }
-        CallMetrics { registry, local, peer }
+        CallMetrics { on: AtomicBool::new(false), registry, local, peer }
     }
 
-    /// A local client's request `call` answered after `took`.
-    pub(crate) fn local_call(&self, call: &str, took: Duration) {
-        self.local.with_label_values(&[call]).observe(took.as_secs_f64());
+    /// Times calls from now on (`true`) or no longer.
+    pub(crate) fn set_on(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
     }
 
-    /// A call `call` to a peer done (answered or failed) after `took`.
-    pub(crate) fn peer_call(&self, call: &str, took: Duration) {
-        self.peer.with_label_values(&[call]).observe(took.as_secs_f64());
+    /// When a call starts: the time, while calls are timed.
+    pub(crate) fn start(&self) -> Option<Instant> {
+        self.on.load(Ordering::Relaxed).then(Instant::now)
+    }
+
+    /// A local client's request `call`, started at `started` ([`CallMetrics::start`]), answered now.
+    pub(crate) fn local_call(&self, call: &str, started: Option<Instant>) {
+        if let Some(t) = started {
+            self.local.with_label_values(&[call]).observe(t.elapsed().as_secs_f64());
+        }
+    }
+
+    /// A call `call` to a peer, started at `started`, done now (answered or failed).
+    pub(crate) fn peer_call(&self, call: &str, started: Option<Instant>) {
+        if let Some(t) = started {
+            self.peer.with_label_values(&[call]).observe(t.elapsed().as_secs_f64());
+        }
     }
 
     /// The histograms as they stand.
     pub(crate) fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
         self.registry.gather()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(m: &CallMetrics) -> u64 {
+        m.gather().iter().flat_map(|f| f.get_metric()).map(|c| c.get_histogram().get_sample_count()).sum()
+    }
+
+    #[test]
+    fn calls_are_timed_only_while_metrics_are_served() {
+        let m = CallMetrics::new();
+        m.local_call("acquire", m.start());
+        m.peer_call("write", m.start());
+        assert_eq!(count(&m), 0, "off by default: an agent without [metrics] times nothing");
+        m.set_on(true);
+        m.local_call("acquire", m.start());
+        m.peer_call("write", m.start());
+        assert_eq!(count(&m), 2);
+        m.set_on(false);
+        m.local_call("acquire", m.start());
+        assert_eq!(count(&m), 2);
     }
 }

@@ -3,7 +3,6 @@
 //! and where a call's work runs (a lane's thread, or the runtime that started the agent).
 
 use std::future::Future;
-use std::time::Instant;
 
 use super::acting;
 use super::lane_use::{LaneUse, BULK};
@@ -99,9 +98,9 @@ impl Agent {
                 answered => answered,
             }
         };
-        let t0 = Instant::now();
+        let started = self.shared.metrics.start();
         let answer = self.bounded(node, work.instrument(call_span(id, node, msg))).await;
-        self.shared.metrics.peer_call(msg.name(), t0.elapsed());
+        self.shared.metrics.peer_call(msg.name(), started);
         answer
     }
 
@@ -153,9 +152,9 @@ impl Agent {
                 answered => answered,
             }
         };
-        let t0 = Instant::now();
+        let started = self.shared.metrics.start();
         let answer = self.bounded(node, work.instrument(call_span(id, node, msg))).await;
-        self.shared.metrics.peer_call(msg.name(), t0.elapsed());
+        self.shared.metrics.peer_call(msg.name(), started);
         answer
     }
 

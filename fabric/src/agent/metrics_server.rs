@@ -10,8 +10,9 @@ use super::metrics::CONTENT_TYPE;
 use super::shared::Agent;
 use crate::error::{FabricError, NetworkError};
 
-/// A running metrics endpoint; it stops when dropped.
+/// A running metrics endpoint; it stops when dropped (and the agent stops timing its calls).
 pub struct MetricsServer {
+    agent: Agent,
     server: Arc<tiny_http::Server>,
     thread: Option<JoinHandle<()>>,
     addr: SocketAddr,
@@ -26,6 +27,7 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
+        self.agent.shared.metrics.set_on(false);
         self.server.unblock();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -61,7 +63,8 @@ impl Agent {
                 }
             })
             .map_err(|e| listen(e.to_string()))?;
+        self.shared.metrics.set_on(true);
         tracing::info!(%addr, "serving metrics at /metrics");
-        Ok(MetricsServer { server, thread: Some(thread), addr })
+        Ok(MetricsServer { agent: self.clone(), server, thread: Some(thread), addr })
     }
 }

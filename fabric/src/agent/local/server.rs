@@ -170,7 +170,7 @@ impl Agent {
                 }
                 continue;
             }
-            let (call, t0) = (msg.name(), Instant::now());
+            let (call, started) = (msg.name(), self.shared.metrics.start());
             let reply = match msg {
                 Message::Ping { nonce } => Ok(Message::Pong { nonce }),
                 Message::Attach => {
@@ -264,7 +264,7 @@ impl Agent {
                 Err(e) => refusal(&e),
             };
             send(s, &answer, max)?;
-            self.shared.metrics.local_call(call, t0.elapsed());
+            self.shared.metrics.local_call(call, started);
         }
         Ok(())
     }
