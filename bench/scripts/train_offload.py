@@ -48,6 +48,10 @@ def parse():
     p.add_argument("--host-chunk", type=int, default=0,
                    help="vfabric: parameters of a CPU-stepped block whose AdamW and compute copy run together (0: whole block)")
     p.add_argument("--host-layers", type=int, default=0, help="vfabric: last blocks whose AdamW runs on the CPU")
+    p.add_argument("--schedule", choices=["micro", "blocks"], default="micro",
+                   help="vfabric with --accum: micro-batch by micro-batch (the unchanged loop), or block by block "
+                        "(StreamedLayers.step_by_blocks: each group of micro-batches through a block before the next)")
+    p.add_argument("--group", type=int, default=0, help="vfabric --schedule blocks: micro-batches a group (0: all)")
     p.add_argument("--allocator-budget", default="120GiB", help="allocator: the fabric's GPU arena")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d", type=int, default=128)
@@ -359,6 +363,20 @@ name = "local"
     info["fabric"] = fabric
     info["layers"] = layers
     info["gpu_arena_bytes"] = size_bytes(a.fabric_budget)
+
+    if a.schedule == "blocks":
+        info["schedule"] = f"blocks, {a.group or a.accum} micro-batches a group"
+
+        def by_blocks(inp, tgt):
+            with autocast():
+                total = layers.step_by_blocks(
+                    list(zip(inp, tgt)), lambda mb: root.embed(mb[0]),
+                    lambda x, mb: root.head_loss(x, mb[1]) / a.accum, group=a.group)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return total
+
+        return by_blocks, info
 
     def before_micro(k):
         layers.accumulating = k < a.accum - 1  # the last micro-batch's backward steps the blocks

@@ -4,7 +4,7 @@
 import contextlib
 import functools
 import math
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -196,6 +196,25 @@ class StreamedLayers:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"a streamed layer's first argument must be its input tensor, not {type(x).__name__}")
         return _StreamedLayer.apply(x, self, i, rest)
+
+    def step_by_blocks(
+        self,
+        micro_batches: Sequence[Any],
+        first: Callable[[Any], torch.Tensor],
+        last: Callable[[torch.Tensor, Any], torch.Tensor],
+        group: int = 0,
+    ) -> torch.Tensor:
+        """One optimizer step of the streamed layers over `micro_batches`, run block by block: each group of
+        `group` micro-batches (0: all of them) goes through one layer before the next layer starts, so a layer's
+        weights are leased, and its gradient sums moved, once per group instead of once per micro-batch. Each
+        layer's input per micro-batch waits in pinned host memory for the backward pass. `first(mb)` runs what
+        precedes the streamed layers (an embedding) and returns their input; `last(x, mb)` runs what follows them
+        and returns the micro-batch's loss (divide it by the number of micro-batches for a mean). Call it under
+        the same autocast as a forward pass; the parameters outside the streamed layers get their gradients as
+        from `loss.backward()`, for your optimizer's step after. Returns the summed loss."""
+        from vfabric._torch_blocks import step_by_blocks
+
+        return step_by_blocks(self, micro_batches, first, last, group)
 
     def other_parameters(self, model: nn.Module) -> Iterable[nn.Parameter]:
         """The parameters of `model` that are not streamed (embeddings, heads, ...): for the training loop's
