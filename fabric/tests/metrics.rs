@@ -126,22 +126,7 @@ fn metrics_describe_the_agent_and_pass_promtool() {
     assert_eq!(quota, Some((4u64 << 20) as f64), "{text}");
 
     // Prometheus's own linter takes it as it is.
-    let promtool = require_tool("promtool", "prometheus", "Prometheus's promtool to check the exposition");
-    let mut check = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start promtool");
-    check.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("feed promtool");
-    let out = check.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_passes(&text);
 
     let (code, _) = get(addr, "/other");
     assert_eq!(code, 404);
@@ -192,6 +177,55 @@ fn encode(text: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// An agent alone (no peer ever reached, no reservation, no tenant, no call timed yet) serves every family it has
+/// values for, down to the last one by name, and promtool takes it.
+#[test]
+fn a_bare_agent_serves_all_it_has() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (agent, metrics) = rt.block_on(async {
+        let mut cfg = ClusterConfig::embedded_local();
+        cfg.cluster.name = "bare".into();
+        cfg.device.backend = Backend::Emulated;
+        cfg.memory.gpu_budget = Some(ByteSize(8 << 20));
+        cfg.memory.host_arena = ByteSize(16 << 20);
+        let id = ClusterCa::generate("bare").and_then(|ca| ca.issue(&cfg.nodes[0].name)).expect("certificate");
+        let name = cfg.nodes[0].name.clone();
+        let agent = Agent::start(&cfg, &name, &id, Some("127.0.0.1:0".parse().expect("addr"))).await.expect("agent");
+        let metrics = agent.serve_metrics("127.0.0.1:0".parse().expect("addr")).expect("serve metrics");
+        (agent, metrics)
+    });
+    let (code, text) = get(metrics.local_addr(), "/metrics");
+    assert_eq!(code, 200, "{text}");
+    for family in
+        ["vfabric_device_used_bytes", "vfabric_regions", "vfabric_moved_bytes_total", "vfabric_uptime_seconds"]
+    {
+        assert!(text.contains(&format!("# TYPE {family} ")), "{family} missing:\n{text}");
+    }
+    promtool_passes(&text);
+    drop(metrics);
+    rt.block_on(agent.shutdown());
+}
+
+/// `promtool check metrics` takes `text`.
+fn promtool_passes(text: &str) {
+    let promtool = require_tool("promtool", "prometheus", "Prometheus's promtool to check the exposition");
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start promtool");
+    check.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("feed promtool");
+    let out = check.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! The latencies an agent observes as calls happen, as Prometheus histograms: its local clients' requests and
 //! its calls to peers (exposed at `/metrics` beside the figures of [`super::metrics`]).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use prometheus::{HistogramOpts, HistogramVec, Registry};
@@ -13,12 +15,18 @@ const BUCKETS: &[f64] = &[
     10.0,
 ];
 
+/// A link's four counters (bytes sent, bytes received, packets lost, congestion events) at the last scrape, and
+/// their running totals.
+type LinkCounts = ([u64; 4], [u64; 4]);
+
 /// The latencies an agent observes as calls happen, while its metrics are served.
 pub(crate) struct CallMetrics {
     /// Whether calls are timed: only while a metrics endpoint serves them (`Agent::serve_metrics`), so that an
     /// agent without `[metrics]` pays one load per call and nothing more.
     on: AtomicBool,
     registry: Registry,
+    /// Per peer, the link's counters at the last scrape and their running totals (see [`CallMetrics::link_totals`]).
+    links: Mutex<HashMap<u16, LinkCounts>>,
     /// Requests of local clients (its Unix socket), by call, from the request read to the answer sent.
     local: HistogramVec,
     /// Calls to peers, by call, from the stream opened to the answer read (failures included).
@@ -41,7 +49,7 @@ impl CallMetrics {
             // Distinct names, registered once on a fresh registry: cannot fail.
             let _ = registry.register(Box::new(h.clone()));
         }
-        CallMetrics { on: AtomicBool::new(false), registry, local, peer }
+        CallMetrics { on: AtomicBool::new(false), registry, links: Mutex::new(HashMap::new()), local, peer }
     }
 
     /// Times calls from now on (`true`) or no longer.
@@ -68,6 +76,20 @@ impl CallMetrics {
         }
     }
 
+    /// Running totals of a link's counters (`raw`: as the peer's open lanes count them now), for counters that
+    /// only rise: a lane's counts start again from 0 when it reconnects, so what a scrape adds is the rise since
+    /// the last scrape, or, where a count fell, the new count (what moved between that scrape and the reconnect
+    /// is not counted).
+    pub(crate) fn link_totals(&self, node: u16, raw: [u64; 4]) -> [u64; 4] {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let (last, total) = links.entry(node).or_insert(([0; 4], [0; 4]));
+        for i in 0..4 {
+            total[i] += if raw[i] >= last[i] { raw[i] - last[i] } else { raw[i] };
+        }
+        *last = raw;
+        *total
+    }
+
     /// The histograms as they stand.
     pub(crate) fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
         self.registry.gather()
@@ -80,6 +102,17 @@ mod tests {
 
     fn count(m: &CallMetrics) -> u64 {
         m.gather().iter().flat_map(|f| f.get_metric()).map(|c| c.get_histogram().get_sample_count()).sum()
+    }
+
+    #[test]
+    fn link_totals_only_rise_across_reconnects() {
+        let m = CallMetrics::new();
+        assert_eq!(m.link_totals(1, [100, 50, 0, 0]), [100, 50, 0, 0]);
+        assert_eq!(m.link_totals(1, [300, 60, 1, 0]), [300, 60, 1, 0]);
+        // A lane reconnected: its counts start again; the totals go on from where they were.
+        assert_eq!(m.link_totals(1, [40, 10, 0, 0]), [340, 70, 1, 0]);
+        assert_eq!(m.link_totals(1, [90, 10, 0, 2]), [390, 70, 1, 2]);
+        assert_eq!(m.link_totals(2, [5, 5, 5, 5]), [5, 5, 5, 5], "each peer on its own");
     }
 
     #[test]

@@ -21,7 +21,14 @@ impl Agent {
     /// The agent's metrics now, in Prometheus text exposition (what `[metrics]` serves at `/metrics`).
     pub async fn metrics_text(&self) -> String {
         // No pings: a scrape must not wait on peers (their liveness and last contact say enough).
-        let status = self.status_of(false).await;
+        let mut status = self.status_of(false).await;
+        for p in &mut status.peers {
+            if let Some(l) = &mut p.link {
+                let raw = [l.sent_bytes, l.received_bytes, l.lost_packets, l.congestion_events];
+                [l.sent_bytes, l.received_bytes, l.lost_packets, l.congestion_events] =
+                    self.shared.metrics.link_totals(p.node, raw);
+            }
+        }
         let mut families = status_families(&status);
         families.extend(self.shared.metrics.gather());
         families.sort_by(|a, b| a.name().cmp(b.name()));
@@ -39,7 +46,11 @@ impl Agent {
 fn status_families(s: &AgentStatus) -> Vec<MetricFamily> {
     let mut fams = Vec::new();
     for section in [identity, devices, directory, traffic, peers, reservations, tenants] {
-        section(s, &mut |c: &dyn Collector| fams.extend(c.collect()));
+        // A labelled family with no series yet (no peer link, no reservation) is left out, as a registry's
+        // `gather` leaves it out: the text encoder stops at the first family without samples.
+        section(s, &mut |c: &dyn Collector| {
+            fams.extend(c.collect().into_iter().filter(|f| !f.get_metric().is_empty()))
+        });
     }
     fams
 }

@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use super::metrics::CONTENT_TYPE;
 use super::shared::Agent;
@@ -14,7 +13,6 @@ use crate::error::{FabricError, NetworkError};
 pub struct MetricsServer {
     agent: Agent,
     server: Arc<tiny_http::Server>,
-    thread: Option<JoinHandle<()>>,
     addr: SocketAddr,
 }
 
@@ -28,10 +26,9 @@ impl MetricsServer {
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.agent.shared.metrics.set_on(false);
+        // The thread ends once it has answered the scrape it may be serving. It is not joined: this may run on
+        // the agent's runtime, which that scrape may need to finish.
         self.server.unblock();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -44,7 +41,7 @@ impl Agent {
         let addr = server.server_addr().to_ip().ok_or_else(|| listen("not an IP address".into()))?;
         let rt = tokio::runtime::Handle::try_current().map_err(|e| listen(e.to_string()))?;
         let (agent, srv) = (self.clone(), Arc::clone(&server));
-        let thread = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("vfabric-metrics".into())
             .spawn(move || {
                 for request in srv.incoming_requests() {
@@ -61,10 +58,11 @@ impl Agent {
                         tracing::debug!(error = %e, "a metrics scrape went away");
                     }
                 }
+                tracing::debug!("the metrics endpoint stopped");
             })
             .map_err(|e| listen(e.to_string()))?;
         self.shared.metrics.set_on(true);
         tracing::info!(%addr, "serving metrics at /metrics");
-        Ok(MetricsServer { agent: self.clone(), server, thread: Some(thread), addr })
+        Ok(MetricsServer { agent: self.clone(), server, addr })
     }
 }

@@ -99,14 +99,15 @@ impl Directory {
         let mut dropped: HashMap<PageRef, u32> = HashMap::new();
         for frame in start..start + n {
             let Some(page) = self.devs[usize::from(dev)].users[frame as usize] else { continue };
-            match self.evict_copy(&mut stage, dev, frame, page, &mut dropped, n, keep)? {
-                Evicted::Planned => {}
-                // The window cannot be emptied after all: nothing of it is evicted.
-                Evicted::Kept | Evicted::Full => {
+            match self.evict_copy(&mut stage, dev, frame, page, &mut dropped, n, keep) {
+                Ok(Evicted::Planned) => {}
+                Ok(Evicted::Instead(other)) => return Ok(other),
+                // The window cannot be emptied after all (the tier below is full): nothing of it is evicted, and
+                // the caller evicts page by page and compacts as it did before windows.
+                Ok(Evicted::Kept | Evicted::Full) | Err(_) => {
                     self.abort(stage);
                     return Ok(Stage::new(StageKind::Evict));
                 }
-                Evicted::Instead(other) => return Ok(other),
             }
         }
         Ok(stage)
@@ -121,12 +122,18 @@ impl Directory {
         if n == 0 || n > total {
             return None;
         }
+        // Where the only copy of a page would go (nothing is below the storage tier, nor below host memory on
+        // a node without one): a window holding such a copy cannot be emptied.
+        let below = if dev == self.host { self.storage.is_some() } else { Some(dev) != self.storage };
         // Per frame: None where it blocks the window, else what emptying it costs (0 for a free frame).
         let cost = |f: u32| -> Option<u64> {
             match (d.frames.state(f)?, d.users[f as usize]) {
                 (FrameState::Free, _) => Some(0),
                 (FrameState::Used { .. }, Some(page)) if d.lru.contains(f) && !keep(page) => {
                     let only_copy = self.page(page).copies().count() == 1;
+                    if only_copy && !below {
+                        return None;
+                    }
                     let prio = match d.lru.priority(f) {
                         Some(Priority::High) => 2,
                         Some(Priority::Normal) => 1,
