@@ -1,5 +1,5 @@
-//! The commit the harness is built from, for every result's JSON (`git_rev`): `git describe`-like, with
-//! `-dirty` when the working tree had changes; `unknown` where there is no git or no repository (a source copy).
+//! The commit the harness is built from, for every result's JSON (`git_rev`): its short hash, with `-dirty` when
+//! tracked files had changes; `unknown` where there is no git or no repository (a source copy).
 
 use std::process::Command;
 
@@ -21,7 +21,10 @@ fn main() {
         None => "unknown".to_string(),
     };
     println!("cargo:rustc-env=VFABRIC_GIT_REV={rev}");
-    // A new commit or a change to the index makes a new revision.
+    // A new commit or a change to the index makes a new revision; a change to the sources, a dirty one.
+    for sources in ["../allocator/src", "../transport/src", "../fabric/src", "src"] {
+        println!("cargo:rerun-if-changed={sources}");
+    }
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
         for f in ["HEAD", "index"] {
             println!("cargo:rerun-if-changed={dir}/{f}");
