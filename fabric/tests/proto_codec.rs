@@ -34,6 +34,7 @@ fn every_message() -> Vec<Message> {
         Message::OnBehalf { tenant: u32::MAX },
         Message::Status,
         Message::Traced { id: u64::MAX },
+        Message::Abandon { request: u64::MAX },
         Message::Free { region },
         Message::Write { region, offset: 4096, len: 1 << 20 },
         Message::Read { region, offset: 0, len: u64::MAX },

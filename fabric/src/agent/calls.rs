@@ -111,11 +111,24 @@ impl Agent {
         node: u16,
         lane: &LaneUse,
         msg: &Message,
+        into: ReadInto<'_>,
+        expect: impl Fn(&Message) -> u64,
+    ) -> Result<Message, FabricError> {
+        self.call_read_as(self.request_id(), node, lane, msg, into, expect).await
+    }
+
+    /// [`Agent::call_read`] as request `id` (from [`Agent::request_id`]: the caller may need it to abandon the
+    /// request).
+    pub(crate) async fn call_read_as(
+        &self,
+        id: u64,
+        node: u16,
+        lane: &LaneUse,
+        msg: &Message,
         mut into: ReadInto<'_>,
         expect: impl Fn(&Message) -> u64,
     ) -> Result<Message, FabricError> {
         let max_chunk = self.shared.net.chunk.bytes();
-        let id = self.request_id();
         let work = async {
             let conn = self.connection(node, lane.lane, false).await?;
             let exchange = async {

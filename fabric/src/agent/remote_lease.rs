@@ -98,6 +98,44 @@ impl Drop for RemoteLease {
     }
 }
 
+/// An acquire's request to the home until its lease is made: a caller that drops the acquire before (a timeout
+/// around it, a cancelled task) tells the home it abandoned the request (`Message::Abandon`), so that whatever
+/// the home granted it, or is about to, ends now rather than when the connection closes (it would keep the
+/// home's writers out until then).
+struct RequestInFlight<'a> {
+    agent: &'a Agent,
+    home: u16,
+    lane: usize,
+    request: u64,
+    claimed: bool,
+}
+
+impl RequestInFlight<'_> {
+    /// The lease holds the grant now (or the caller released it itself).
+    fn claim(mut self) {
+        self.claimed = true;
+    }
+}
+
+impl Drop for RequestInFlight<'_> {
+    fn drop(&mut self) {
+        if self.claimed {
+            return;
+        }
+        let (agent, home, lane, request) = (self.agent.clone(), self.home, self.lane, self.request);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let abandon = async {
+                    agent.call_on(home, &agent.hold_lane(home, lane)?, &Message::Abandon { request }, &[]).await
+                };
+                if let Err(e) = abandon.await {
+                    tracing::debug!(home, request, error = %e, "telling the home an acquire was abandoned");
+                }
+            });
+        }
+    }
+}
+
 /// This node's copy of a peer's pages while an acquire fills it: freed when dropped before [`CopyInFill::keep`].
 struct CopyInFill<'a> {
     agent: &'a Agent,
@@ -165,7 +203,9 @@ impl Agent {
         };
         let expect = |m: &Message| if matches!(m, Message::Granted { unchanged: true, .. }) { 0 } else { full };
         let into = ReadInto::Region { copy: &copy, offset: first * ps };
-        let (id, version) = match self.call_read(home, &lane, &msg, into, expect).await {
+        let request = self.request_id();
+        let asked = RequestInFlight { agent: self, home, lane: lane.lane, request, claimed: false };
+        let (id, version) = match self.call_read_as(request, home, &lane, &msg, into, expect).await {
             Ok(Message::Granted { lease, first_page, pages: n, version, unchanged })
                 if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
             {
@@ -173,8 +213,16 @@ impl Agent {
             }
             // Whatever arrived of the pages is not to be trusted: the copy goes (`filling`).
             Ok(m) => return Err(unexpected(home, &m)),
-            Err(e) => return Err(e),
+            Err(e) => {
+                // A refusal is the home's answer: it granted nothing, and there is nothing to abandon.
+                if matches!(e, FabricError::Remote { .. }) {
+                    asked.claim();
+                }
+                return Err(e);
+            }
         };
+        // From here on the grant is the lease's, or released below.
+        asked.claim();
         match in_place(|| f.acquire(&copy, 0..full, device, mode)) {
             Ok(l) => Ok(AgentLease {
                 kind: LeaseKind::Remote(RemoteLease {

@@ -8,7 +8,7 @@ use vfabric_transport::quic;
 use super::acting;
 use super::lane_use::{pages_of, BULK};
 use super::replication::Replication;
-use super::serve_pages::{grant, home_region, receive_write, send_read, take_back};
+use super::serve_pages::{abandon, grant, home_region, receive_write, send_read, take_back};
 use super::shared::{in_place, Agent, Shared};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::{FabricError, ProtocolError};
@@ -183,7 +183,7 @@ async fn serve_stream(
     }
     let served = async {
         tracing::debug!("serving");
-        serve_request(agent, (peer, connection), msg, send, recv).await
+        serve_request(agent, (peer, connection, id), msg, send, recv).await
     };
     acting::acting_for(tenant, served).instrument(span).await
 }
@@ -191,18 +191,18 @@ async fn serve_stream(
 /// Answers request `msg`, on the lane's thread when it moves little.
 async fn serve_request(
     agent: &Agent,
-    (peer, connection): (u16, usize),
+    (peer, connection, request): (u16, usize, Option<u64>),
     msg: Message,
     send: quinn::SendStream,
     recv: quinn::RecvStream,
 ) -> Result<(), ProtocolError> {
     if pages_moved(agent, peer, &msg) < BULK {
-        return answer(agent, (peer, connection), msg, send, recv).await;
+        return answer(agent, (peer, connection, request), msg, send, recv).await;
     }
     // A bulk transfer, which peers send on the bulk lanes; one that arrives on the latency lane anyway (a peer's
     // choice: ours never send one there) is answered off that lane's thread, which keeps decrypting its packets.
     let a = agent.clone();
-    let work = async move { Ok(answer(&a, (peer, connection), msg, send, recv).await) };
+    let work = async move { Ok(answer(&a, (peer, connection, request), msg, send, recv).await) };
     agent.off_lanes(work).await.unwrap_or_else(|e| {
         // The runtime that started the agent is going away: so is the agent, and the stream with it.
         tracing::debug!(error = %e, "a bulk request ended unanswered");
@@ -229,7 +229,7 @@ fn pages_moved(agent: &Agent, peer: u16, msg: &Message) -> u64 {
 /// Answers request `msg`, read from `recv`; the answer goes to `send`. `Err` as for [`serve_stream`].
 async fn answer(
     agent: &Agent,
-    (peer, connection): (u16, usize),
+    (peer, connection, request): (u16, usize, Option<u64>),
     msg: Message,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
@@ -251,9 +251,13 @@ async fn answer(
         Message::Write { region, offset, len } => receive_write(agent, &region, offset, len, &mut recv).await,
         Message::Read { region, offset, len } => return send_read(agent, &region, offset, len, &mut send).await,
         Message::Acquire { region, offset, len, device: _, mode, cached } => {
-            return grant(agent, (peer, connection), (&region, offset, len, mode, cached), &mut send).await;
+            return grant(agent, (peer, connection, request), (&region, offset, len, mode, cached), &mut send).await;
         }
         Message::Release { lease } => take_back(agent, peer, lease, &mut recv).await,
+        Message::Abandon { request } => {
+            abandon(agent, peer, request);
+            Ok(Message::Done)
+        }
         // Migrations copy whole regions: off the lane's thread, which keeps serving meanwhile.
         Message::Migrate { region, device } => {
             migrate(agent, &region, None, device.into()).await.map(|_| Message::Done)

@@ -43,7 +43,7 @@ async fn staying_here(
 /// lease still is: it keeps writers out while the requester uses its copy).
 pub(crate) async fn grant(
     agent: &Agent,
-    (peer, connection): (u16, usize),
+    (peer, connection, request): (u16, usize, Option<u64>),
     (region, offset, len, mode, cached): (&WireRegion, u64, u64, WireMode, Option<u64>),
     send: &mut quinn::SendStream,
 ) -> Result<(), ProtocolError> {
@@ -74,8 +74,29 @@ pub(crate) async fn grant(
     // sends without another copy; chunk offsets count from the region's start.
     let piece_len = ps.min(agent.shared.net.chunk.bytes().max(1));
     let (start, total, pages_of_lease) = (lease.offset(), lease.len(), lease.pages());
-    // Recorded before the answer goes: the peer may release the lease as soon as its pages are in.
-    agent.grants().insert(id, RemoteGrant { peer, connection, lease });
+    // Recorded before the answer goes: the peer may release the lease as soon as its pages are in. Unless the
+    // peer abandoned the request already: then the lease ends now (the answer still goes, to no one).
+    let abandoned = {
+        let mut grants = agent.grants();
+        let mut gone = agent.shared.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+        match gone.iter().position(|&(p, r)| p == peer && Some(r) == request) {
+            Some(at) => {
+                gone.remove(at);
+                Some(lease)
+            }
+            None => {
+                grants.insert(id, RemoteGrant { peer, connection, request, lease });
+                None
+            }
+        }
+    };
+    if let Some(lease) = abandoned {
+        if let Err(e) = in_place(|| agent.shared.fabric.release(lease)) {
+            tracing::warn!(lease = id, error = %e, "releasing the lease of an abandoned request");
+        }
+        abort(send);
+        return Ok(());
+    }
     let sent = async {
         write_frame(send, &granted, max).await.map_err(|_| ())?;
         let mut at = 0;
@@ -102,6 +123,29 @@ pub(crate) async fn grant(
         }
     }
     Ok(())
+}
+
+/// Lets go of what request `request` of `peer` was granted (the peer abandoned it before taking the answer),
+/// or, when it was granted nothing yet, remembers it, so that its grant is let go as it is made.
+pub(crate) fn abandon(agent: &Agent, peer: u16, request: u64) {
+    let leases: Vec<_> = {
+        let mut grants = agent.grants();
+        let ids: Vec<u64> =
+            grants.iter().filter(|(_, g)| g.peer == peer && g.request == Some(request)).map(|(k, _)| *k).collect();
+        if ids.is_empty() {
+            let mut gone = agent.shared.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+            if gone.len() >= super::shared::ABANDONED_KEPT {
+                gone.pop_front();
+            }
+            gone.push_back((peer, request));
+        }
+        ids.into_iter().filter_map(|k| grants.remove(&k)).map(|g| g.lease).collect()
+    };
+    for lease in leases {
+        if let Err(e) = in_place(|| agent.shared.fabric.release(lease)) {
+            tracing::warn!(peer, request, error = %e, "releasing the lease of an abandoned request");
+        }
+    }
 }
 
 /// Ends a peer's lease; a write lease's pages come first (chunk offsets count from the lease's first byte)

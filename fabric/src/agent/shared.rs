@@ -46,6 +46,9 @@ pub(crate) struct Shared {
     /// Leases peers hold on regions whose home is this node, by the id they were given.
     pub(crate) grants: std::sync::Mutex<std::collections::HashMap<u64, RemoteGrant>>,
     pub(crate) next_grant: std::sync::atomic::AtomicU64,
+    /// Requests peers abandoned before this node granted them anything (`Message::Abandon` arrived first), the
+    /// latest [`ABANDONED_KEPT`]: a grant for one of them is let go at once. Taken under `grants`' lock.
+    pub(crate) abandoned: std::sync::Mutex<std::collections::VecDeque<(u16, u64)>>,
     /// The count in the ids of this node's calls to peers (`Message::Traced`).
     pub(crate) next_request: std::sync::atomic::AtomicU64,
     /// Copies of other nodes' pages kept after their leases ended.
@@ -76,11 +79,17 @@ pub(crate) struct Shared {
     pub(crate) metrics: super::call_metrics::CallMetrics,
 }
 
+/// How many abandoned requests an agent remembers (a request is abandoned before its grant only while it is
+/// being served: a few per lane).
+pub(crate) const ABANDONED_KEPT: usize = 1024;
+
 /// A lease a peer holds here: the peer, the connection it came over (the lease ends when that connection
 /// closes), and the local lease on the host copy that keeps the pages' coherence while the peer holds it.
 pub(crate) struct RemoteGrant {
     pub(crate) peer: u16,
     pub(crate) connection: usize,
+    /// The peer's id of the request that was granted (`Message::Traced`), which an `Abandon` names.
+    pub(crate) request: Option<u64>,
     pub(crate) lease: Lease,
 }
 

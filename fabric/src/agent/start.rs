@@ -103,6 +103,7 @@ impl Agent {
             tasks: std::sync::Mutex::new(Vec::new()),
             grants: std::sync::Mutex::new(std::collections::HashMap::new()),
             next_grant: std::sync::atomic::AtomicU64::new(1),
+            abandoned: std::sync::Mutex::new(std::collections::VecDeque::new()),
             next_request: std::sync::atomic::AtomicU64::new(1),
             replicas: std::sync::Mutex::new(ReplicaCache::new(net.replica_cache.bytes())),
             private: std::sync::Mutex::new(std::collections::HashSet::new()),

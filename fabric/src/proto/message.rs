@@ -453,6 +453,12 @@ pub enum Message {
         /// The request's id: the calling node's id in the top 16 bits, a count of its calls below.
         id: u64,
     },
+    /// The caller gave up request `request` (its `Traced` id) before it took the answer (a timeout around the
+    /// call, a cancelled task): whatever the request was granted, or will be, is let go. Answered with `Done`.
+    Abandon {
+        /// The abandoned request's id.
+        request: u64,
+    },
 }
 
 impl Message {
@@ -486,6 +492,7 @@ impl Message {
             | Message::OnBehalf { .. }
             | Message::Status
             | Message::Traced { .. }
+            | Message::Abandon { .. }
             | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
@@ -544,6 +551,7 @@ impl Message {
             Message::OnBehalf { .. } => "onbehalf",
             Message::Status => "status",
             Message::Traced { .. } => "traced",
+            Message::Abandon { .. } => "abandon",
         }
     }
 }
@@ -617,6 +625,7 @@ mod tests {
             Message::OnBehalf { tenant: 3 },
             Message::Status,
             Message::Traced { id: 1 << 48 | 7 },
+            Message::Abandon { request: 1 << 48 | 7 },
         ]
     }
 
@@ -628,8 +637,8 @@ mod tests {
         expected.extend([true, false, true]);
         expected.extend([true, false, true, true, false, true, true, false, true]);
         expected.extend([true, false, true, true]);
-        // Standby, Replicate, Failover, OnBehalf, Status, Traced.
-        expected.extend([true; 6]);
+        // Standby, Replicate, Failover, OnBehalf, Status, Traced, Abandon.
+        expected.extend([true; 7]);
         assert_eq!(kinds, expected);
     }
 
