@@ -5,7 +5,7 @@
 //! its own, ended by this test by its PID.
 
 mod common;
-use common::{require_tool, Ended};
+use common::{agents_in_process, require_tool, small_cluster, Ended};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -13,10 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vfabric::agent::{Agent, LocalClient};
-use vfabric::config::{NodeSection, TenantSection};
-use vfabric::{ByteSize, ClusterConfig, Location, TenantId};
-use vfabric_transport::quic::ClusterCa;
-use vfabric_transport::Backend;
+use vfabric::config::TenantSection;
+use vfabric::{ByteSize, Location, TenantId};
 
 /// A plain HTTP/1.0 GET: the status code and the body.
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -60,26 +58,11 @@ fn nodes(name: &str) -> Nodes {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let socket = std::env::temp_dir().join(format!("vfabric-{name}-{}.sock", std::process::id()));
     let (agents, metrics, held) = rt.block_on(async {
-        let mut cfg = ClusterConfig::embedded_local();
-        cfg.cluster.name = name.into();
-        cfg.device.backend = Backend::Emulated;
-        cfg.memory.gpu_budget = Some(ByteSize(8 << 20));
-        cfg.memory.host_arena = ByteSize(16 << 20);
-        cfg.nodes =
-            (0..2).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None, tenant: None }).collect();
+        let mut cfg = small_cluster(name, 2);
         // A tenant with a quota, so that the tenants' series have one.
         cfg.tenants =
             vec![TenantSection { id: 3, gpu: Some(ByteSize(4 << 20)), host: None, storage: None, uids: Vec::new() }];
-        let ca = ClusterCa::generate(name).expect("ca");
-        let mut agents = Vec::new();
-        for n in &cfg.nodes {
-            let id = ca.issue(&n.name).expect("certificate");
-            agents.push(
-                Agent::start(&cfg, &n.name, &id, Some("127.0.0.1:0".parse().expect("addr"))).await.expect("agent"),
-            );
-        }
-        agents[0].set_peer_addr(1, agents[1].local_addr()).await.expect("peer");
-        agents[1].set_peer_addr(0, agents[0].local_addr()).await.expect("peer");
+        let agents = agents_in_process(&cfg).await;
         let metrics = agents[0].serve_metrics("127.0.0.1:0".parse().expect("addr")).expect("serve metrics");
         for node in [0, 1] {
             let r = agents[0].alloc(node, 1 << 20, None).await.expect("a region");
@@ -185,14 +168,7 @@ fn encode(text: &str) -> String {
 fn a_bare_agent_serves_all_it_has() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let (agent, metrics) = rt.block_on(async {
-        let mut cfg = ClusterConfig::embedded_local();
-        cfg.cluster.name = "bare".into();
-        cfg.device.backend = Backend::Emulated;
-        cfg.memory.gpu_budget = Some(ByteSize(8 << 20));
-        cfg.memory.host_arena = ByteSize(16 << 20);
-        let id = ClusterCa::generate("bare").and_then(|ca| ca.issue(&cfg.nodes[0].name)).expect("certificate");
-        let name = cfg.nodes[0].name.clone();
-        let agent = Agent::start(&cfg, &name, &id, Some("127.0.0.1:0".parse().expect("addr"))).await.expect("agent");
+        let agent = agents_in_process(&small_cluster("bare", 1)).await.remove(0);
         let metrics = agent.serve_metrics("127.0.0.1:0".parse().expect("addr")).expect("serve metrics");
         (agent, metrics)
     });

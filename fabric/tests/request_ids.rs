@@ -5,11 +5,8 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use vfabric::agent::Agent;
-use vfabric::config::NodeSection;
-use vfabric::{ByteSize, ClusterConfig};
-use vfabric_transport::quic::ClusterCa;
-use vfabric_transport::Backend;
+mod common;
+use common::{agents_in_process, small_cluster};
 
 /// Log lines written here.
 #[derive(Clone, Default)]
@@ -33,23 +30,7 @@ fn a_remote_calls_id_is_in_both_agents_logs() {
     tracing_subscriber::fmt().json().with_env_filter("vfabric::agent=debug").with_writer(move || writer.clone()).init();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
-        let mut cfg = ClusterConfig::embedded_local();
-        cfg.cluster.name = "traced".into();
-        cfg.device.backend = Backend::Emulated;
-        cfg.memory.gpu_budget = Some(ByteSize(8 << 20));
-        cfg.memory.host_arena = ByteSize(16 << 20);
-        cfg.nodes =
-            (0..2).map(|i| NodeSection { name: format!("n{i}"), gpus: None, address: None, tenant: None }).collect();
-        let ca = ClusterCa::generate("traced").expect("ca");
-        let mut agents = Vec::new();
-        for n in &cfg.nodes {
-            let id = ca.issue(&n.name).expect("certificate");
-            agents.push(
-                Agent::start(&cfg, &n.name, &id, Some("127.0.0.1:0".parse().expect("addr"))).await.expect("agent"),
-            );
-        }
-        agents[0].set_peer_addr(1, agents[1].local_addr()).await.expect("peer");
-        agents[1].set_peer_addr(0, agents[0].local_addr()).await.expect("peer");
+        let agents = agents_in_process(&small_cluster("traced", 2)).await;
         let r = agents[0].alloc(1, 1 << 20, None).await.expect("a region on n1");
         agents[0].write(&r, 0, &[5u8; 4096]).await.expect("a write on n1");
         for a in &agents {

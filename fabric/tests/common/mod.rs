@@ -57,3 +57,39 @@ impl Drop for Ended {
         let _ = self.0.wait();
     }
 }
+
+/// A cluster `name` of `nodes` nodes (`n0`, `n1`, ...) on the emulated device with small arenas (GPU 8 MiB, host
+/// 16 MiB), for a test to adjust before [`agents_in_process`].
+#[allow(dead_code)] // each test file is its own crate; not every one starts agents in its process
+pub fn small_cluster(name: &str, nodes: usize) -> vfabric::ClusterConfig {
+    let mut cfg = vfabric::ClusterConfig::embedded_local();
+    cfg.cluster.name = name.into();
+    cfg.device.backend = vfabric::Backend::Emulated;
+    cfg.memory.gpu_budget = Some(vfabric::ByteSize(8 << 20));
+    cfg.memory.host_arena = vfabric::ByteSize(16 << 20);
+    cfg.nodes = (0..nodes)
+        .map(|i| vfabric::config::NodeSection { name: format!("n{i}"), gpus: None, address: None, tenant: None })
+        .collect();
+    cfg
+}
+
+/// The agents of every node of `cfg`, started in this process on loopback ports the kernel picks (certificates
+/// from a CA made for the purpose), each told where the others listen.
+#[allow(dead_code)]
+pub async fn agents_in_process(cfg: &vfabric::ClusterConfig) -> Vec<vfabric::agent::Agent> {
+    let ca = vfabric_transport::quic::ClusterCa::generate(&cfg.cluster.name).expect("ca");
+    let mut agents = Vec::new();
+    for n in &cfg.nodes {
+        let id = ca.issue(&n.name).expect("certificate");
+        let at = Some("127.0.0.1:0".parse().expect("addr"));
+        agents.push(vfabric::agent::Agent::start(cfg, &n.name, &id, at).await.expect("agent"));
+    }
+    for (i, a) in agents.iter().enumerate() {
+        for (j, b) in agents.iter().enumerate() {
+            if i != j {
+                a.set_peer_addr(j as u16, b.local_addr()).await.expect("peer");
+            }
+        }
+    }
+    agents
+}
