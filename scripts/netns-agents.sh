@@ -3,7 +3,8 @@
 #   1. every peer serves a remote alloc / write / read / free, every byte equal;
 #   2. with n0 and n2 partitioned (nft drop), n1 still works and n2 fails with a clear error, not a hang;
 #   3. with 5% of the packets arriving at n1 dropped, every byte still arrives verified (throughput printed);
-#   4. with n2's agent stopped by SIGTERM (it shuts down cleanly), n1 still works and n2 fails clearly.
+#   4. with n2's agent stopped by SIGTERM (it shuts down cleanly), n1 still works and n2 fails clearly;
+#   and `vfabric status` of n2 through n1's agent (over QUIC), while n2 runs and after it stopped.
 # Usage: scripts/netns-agents.sh PATH/TO/vfabric     (as root; needs iproute2 and nftables)
 # Ends only the processes it started (by PID) and removes its namespaces, also when it fails.
 set -uo pipefail
@@ -72,6 +73,14 @@ probe 8MiB; rc=$?
 cat "$work/probe.log"
 check "all peers serve n0" "$([ $rc = 0 ] && grep -q '^peer n1: ok' "$work/probe.log" && grep -q '^peer n2: ok' "$work/probe.log"; echo $?)"
 
+# A node's status asked through another node's agent, which asks it over QUIC (the agents' sockets are files, which
+# every namespace sees; the network between them is the namespaces').
+"$BIN" status --config "$work/cluster.toml" --node n2 --via n1 --json > "$work/status.json" 2> "$work/status.err"; rc=$?
+cat "$work/status.err"
+check "n2's status through n1's agent over QUIC" \
+    "$([ $rc = 0 ] && grep -q '"node":2,"name":"n2"' "$work/status.json" &&
+        grep -q '"name":"n1","address":"[^"]*","state":"alive"' "$work/status.json"; echo $?)"
+
 scripts/netns.sh partition 0 2
 probe 8MiB; rc=$?
 cat "$work/probe.log"
@@ -93,6 +102,9 @@ probe 8MiB; rc=$?
 cat "$work/probe.log"
 check "n2 stopped: n1 still serves, n2 fails clearly" \
     "$([ $rc != 0 ] && grep -q '^peer n1: ok' "$work/probe.log" && grep -q '^peer n2: FAILED' "$work/probe.log"; echo $?)"
+"$BIN" status --config "$work/cluster.toml" --node n2 --via n1 > "$work/status.log" 2>&1; rc=$?
+cat "$work/status.log"
+check "n2 stopped: its status through n1 fails clearly" "$([ $rc != 0 ] && grep -q "node n2's status: " "$work/status.log"; echo $?)"
 
 if [ "$failures" -gt 0 ]; then
     echo "agent logs:"; for f in "$work"/n*.log; do echo "--- $f"; tail -20 "$f"; done

@@ -41,16 +41,21 @@ enum Command {
         #[arg(long)]
         device: Option<Backend>,
     },
-    /// Ask a running agent how it is (its Unix socket): per device and tier the memory used, leased and free
-    /// and how fragmented, regions and leases, bytes moved, peers with their state and round trip, replicas.
+    /// Ask a running agent how a node is (through an agent's Unix socket on this machine, and over QUIC for a
+    /// node elsewhere): per device and tier the memory used, leased and free and how fragmented, regions and
+    /// leases, bytes moved, peers with their state and round trip, replicas.
     Status {
-        /// Cluster configuration (the socket is the node's: `<temp dir>/vfabric-<cluster>-<node>.sock`).
+        /// Cluster configuration (a node's socket is `<temp dir>/vfabric-<cluster>-<node>.sock`).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// The node whose agent to ask (default: the configuration's only node).
+        /// The node whose status (default: the configuration's only node). Its own agent answers if it runs on
+        /// this machine; otherwise one that does asks it over QUIC.
         #[arg(long)]
         node: Option<String>,
-        /// The agent's socket, instead of the configuration's.
+        /// Ask this node's agent (on this machine), which asks `--node`'s over QUIC when that is another node.
+        #[arg(long, conflicts_with = "socket")]
+        via: Option<String>,
+        /// The socket of the agent to ask, instead of the configuration's.
         #[arg(long)]
         socket: Option<PathBuf>,
         /// Print the status as JSON (for scripts).
@@ -197,28 +202,47 @@ fn cluster_init(config: &std::path::Path, out: Option<PathBuf>, ranks: Option<u1
 fn status(
     config: Option<PathBuf>,
     node: Option<String>,
+    via: Option<String>,
     socket: Option<PathBuf>,
     json: bool,
     watch: Option<f64>,
 ) -> Result<(), String> {
-    let socket = match socket {
-        Some(s) => s,
-        None => {
-            let cfg = load(config, None)?;
-            let node = match (node, cfg.nodes.as_slice()) {
-                (Some(n), _) => n,
-                (None, [only]) => only.name.clone(),
-                (None, _) => return Err("the configuration has several nodes: say which with --node".into()),
-            };
-            vfabric::agent::default_socket(&cfg.cluster.name, &node)
-        }
-    };
     let watch = match watch {
         Some(s) if s.is_finite() && s >= 0.1 => Some(std::time::Duration::from_secs_f64(s)),
         Some(s) => return Err(format!("--watch {s}: seconds, at least 0.1")),
         None => None,
     };
-    status_view::run(&socket, json, watch)
+    // A socket named, and no node: that agent's own status, whatever its configuration.
+    if let (Some(socket), None) = (&socket, &node) {
+        return status_view::run(socket, None, json, watch);
+    }
+    let cfg = load(config, None)?;
+    let sock = |name: &str| vfabric::agent::default_socket(&cfg.cluster.name, name);
+    let node = match (node, cfg.nodes.as_slice()) {
+        (Some(n), _) => n,
+        (None, [only]) => only.name.clone(),
+        (None, _) => return Err("the configuration has several nodes: say which with --node".into()),
+    };
+    let id = cfg.node_index(&node).map_err(|e| e.to_string())?;
+    // Whose agent to ask: the one named, the node's own if it runs here, else any of the cluster's that runs
+    // here, which asks the node's over QUIC.
+    let socket = match (socket, via) {
+        (Some(s), _) => s,
+        (None, Some(v)) => {
+            cfg.node_index(&v).map_err(|e| e.to_string())?;
+            sock(&v)
+        }
+        (None, None) if sock(&node).exists() => sock(&node),
+        (None, None) => match cfg.nodes.iter().find(|n| sock(&n.name).exists()) {
+            Some(here) => {
+                eprintln!("node {node}'s agent has no socket on this machine: asking node {}'s over QUIC", here.name);
+                sock(&here.name)
+            }
+            // Say where the node's own would be.
+            None => sock(&node),
+        },
+    };
+    status_view::run(&socket, Some((id, &node)), json, watch)
 }
 
 fn add_node(config: &std::path::Path, name: &str, tenant: Option<u32>) -> Result<(), String> {
@@ -441,7 +465,7 @@ fn main() -> ExitCode {
         Command::Cluster { command: ClusterCommand::AddNode { config, name, tenant } } => {
             add_node(&config, &name, tenant)
         }
-        Command::Status { config, node, socket, json, watch } => status(config, node, socket, json, watch),
+        Command::Status { config, node, via, socket, json, watch } => status(config, node, via, socket, json, watch),
         Command::CheckConfig { path } => ClusterConfig::from_file(&path).map_err(|e| e.to_string()).and_then(|cfg| {
             let text = toml_text(&cfg)?;
             println!("{text}");

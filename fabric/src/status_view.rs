@@ -18,8 +18,14 @@ const TRAFFIC: [(&str, &str); 7] = [
     ("migrated", "migrated"),
 ];
 
-/// Asks the agent at `socket` for its status and prints it; with `watch`, again every `watch` until stopped.
-pub fn run(socket: &std::path::Path, json: bool, watch: Option<Duration>) -> Result<(), String> {
+/// Asks the agent at `socket` for the status of `node` (its id and name; `None`: the agent's own) and prints it;
+/// with `watch`, again every `watch` until stopped.
+pub fn run(
+    socket: &std::path::Path,
+    node: Option<(u16, &str)>,
+    json: bool,
+    watch: Option<Duration>,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async {
         let client = vfabric::agent::LocalClient::connect(socket)
@@ -27,7 +33,10 @@ pub fn run(socket: &std::path::Path, json: bool, watch: Option<Duration>) -> Res
             .map_err(|e| format!("no agent answers at {}: {e}", socket.display()))?;
         let mut last: Option<(Instant, Value)> = None;
         loop {
-            let text = client.status().await.map_err(|e| format!("the agent's status: {e}"))?;
+            let text = client.status_of(node.map(|(id, _)| id)).await.map_err(|e| match node {
+                Some((_, name)) => format!("node {name}'s status: {e}"),
+                None => format!("the agent's status: {e}"),
+            })?;
             if json {
                 println!("{text}");
             } else {

@@ -203,6 +203,34 @@ fn status_asks_a_running_agent_and_says_when_none_runs() {
     // Several nodes and no --node: which one is asked.
     let which = vfabric(&["status", "--config", config]);
     assert!(String::from_utf8_lossy(&which.stderr).contains("say which with --node"));
+    // Node b's status through a's agent, which asks b's over QUIC.
+    let b = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["agent", "--config", config, "--node", "b"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start agent b");
+    let b = Ended(b);
+    let via = ["status", "--config", config, "--node", "b", "--via", "a", "--json"];
+    let mut out = vfabric(&via);
+    for _ in 0..40 {
+        if out.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        out = vfabric(&via);
+    }
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!((status["name"].as_str(), status["node"].as_u64()), (Some("b"), Some(1)), "b's own: {status}");
+    let peers = status["peers"].as_array().expect("peers");
+    assert_eq!((peers[0]["name"].as_str(), peers[0]["state"].as_str()), (Some("a"), Some("alive")), "{peers:?}");
+    drop(b);
+    let gone = vfabric(&via);
+    assert!(!gone.status.success());
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("node b's status:"), "{gone:?}");
+    let nobody = vfabric(&["status", "--config", config, "--node", "nobody"]);
+    assert!(String::from_utf8_lossy(&nobody.stderr).contains("nobody"), "{nobody:?}");
     drop(a);
     let none = vfabric(&["status", "--config", config, "--node", "a"]);
     assert!(!none.status.success());

@@ -1,6 +1,6 @@
-//! Three agents in three network namespaces (`scripts/netns-agents.sh`): remote calls between them, a
-//! partition made with nft, 5% packet loss, and an agent stopped by SIGTERM. Needs root, iproute2 and nftables
-//! (`.ci/run` installs them).
+//! Three agents in three network namespaces (`scripts/netns-agents.sh`): remote calls and `vfabric status`
+//! between them, a partition made with nft, 5% packet loss, and an agent stopped by SIGTERM. Needs root,
+//! iproute2 and nftables (`.ci/run` installs them).
 
 mod common;
 

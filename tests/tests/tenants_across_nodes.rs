@@ -1,7 +1,7 @@
 //! Tenants across nodes: a call made for a tenant (`Agent::acting_for`, as a tenant's local client's calls are)
 //! carries its tenant to every node it reaches, and the region's home holds it to its tenant's regions there:
 //! allocations are made under its name, another tenant's region is refused like a handle naming none, and the
-//! operator's calls are refused. Calls made for no tenant (the node's operator) touch every region.
+//! operator's calls (a migration, a peer's status) are refused. Calls made for no tenant (the node's operator) touch every region.
 //! A node that belongs to a tenant (its certificate says so) acts for that tenant only, whatever it says.
 
 use vfabric::config::TenantSection;
@@ -49,6 +49,10 @@ fn a_tenants_calls_reach_only_its_regions_on_every_node() {
         let mine = a.acting_for(four, a.alloc(0, 1 << 20, None)).await.expect("tenant 4 allocates on n0");
         denied(a.acting_for(three, a.read(&mine, 0, &mut buf)).await, "tenant 3 reads tenant 4's region on n0");
         denied(a.acting_for(four, a.migrate_to(&mine, 1, Location::Host)).await, "tenant 4 migrates");
+        denied(a.acting_for(four, a.status_json(Some(1))).await, "tenant 4 asks for n1's status");
+        let theirs: serde_json::Value =
+            serde_json::from_str(&a.status_json(Some(1)).await.expect("the operator asks n1's status")).expect("JSON");
+        assert_eq!(theirs["node"], 1, "n1's own status, over QUIC: {theirs}");
         a.read(&mine, 0, &mut buf).await.expect("the operator reads any region");
         for n in &nodes {
             n.shutdown().await;
@@ -85,6 +89,7 @@ fn a_node_that_belongs_to_a_tenant_acts_for_it_only() {
         let made = c.alloc(0, 1 << 20, None).await.expect("n2 allocates on n0");
         assert_eq!(a.fabric().tenant_of(&made).expect("the region"), three, "allocated under tenant 3's name");
         denied(c.migrate_to(&r3, 1, Location::Host).await, "n2 migrates a region");
+        denied(c.status_json(Some(0)).await, "n2 asks for n0's status");
         // n2 keeps nothing of others: the standby of n1's replicated region goes to n0, past n2.
         b.alloc_replicated(1, 1 << 20, None, 2).await.expect("a replicated region on n1");
         assert_eq!((a.replication(), c.replication()), ((0, 1), (0, 0)), "the standby is on n0, not on n2");

@@ -277,6 +277,11 @@ async fn answer(
             agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
         }
         // Answered with where the region lives now.
+        // A peer's status for an operator (`vfabric status --node`): this node's only, never relayed further.
+        Message::Status { node: None } => agent.status_json(None).await.map(|json| Message::Figures { json }),
+        Message::Status { node: Some(n) } if agent.is_me(n) => {
+            agent.status_json(None).await.map(|json| Message::Figures { json })
+        }
         Message::Failover { region } => match agent.take_over(&Region::from(&region), peer).await {
             Ok(to) => Err(FabricError::Moved { to }),
             Err(e) => Err(e),
@@ -309,6 +314,7 @@ fn operator_call(msg: &Message) -> Option<&'static str> {
     match msg {
         Message::Migrate { .. } | Message::MigrateTo { .. } | Message::Unforward { .. } => Some("a migration"),
         Message::Standby { .. } | Message::Replicate { .. } | Message::Failover { .. } => Some("replication"),
+        Message::Status { .. } => Some("the node's status"),
         _ => None,
     }
 }

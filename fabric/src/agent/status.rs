@@ -1,5 +1,5 @@
-//! What a running agent says about itself (`vfabric status`, the local `Status` call): its fabric's figures,
-//! its peers as it sees them, and its replicated regions.
+//! What a running agent says about itself (`vfabric status`, the `Status` call of a local client or a peer): its
+//! fabric's figures, its peers as it sees them, and its replicated regions.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,7 +9,10 @@ use vfabric_allocator::{TenantId, Tier};
 
 use super::shared::Agent;
 use crate::directory::ReservationInfo;
+use crate::error::FabricError;
 use crate::fabric::Stats;
+use crate::proto::convert::unexpected;
+use crate::proto::message::Message;
 
 /// How long a peer's ping may take before the status leaves its round trip out.
 const PING_WAIT: Duration = Duration::from_millis(500);
@@ -110,6 +113,23 @@ impl Agent {
     /// What this agent says about itself: its fabric's figures, its peers (pinged, those alive), its replicas.
     pub async fn status(&self) -> AgentStatus {
         self.status_of(true).await
+    }
+
+    /// The status of `node` as JSON (`None`: this agent's): its own, or a peer's, asked over the latency lane
+    /// (`vfabric status --node` through this node's agent). A dead peer is `PeerDead` within `dead_after_ms`.
+    pub async fn status_json(&self, node: Option<u16>) -> Result<String, FabricError> {
+        match node {
+            Some(n) if !self.is_me(n) => {
+                let lane = self.take_lane(n, 0)?;
+                let (agent, ask) = (self.clone(), Message::Status { node: None });
+                match self.on_lane(lane.lane, 0, async move { agent.call_on(n, &lane, &ask, &[]).await }).await? {
+                    Message::Figures { json } => Ok(json),
+                    other => Err(unexpected(n, &other)),
+                }
+            }
+            _ => serde_json::to_string(&self.status().await)
+                .map_err(|_| FabricError::Internal("the agent's status could not be written as JSON")),
+        }
     }
 
     /// [`Agent::status`], pinging the live peers for their round trips only with `ping`.

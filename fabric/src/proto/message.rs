@@ -443,9 +443,13 @@ pub enum Message {
         /// The tenant.
         tenant: u32,
     },
-    /// A local client asks what the agent says about itself (`vfabric status`): answered with
-    /// [`Message::Figures`], an `agent::AgentStatus` as JSON. The operator's call.
-    Status,
+    /// Asks what a node's agent says about itself (`vfabric status`): answered with [`Message::Figures`], an
+    /// `agent::AgentStatus` as JSON. The operator's call, from a local client or a peer.
+    Status {
+        /// The node whose status: `None` (or the agent's own) for the agent asked; another node's, which a local
+        /// client's agent asks for over QUIC (peers answer only for themselves).
+        node: Option<u16>,
+    },
     /// Opens a request stream ahead of the request (before or after `OnBehalf`): the caller's id for the
     /// request, which the serving agent's logs carry too (span `served`, as the caller's span `call`). Not
     /// answered itself.
@@ -490,7 +494,7 @@ impl Message {
             | Message::Replicate { .. }
             | Message::Failover { .. }
             | Message::OnBehalf { .. }
-            | Message::Status
+            | Message::Status { .. }
             | Message::Traced { .. }
             | Message::Abandon { .. }
             | Message::Stats => true,
@@ -549,7 +553,7 @@ impl Message {
             Message::Replicate { .. } => "replicate",
             Message::Failover { .. } => "failover",
             Message::OnBehalf { .. } => "onbehalf",
-            Message::Status => "status",
+            Message::Status { .. } => "status",
             Message::Traced { .. } => "traced",
             Message::Abandon { .. } => "abandon",
         }
@@ -623,7 +627,7 @@ mod tests {
             Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
             Message::OnBehalf { tenant: 3 },
-            Message::Status,
+            Message::Status { node: Some(2) },
             Message::Traced { id: 1 << 48 | 7 },
             Message::Abandon { request: 1 << 48 | 7 },
         ]

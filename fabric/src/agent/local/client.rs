@@ -132,7 +132,13 @@ impl LocalClient {
     /// What the agent says about itself (`agent::AgentStatus`), as JSON: its fabric's figures, its peers, its
     /// replicated regions (what `vfabric status` prints). The operator's call.
     pub async fn status(&self) -> Result<String, FabricError> {
-        self.expect(&Message::Status, &[], |m| match m {
+        self.status_of(None).await
+    }
+
+    /// [`LocalClient::status`] of node `node` (`None`: the agent's own), which the agent asks over QUIC when it is
+    /// a peer: `PeerDead` if that peer does not answer.
+    pub async fn status_of(&self, node: Option<u16>) -> Result<String, FabricError> {
+        self.expect(&Message::Status { node }, &[], |m| match m {
             Message::Figures { json } => Some(json.clone()),
             _ => None,
         })

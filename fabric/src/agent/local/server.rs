@@ -247,9 +247,7 @@ impl Agent {
                 Message::Stats => serde_json::to_string(&self.fabric().stats())
                     .map(|json| Message::Figures { json })
                     .map_err(|_| FabricError::Internal("the fabric's figures could not be written as JSON")),
-                Message::Status => serde_json::to_string(&rt.block_on(self.status()))
-                    .map(|json| Message::Figures { json })
-                    .map_err(|_| FabricError::Internal("the agent's status could not be written as JSON")),
+                Message::Status { node } => rt.block_on(self.status_json(node)).map(|json| Message::Figures { json }),
                 Message::Write { region, offset, len } => {
                     self.take_write(s, rt, Some(&Region::from(&region)), offset, len)?
                 }

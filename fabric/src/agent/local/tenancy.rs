@@ -63,7 +63,7 @@ fn need(msg: &mut Message) -> Need<'_> {
         Message::AcquireMapped { .. } => Need::Operator("an acquire through the node's mapped memory"),
         Message::Migrate { .. } => Need::Operator("a migration"),
         Message::Stats => Need::Operator("the node's figures"),
-        Message::Status => Need::Operator("the node's status"),
+        Message::Status { .. } => Need::Operator("the node's status"),
         _ => Need::Nothing,
     }
 }
