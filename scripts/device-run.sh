@@ -9,12 +9,13 @@
 #   VFABRIC_PAGER_ARGS   extra arguments for vfabric-bench pager
 #   VFABRIC_REMOTE_ARGS  extra arguments for vfabric-bench remote
 #   VFABRIC_PAGER_NAME, VFABRIC_REMOTE_NAME   names of their result files (default: pager-h200x2, remote-h200x2)
-#   VFABRIC_CONFIG       configuration of the info, demo, migrate and pager steps (default h200x2.toml)
+#   VFABRIC_CONFIG       configuration of the demo, migrate, pager and status steps (default h200x2.toml)
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests procs python info demo torch nccl migrate
 #                        pager local status trace storage tiers train remote
 #   VFABRIC_PIN_GIB      size of the pin step's host memory files (default 8)
+#   VFABRIC_INFO_CONFIG  configuration of the info step (default: h200x2.toml, whose host tier is 24 GiB)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -27,7 +28,7 @@ trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
 STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager local status trace storage tiers train remote}
-CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the info, demo, migrate and pager steps
+CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the demo, migrate, pager and status steps
 summary=()
 
 step() {
@@ -87,7 +88,16 @@ python_tests() {
     PYTHONPATH="$W/py" python3 -m pytest -q -rs python/tests
 }
 step python python_tests
-step info "$B/vfabric" info --config "$CONFIG"
+# `vfabric info` on the configuration with the 24 GiB host tier: it reads the machine, it pins nothing (timed).
+info_timed() {
+    local t0 rc
+    t0=$(date +%s%N)
+    "$B/vfabric" info --config "${VFABRIC_INFO_CONFIG:-cluster-configs/h200x2.toml}"
+    rc=$?
+    echo "vfabric info took $((($(date +%s%N) - t0) / 1000000)) ms"
+    return $rc
+}
+step info info_timed
 step demo "$B/vfabric" demo --config "$CONFIG"
 step torch env OUT="$W" python3 "$B/torch_ceilings.py"
 [ -f "$W/probe.json" ] && cp "$W/probe.json" "$OUT/torch-probe.json"

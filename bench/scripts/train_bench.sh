@@ -41,8 +41,10 @@ ARGS[large_vfabric_chunk]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC -
 ARGS[large_vfabric_gpu]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --steps 8 --warmup 2"; TMO[large_vfabric_gpu]=240
 ARGS[large_allocator]="$LARGE --mode allocator --steps 8 --warmup 2";                 TMO[large_allocator]=120
 ARGS[large_resident_accum16]="$LARGE --mode resident --accum 16 --steps 4 --warmup 1"; TMO[large_resident_accum16]=150
-# The same 16 micro-batches run block by block, 4 at a time (StreamedLayers.step_by_blocks).
-ARGS[large_vfabric_accum16_blocks]="$LARGE --mode vfabric --accum 16 --schedule blocks --group 4 --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16_blocks]=300
+# The same 16 micro-batches run block by block (StreamedLayers.step_by_blocks): all 16 through a block before the
+# next block, or 4 at a time.
+ARGS[large_vfabric_accum16_blocks]="$LARGE --mode vfabric --accum 16 --schedule blocks --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16_blocks]=300
+ARGS[large_vfabric_accum16_blocks4]="$LARGE --mode vfabric --accum 16 --schedule blocks --group 4 --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16_blocks4]=300
 ARGS[large_vfabric_accum16]="$LARGE --mode vfabric --accum 16 --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16]=300
 RUNS=${RUNS:-"small_resident small_vfabric small_vfabric_gpu small_stream small_stream_recompute small_fsdp small_allocator large_resident large_vfabric large_vfabric_gpu large_stream_recompute large_fsdp large_allocator large_resident_accum16 large_vfabric_accum16"}
 for r in $RUNS; do

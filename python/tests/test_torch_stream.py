@@ -1,7 +1,8 @@
 """vfabric.torch.stream() on CUDA (the GPU machine): the training benchmark's GPT-style decoder, small, trained
 with its blocks streamed through the fabric against the same model resident on the GPU, step by step, with and
-without gradient accumulation. Skipped where torch or a GPU is missing (CI runs the schedule itself on NumPy:
-test_streaming.py)."""
+without gradient accumulation, micro-batch by micro-batch and block by block. Skipped where torch or a GPU is
+missing (CI runs the schedule itself on NumPy: test_streaming.py, and block by block on CPU tensors where torch
+is installed: test_torch_blocks.py)."""
 
 import json
 import pathlib
@@ -32,10 +33,10 @@ def train(mode: str, *extra: str) -> dict:
 
 
 @pytest.mark.skipif(not cuda_available(), reason="needs torch and a GPU")
-@pytest.mark.parametrize("accum", ["1", "3"])
-def test_streamed_blocks_train_as_the_resident_model_does(accum):
+@pytest.mark.parametrize("accum,schedule", [("1", []), ("3", []), ("3", ["--schedule", "blocks", "--group", "2"])])
+def test_streamed_blocks_train_as_the_resident_model_does(accum, schedule):
     resident = train("resident", "--accum", accum)
-    streamed = train("vfabric", "--accum", accum)
+    streamed = train("vfabric", "--accum", accum, *schedule)
     assert streamed["losses"] == pytest.approx(resident["losses"], rel=5e-3), (resident["losses"], streamed["losses"])
     assert streamed["losses"][-1] < streamed["losses"][0] - 0.5, "the model learns"
     traffic = streamed["fabric_traffic_GB"]
