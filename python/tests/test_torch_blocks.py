@@ -43,6 +43,13 @@ def loss_of(y, target):
     return ((y - target) ** 2).mean() / MICRO
 
 
+def close(ours, theirs, what):
+    """Equal to float32 rounding: within 1e-5 nearly everywhere, and nowhere off by more than one AdamW step."""
+    diff = (ours - theirs).abs()
+    assert diff.max().item() <= ADAMW["lr"] * 1.01, (what, diff.max().item())
+    assert (diff > 1e-5 + 1e-5 * theirs.abs()).float().mean().item() < 0.01, (what, diff)
+
+
 @pytest.mark.parametrize("group", [0, 1, 2])
 def test_block_by_block_steps_as_plain_pytorch_does(group):
     fabric = vfabric.Fabric()
@@ -76,13 +83,16 @@ def test_block_by_block_steps_as_plain_pytorch_does(group):
 
     assert losses == pytest.approx(reference, rel=1e-5), (losses, reference)
     assert losses[-1] < losses[0], "the stack learns"
+    # The sums add the same gradients in another order: float32 rounding, which AdamW's m / sqrt(v) turns into up
+    # to a step's size (lr) for a weight whose gradient is near zero. A micro-batch missed or counted twice moves
+    # many weights by several steps.
     for i, layer in enumerate(r_layers):
         master = streamed.master_weights(i)
         for name, p in layer.named_parameters():
-            torch.testing.assert_close(master[name], p.detach().cpu(), rtol=1e-5, atol=1e-6, msg=f"layer {i} {name}")
+            close(master[name], p.detach().cpu(), f"layer {i} {name}")
     for mine, ref in ((first, r_first), (last, r_last)):
         for p, q in zip(mine.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+            close(p.detach().cpu(), q.detach().cpu(), "outside the streamed layers")
     streamed.close()
 
 
