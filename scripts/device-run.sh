@@ -13,10 +13,11 @@
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests procs python info demo torch nccl migrate
-#                        pager local status trace storage tiers train remote
+#                        pager status sweep local trace storage tiers train remote
 #   VFABRIC_PIN_GIB      size of the pin step's host memory files (default 8)
 #   VFABRIC_PYTEST      what the python step's pytest runs (default: python/tests)
-#   VFABRIC_INFO_CONFIG  configuration of the info step (default: h200x2.toml, whose host tier is 24 GiB)
+#   VFABRIC_INFO_CONFIG  configuration of the info and sweep steps, given this machine's GPUs (default: h200x2.toml,
+#                        whose host tier is 24 GiB)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vfabric-out}
@@ -28,7 +29,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager local status trace storage tiers train remote}
+STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager status sweep local trace storage tiers train remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the demo, migrate, pager and status steps
 summary=()
 
@@ -90,14 +91,18 @@ python_tests() {
     PYTHONPATH="$W/py" python3 -m pytest -q -rs ${VFABRIC_PYTEST:-python/tests}
 }
 step python python_tests
-# `vfabric info` on the configuration with the 24 GiB host tier (its node given the GPUs this machine has): it
-# reads the machine, it pins nothing (timed).
-info_timed() {
-    local t0 rc gpus
+# h200x2.toml (8 GiB GPU budget, 24 GiB host tier) with its node given the GPUs this machine has: $W/machine.toml.
+machine_config() {
+    local gpus
     gpus=$(nvidia-smi -L | awk '{printf "%s%d", (NR > 1 ? ", " : ""), NR - 1}')
-    sed "s/^gpus = .*/gpus = [$gpus]/" "${VFABRIC_INFO_CONFIG:-cluster-configs/h200x2.toml}" > "$W/info.toml"
+    sed "s/^gpus = .*/gpus = [$gpus]/" "${VFABRIC_INFO_CONFIG:-cluster-configs/h200x2.toml}" > "$W/machine.toml"
+}
+# `vfabric info` on that configuration: it reads the machine, it pins nothing (timed).
+info_timed() {
+    local t0 rc
+    machine_config
     t0=$(date +%s%N)
-    "$B/vfabric" info --config "$W/info.toml"
+    "$B/vfabric" info --config "$W/machine.toml"
     rc=$?
     echo "vfabric info took $((($(date +%s%N) - t0) / 1000000)) ms"
     return $rc
@@ -115,6 +120,13 @@ step pager "$B/vfabric-bench" pager --config "$CONFIG" ${VFABRIC_PAGER_ARGS:-} -
 # A node's agent and local clients in processes of their own.
 # An agent serving 1,000 regions asked for its status and scraped, beside a ping (vfabric-bench status).
 step status "$B/vfabric-bench" status --config "$CONFIG" --out "$OUT" --name status-h200x1
+# Block size x batch x in flight x read/write between GPU 0 and host memory, and to a peer's (vfabric-bench sweep).
+sweep() {
+    machine_config
+    "$B/vfabric-bench" sweep --config "$W/machine.toml" --pairs gpu0/host,host/gpu0,host/peer:host,host/peer:gpu0 \
+        --out "$OUT" --name sweep-h200x1
+}
+step sweep sweep
 step local "$B/vfabric-bench" local --config "${VFABRIC_LOCAL_CONFIG:-cluster-configs/h200x2.toml}" --out "$OUT" --name "${VFABRIC_LOCAL_NAME:-local-h200x2}"
 # PyTorch's allocator traces of a few training steps (its default allocator, and expandable segments), each
 # replayed through the fabric's tensor pool.

@@ -10,6 +10,7 @@
 #   remote-MACHINE.{json,md}           -> bench/results/remote/MACHINE.{json,md}    (VFABRIC_REMOTE_NAME)
 #   local-MACHINE.{json,md}            -> bench/results/local/MACHINE.{json,md}     (VFABRIC_LOCAL_NAME)
 #   status-MACHINE.{json,md}           -> bench/results/status/MACHINE.{json,md}
+#   sweep-MACHINE.{json,md}            -> bench/results/sweep/MACHINE.{json,md}
 #   the demo's section of device-run.log (step `demo`) -> bench/results/demo/device-run.log
 # Each scenario folder this run feeds loses the previous run's files first (its README.md stays; git history
 # keeps the old files). page_copy.ptx is not kept here: device-run.sh's ptx step says whether it differs from
@@ -45,7 +46,7 @@ for f in "$src"/migrate-*.json "$src"/migrate-*.md; do
     esac
 done
 [ -f "$src/torch-probe.json" ] && keep "$src/torch-probe.json" migrate torch-probe.json
-for kind in pager remote local status; do
+for kind in pager remote local status sweep; do
     for f in "$src/$kind"-*.json "$src/$kind"-*.md; do
         base=$(basename "$f")
         keep "$f" "$kind" "${base#"$kind"-}"

@@ -153,9 +153,32 @@ def status(d: Doc):
     return fig
 
 
+def sweep(d: Doc):
+    """GB/s against block size, one panel per pair and op, a line per batch x in flight (dashed: the baseline)."""
+    rows = d.get("rows", [])
+    panels = sorted({(r["pair"], r["op"]) for r in rows})
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 4.2), squeeze=False)
+    for ax, (pair, op) in zip(axes[0], panels):
+        mine = [r for r in rows if (r["pair"], r["op"]) == (pair, op)]
+        for shape in sorted({(r["batch"], r["in_flight"]) for r in mine}):
+            pts = sorted((r["block"], r["gb_s"], r.get("baseline_gb_s")) for r in mine
+                         if (r["batch"], r["in_flight"]) == shape)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                            label=f"batch {shape[0]}, {shape[1]} in flight")
+            if all(p[2] for p in pts):
+                ax.plot([p[0] for p in pts], [p[2] for p in pts], linestyle="--", color=line.get_color(), alpha=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["block"] for r in mine}), [_size(b) for b in sorted({r["block"] for r in mine})])
+        ax.set_xlabel("block")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{pair} {op} (dashed: baseline)", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
 PLOTS: Dict[str, Callable[[Doc], Any]] = {
     "migrate": migrate, "pager": pager, "remote": remote, "local": local, "storage": storage, "trace": trace,
-    "status": status,
+    "status": status, "sweep": sweep,
 }
 
 

@@ -13,6 +13,8 @@ mod rig;
 mod stats;
 mod status;
 mod storage;
+mod sweep;
+mod sweep_cases;
 mod tiers;
 mod trace;
 mod walk;
@@ -54,6 +56,10 @@ enum Command {
     /// How long an agent serving many regions takes to answer `vfabric status` and a Prometheus scrape, beside
     /// a ping on the same socket.
     Status(status::StatusArgs),
+    /// Block size x batch x batches in flight x read/write between two locations: two of this node's (the
+    /// fabric's mover, beside a plain copy) or this node's host memory and a peer's host or GPU (QUIC, beside
+    /// iperf3 TCP), as nixlbench and Mooncake's transfer-engine bench measure.
+    Sweep(sweep::SweepArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +74,7 @@ fn main() -> ExitCode {
         Command::Storage(args) => storage::run(args, &command_line),
         Command::Trace(args) => trace::run(args, &command_line),
         Command::Status(args) => status::run(args, &command_line),
+        Command::Sweep(args) => sweep::run(args, &command_line),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

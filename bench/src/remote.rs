@@ -182,7 +182,7 @@ fn lanes_described(net: &vfabric::config::NetworkSection) -> String {
 }
 
 /// The two-node cluster the benchmark runs: `n1` is the home of the region `n0` writes and reads.
-fn two_nodes(
+pub(crate) fn two_nodes(
     base: &ClusterConfig,
     mtu: u16,
     region: u64,
@@ -211,7 +211,7 @@ fn two_nodes(
     Ok(c)
 }
 
-async fn start_pair(cfg: &ClusterConfig) -> Result<(Agent, Agent), String> {
+pub(crate) async fn start_pair(cfg: &ClusterConfig) -> Result<(Agent, Agent), String> {
     let ca = ClusterCa::generate(&cfg.cluster.name).map_err(|e| e.to_string())?;
     let mut agents = Vec::new();
     for n in &cfg.nodes {
@@ -267,7 +267,7 @@ async fn throughput(
 
 /// iperf3 TCP (to `server`, or on loopback with a server started here): Gbit/s received with 1 and 4 streams,
 /// or why it did not run.
-fn iperf3(seconds: u64, server: Option<&str>) -> Result<Vec<(usize, f64)>, String> {
+pub(crate) fn iperf3(seconds: u64, server: Option<&str>) -> Result<Vec<(usize, f64)>, String> {
     if seconds == 0 {
         return Err("skipped (--iperf-seconds 0)".into());
     }

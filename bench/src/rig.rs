@@ -128,6 +128,8 @@ pub struct Timing {
     pub device: f64,
     /// Host wall time from the first submit to the last completion, seconds.
     pub wall: f64,
+    /// Host time from the first submit to each leg's completion (seen in submission order), seconds.
+    pub done: Vec<f64>,
     /// The legs' reports.
     pub reports: Vec<TransferReport>,
 }
@@ -170,6 +172,11 @@ impl Rig {
             None => Baseline::Memcpy,
         };
         Ok(Rig { layer, region, arenas, hashes, baseline, movers: HashMap::new() })
+    }
+
+    /// Bytes of each source region (and of each destination region).
+    pub fn region(&self) -> u64 {
+        self.region
     }
 
     /// A mover for `cfg` (cached).
@@ -223,12 +230,14 @@ impl Rig {
             );
         }
         let mut reports = Vec::new();
+        let mut done = Vec::new();
         for p in pending {
             reports.push(p.wait().map_err(|e| e.to_string())?);
+            done.push(t.elapsed().as_secs_f64());
         }
         let wall = t.elapsed().as_secs_f64();
         let device = reports.iter().filter_map(|r| r.device_time).map(|d| d.as_secs_f64()).fold(0.0, f64::max);
-        Ok(Timing { device: if device > 0.0 { device } else { wall }, wall, reports })
+        Ok(Timing { device: if device > 0.0 { device } else { wall }, wall, done, reports })
     }
 
     /// Checks every page of `batch` at `to` against the hash of its source page at `from`; returns the number of

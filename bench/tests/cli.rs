@@ -218,3 +218,36 @@ fn status_times_the_agents_answers_beside_a_ping() {
     assert!(json["status_bytes"].as_u64().is_some_and(|b| b > 100), "{json}");
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// `vfabric-bench sweep`: every point of a small grid between GPU 0 and host memory (the mover) and between host
+/// memory and a peer's (QUIC), each beside its baseline, every block checked; a pair that cannot run is refused.
+#[test]
+fn sweep_runs_every_point_of_its_grid_beside_a_baseline() {
+    let dir = std::env::temp_dir().join(format!("vfabric-bench-sweep-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["sweep", "--device", "emulated", "--pairs", "gpu0/host,host/peer:gpu0", "--blocks", "64KiB,1MiB"])
+        .args(["--batch", "1,4", "--in-flight", "2", "--total", "4MiB", "--iperf-seconds", "0", "--name", "w"])
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .expect("run vfabric-bench");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("w.json")).expect("json")).expect("valid json");
+    let rows = json["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2 * 2 * 2 * 2, "pairs x blocks x batches x ops: {json}");
+    for r in rows {
+        assert_eq!(r["bad"], 0, "{r}");
+        assert!(r["gb_s"].as_f64().is_some_and(|g| g > 0.0) && r["bytes"].as_u64() >= Some(4 << 20), "{r}");
+        let local = r["pair"] == "gpu0/host";
+        // The mover's baseline is a plain copy in the same run; the peer's, iperf3, was skipped (and said so).
+        assert_eq!(r["ratio"].is_number(), local, "{r}");
+    }
+    assert!(json["notes"].to_string().contains("iperf3 did not run"), "{json}");
+    let bad = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["sweep", "--device", "emulated", "--pairs", "gpu0/peer:host"])
+        .output()
+        .expect("run");
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("host/peer:"), "{bad:?}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -1,0 +1,253 @@
+//! `vfabric-bench sweep`: the grid that nixlbench and Mooncake's transfer-engine bench run, block size x batch x
+//! requests in flight x read/write, between two locations. An initiator on this node moves blocks to (write) or
+//! from (read) a target:
+//!
+//! - another location of this node (`gpu0/host`, `host/gpu0`, `gpu0/gpu1`): the fabric's mover, a batch being one
+//!   submission of scattered pages (block = page size), beside one plain copy of the same bytes (`cuMemcpy*` on
+//!   CUDA, `memcpy` on the emulated device);
+//! - the host memory or a GPU of a peer node (`host/peer:host`, `host/peer:gpu0`): an agent started in this
+//!   process on loopback, the home of a region there; a batch is that many block-sized reads or writes at
+//!   scattered offsets posted at once, done when all are; beside iperf3 TCP on the same path.
+//!
+//! Every block read back is checked; each case reports GB/s, its ratio to the baseline and the batches' latency.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+use vfabric::ByteSize;
+use vfabric_transport::{open, DeviceKind, EngineChoice, Location, OpenOptions};
+
+use crate::common::ConfigArgs;
+use crate::report;
+use crate::stats::percentile;
+use crate::sweep_cases::{local_case, peer_cases, Case, Measured, Op, Pair, Target};
+
+/// Options of `vfabric-bench sweep`.
+#[derive(Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// The configuration and device layer.
+    #[command(flatten)]
+    pub target: ConfigArgs,
+    /// Initiator/target pairs: `gpu0/host`, `host/gpu0`, `gpu0/gpu1` (this node), `host/peer:host`,
+    /// `host/peer:gpu0` (a peer node's memory). Default: gpu0/host, and host/peer:host.
+    #[arg(long, value_delimiter = ',')]
+    pub pairs: Vec<Pair>,
+    /// Block sizes (powers of two, 4KiB..2MiB; between locations of this node, the page size of the move).
+    #[arg(long, value_delimiter = ',', default_values = ["64KiB", "2MiB"])]
+    pub blocks: Vec<ByteSize>,
+    /// Blocks per batch (posted together; a batch is done when all its blocks are).
+    #[arg(long, value_delimiter = ',', default_values = ["1", "16"])]
+    pub batch: Vec<usize>,
+    /// Batches in flight at once.
+    #[arg(long, value_delimiter = ',', default_values = ["1", "4"])]
+    pub in_flight: Vec<usize>,
+    /// Operations: `read` (target to initiator), `write` (initiator to target).
+    #[arg(long, value_delimiter = ',', default_values = ["read", "write"])]
+    pub ops: Vec<Op>,
+    /// Bytes moved per case (default: 1GiB on a GPU, 32MiB on the emulated device).
+    #[arg(long)]
+    pub total: Option<ByteSize>,
+    /// Seconds of the iperf3 baseline of the peer pairs (0 skips it).
+    #[arg(long, default_value_t = 3)]
+    pub iperf_seconds: u64,
+    /// Results folder.
+    #[arg(long, default_value = "bench/out")]
+    pub out: PathBuf,
+    /// Name for the result files (default: sweep-TIME).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// One case's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `initiator/target`.
+    pub pair: String,
+    /// `read` or `write`.
+    pub op: Op,
+    /// Bytes per block.
+    pub block: u64,
+    /// Blocks per batch.
+    pub batch: usize,
+    /// Batches in flight.
+    pub in_flight: usize,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Seconds.
+    pub seconds: f64,
+    /// GB/s (10^9 bytes a second).
+    pub gb_s: f64,
+    /// Batch latency, from its posting to its last block, median and 99th percentile, microseconds.
+    pub batch_p50_us: f64,
+    /// See `batch_p50_us`.
+    pub batch_p99_us: f64,
+    /// The baseline: its name and GB/s (`None`: it did not run).
+    pub baseline: String,
+    /// See `baseline`.
+    pub baseline_gb_s: Option<f64>,
+    /// `gb_s / baseline_gb_s`.
+    pub ratio: Option<f64>,
+    /// Blocks whose bytes arrived different (checked after the last batch of a move, after every read of a peer).
+    pub bad: u64,
+}
+
+fn row(case: &Case, m: &Measured, baseline: &str, baseline_gb_s: Option<f64>) -> Row {
+    let mut lat = m.batch_us.clone();
+    let gb_s = m.bytes as f64 / m.seconds / 1e9;
+    Row {
+        pair: case.pair.to_string(),
+        op: case.op,
+        block: case.block,
+        batch: case.batch,
+        in_flight: case.in_flight,
+        bytes: m.bytes,
+        seconds: m.seconds,
+        gb_s,
+        batch_p50_us: percentile(&mut lat, 0.5),
+        batch_p99_us: percentile(&mut lat, 0.99),
+        baseline: baseline.to_string(),
+        baseline_gb_s,
+        ratio: baseline_gb_s.filter(|b| *b > 0.0).map(|b| gb_s / b),
+        bad: m.bad,
+    }
+}
+
+/// Runs the sweep and writes its results.
+pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
+    let cfg = args.target.load()?;
+    let blocks: Vec<u64> = args.blocks.iter().map(|b| b.bytes()).collect();
+    if let Some(b) = blocks.iter().find(|b| !b.is_power_of_two() || !(4096..=2 << 20).contains(*b)) {
+        return Err(format!("--blocks {}: a power of two from 4KiB to 2MiB", ByteSize(*b)));
+    }
+    if args.batch.contains(&0) || args.in_flight.contains(&0) {
+        return Err("--batch and --in-flight: at least 1".into());
+    }
+    let opened = open(&OpenOptions {
+        backend: cfg.device.backend,
+        emulated_gpus: cfg.device.emulated_gpus,
+        emulated_gpu_memory: cfg.device.emulated_gpu_memory.bytes().max(256 << 20),
+        emulated_host_link: cfg.device.emulated_host_link.bytes(),
+    })
+    .map_err(|e| e.to_string())?;
+    if let Some(why) = &opened.fallback_reason {
+        eprintln!("no usable GPU ({why}): sweeping the emulated device (host memory); its figures are memcpy speeds");
+    }
+    let layer = opened.layer;
+    let emulated = layer.kind() == DeviceKind::Emulated;
+    let device = layer.describe();
+    eprintln!("{device}");
+    let total = args.total.map_or(if emulated { 32 << 20 } else { 1 << 30 }, |t| t.bytes());
+    let pairs = match args.pairs.is_empty() {
+        true => vec![
+            Pair { initiator: Location::Gpu(0), target: Target::Here(Location::Host) },
+            Pair { initiator: Location::Host, target: Target::Peer(Location::Host) },
+        ],
+        false => args.pairs.clone(),
+    };
+    let ngpu = layer.gpus().len() as u16;
+    for p in &pairs {
+        let here = [Some(p.initiator), if let Target::Here(t) = p.target { Some(t) } else { None }];
+        if let Some(Location::Gpu(g)) = here.into_iter().flatten().find(|l| l.gpu().is_some_and(|g| g >= ngpu)) {
+            return Err(format!("pair {p}: this node has no gpu{g} ({ngpu} GPU(s))"));
+        }
+    }
+    let cases = |pair: Pair| {
+        let mut v = Vec::new();
+        for &block in &blocks {
+            for &batch in &args.batch {
+                for &in_flight in &args.in_flight {
+                    for &op in &args.ops {
+                        v.push(Case { pair, op, block, batch, in_flight, total });
+                    }
+                }
+            }
+        }
+        v
+    };
+    // Room for every case's round, and for the bytes a case moves (cycled through when they are more).
+    let most = args.batch.iter().max().unwrap_or(&1) * args.in_flight.iter().max().unwrap_or(&1);
+    let region = total.max(blocks.iter().max().unwrap_or(&(2 << 20)) * most as u64).next_multiple_of(2 << 20);
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for pair in pairs.iter().filter(|p| matches!(p.target, Target::Here(_))) {
+        let Target::Here(target) = pair.target else { continue };
+        let mut rig = crate::rig::Rig::new(Arc::clone(&layer), &[pair.initiator, target], region, &blocks, &|_| {})?;
+        let mover = rig.mover(cfg.mover)?;
+        let name = rig.baseline_name(&[(pair.initiator, target)]);
+        for case in cases(*pair) {
+            eprintln!("{}", case.describe());
+            let (m, plain) = local_case(&rig, &mover, &case, target, EngineChoice::Auto)?;
+            rows.push(row(&case, &m, &format!("{name}, one copy of a round's bytes"), Some(plain)));
+        }
+        notes
+            .push(format!("{pair}: the fabric's mover, a batch one submission of scattered pages (block = page size)"));
+    }
+    let peer: Vec<Pair> = pairs.iter().copied().filter(|p| matches!(p.target, Target::Peer(_))).collect();
+    if !peer.is_empty() {
+        let tcp = crate::remote::iperf3(args.iperf_seconds, None);
+        let (tcp_name, tcp_gb_s) = match &tcp {
+            Ok(v) => {
+                let (streams, gbit) = v.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or((1, 0.0));
+                (format!("iperf3 TCP on loopback, {streams} stream(s)"), Some(gbit / 8.0))
+            }
+            Err(why) => {
+                notes.push(format!("peer pairs' baseline: iperf3 did not run: {why}"));
+                ("iperf3 (did not run)".to_string(), None)
+            }
+        };
+        let all: Vec<Case> = peer.iter().flat_map(|p| cases(*p)).collect();
+        for (case, m) in peer_cases(&cfg, &all, &blocks)? {
+            rows.push(row(&case, &m, &tcp_name, tcp_gb_s));
+        }
+        notes.push(
+            "host/peer:...: two agents in this process on 127.0.0.1 (QUIC, mutual TLS, checksummed chunks); a batch \
+             is that many block-sized reads or writes at scattered offsets of a region homed at the peer"
+                .into(),
+        );
+    }
+    let bad: u64 = rows.iter().map(|r| r.bad).sum();
+
+    let (date, stamp) = report::now_stamps();
+    let name = args.name.clone().unwrap_or_else(|| format!("sweep-{stamp}"));
+    let mut md = String::new();
+    let _ = writeln!(md, "# vfabric-bench sweep, {date}\n\n`{command_line}`\n\n{device}\n");
+    for n in &notes {
+        let _ = writeln!(md, "- {n}");
+    }
+    let _ = writeln!(md, "- {} per case; every block moved to or read by the initiator checked\n", ByteSize(total));
+    let _ = writeln!(
+        md,
+        "| pair | op | block | batch | in flight | GB/s | baseline GB/s | ratio | batch p50 / p99 (us) | bad |"
+    );
+    let _ = writeln!(md, "|---|---|---|---:|---:|---:|---:|---:|---|---:|");
+    for r in &rows {
+        let _ = writeln!(
+            md,
+            "| {} | {:?} | {} | {} | {} | {:.2} | {} | {} | {:.0} / {:.0} | {} |",
+            r.pair,
+            r.op,
+            ByteSize(r.block),
+            r.batch,
+            r.in_flight,
+            r.gb_s,
+            r.baseline_gb_s.map_or("-".into(), |b| format!("{b:.2}")),
+            r.ratio.map_or("-".into(), |x| format!("{x:.2}")),
+            r.batch_p50_us,
+            r.batch_p99_us,
+            r.bad
+        );
+    }
+    let doc = json!({ "scenario": "sweep", "date": date, "command": command_line, "device": device,
+                      "total_bytes": total, "notes": notes, "rows": rows });
+    let (j, m) = report::write(&args.out, &name, &doc, &md).map_err(|e| format!("writing results: {e}"))?;
+    print!("{md}");
+    eprintln!("results: {} and {}", j.display(), m.display());
+    match bad {
+        0 => Ok(()),
+        n => Err(format!("{n} block(s) arrived with other bytes than were sent")),
+    }
+}
