@@ -44,8 +44,8 @@ ARGS[large_resident_accum16]="$LARGE --mode resident --accum 16 --steps 4 --warm
 # The same 16 micro-batches run block by block (StreamedLayers.step_by_blocks): all 16 through a block before the
 # next block (their layer inputs and gradients, fp32, take 4 GiB of PyTorch's: a smaller fabric budget, more of
 # the AdamW steps on the CPU), 8 or 4 at a time.
-BLOCKS_FABRIC=${BLOCKS_FABRIC:-6GiB}
-BLOCKS_HOST=${BLOCKS_HOST:-14}
+BLOCKS_FABRIC=${BLOCKS_FABRIC:-5GiB}
+BLOCKS_HOST=${BLOCKS_HOST:-16}
 ARGS[large_vfabric_accum16_blocks]="$LARGE --mode vfabric --accum 16 --schedule blocks --fabric-budget $BLOCKS_FABRIC --host-layers $BLOCKS_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16_blocks]=240
 ARGS[large_vfabric_accum16_blocks8]="$LARGE --mode vfabric --accum 16 --schedule blocks --group 8 --fabric-budget 8GiB --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16_blocks8]=240
 ARGS[large_vfabric_accum16_blocks4]="$LARGE --mode vfabric --accum 16 --schedule blocks --group 4 --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16_blocks4]=240

@@ -15,6 +15,7 @@ mod status;
 mod storage;
 mod sweep;
 mod sweep_cases;
+mod sweep_cluster;
 mod tiers;
 mod trace;
 mod walk;

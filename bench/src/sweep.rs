@@ -57,9 +57,15 @@ pub struct SweepArgs {
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
-    /// Name for the result files (default: sweep-TIME).
+    /// Name for the result files (default: sweep-TIME; with `--cluster`, sweep-cluster).
     #[arg(long)]
     pub name: Option<String>,
+    /// Run as one rank of a job started by a launcher (`mpirun -np N vfabric-bench sweep --cluster CONFIG`):
+    /// every rank's agent starts from the launcher's environment (`VFABRIC_RENDEZVOUS`, certificates from
+    /// `vfabric cluster init --ranks N`), each measures the peer pairs against the next rank, all at once, and
+    /// rank 0 writes the aggregate. `--out` must be a folder every rank sees.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
 }
 
 /// One case's figures.
@@ -116,9 +122,23 @@ fn row(case: &Case, m: &Measured, baseline: &str, baseline_gb_s: Option<f64>) ->
     }
 }
 
-/// Runs the sweep and writes its results.
-pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
-    let cfg = args.target.load()?;
+/// Every case of `pair`: blocks x batch x in flight x op.
+fn grid(args: &SweepArgs, pair: Pair, blocks: &[u64], total: u64) -> Vec<Case> {
+    let mut v = Vec::new();
+    for &block in blocks {
+        for &batch in &args.batch {
+            for &in_flight in &args.in_flight {
+                for &op in &args.ops {
+                    v.push(Case { pair, op, block, batch, in_flight, total });
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The block sizes, checked, and the batch and in-flight counts checked.
+fn checked_blocks(args: &SweepArgs) -> Result<Vec<u64>, String> {
     let blocks: Vec<u64> = args.blocks.iter().map(|b| b.bytes()).collect();
     if let Some(b) = blocks.iter().find(|b| !b.is_power_of_two() || !(4096..=2 << 20).contains(*b)) {
         return Err(format!("--blocks {}: a power of two from 4KiB to 2MiB", ByteSize(*b)));
@@ -126,6 +146,16 @@ pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
     if args.batch.contains(&0) || args.in_flight.contains(&0) {
         return Err("--batch and --in-flight: at least 1".into());
     }
+    Ok(blocks)
+}
+
+/// Runs the sweep and writes its results.
+pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
+    if let Some(path) = &args.cluster {
+        return run_cluster(args, path, command_line);
+    }
+    let cfg = args.target.load()?;
+    let blocks = checked_blocks(args)?;
     let opened = open(&OpenOptions {
         backend: cfg.device.backend,
         emulated_gpus: cfg.device.emulated_gpus,
@@ -155,19 +185,7 @@ pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
             return Err(format!("pair {p}: this node has no gpu{g} ({ngpu} GPU(s))"));
         }
     }
-    let cases = |pair: Pair| {
-        let mut v = Vec::new();
-        for &block in &blocks {
-            for &batch in &args.batch {
-                for &in_flight in &args.in_flight {
-                    for &op in &args.ops {
-                        v.push(Case { pair, op, block, batch, in_flight, total });
-                    }
-                }
-            }
-        }
-        v
-    };
+    let cases = |pair: Pair| grid(args, pair, &blocks, total);
     // Room for every case's round, and for the bytes a case moves (cycled through when they are more).
     let most = args.batch.iter().max().unwrap_or(&1) * args.in_flight.iter().max().unwrap_or(&1);
     let region = total.max(blocks.iter().max().unwrap_or(&(2 << 20)) * most as u64).next_multiple_of(2 << 20);
@@ -209,13 +227,29 @@ pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
                 .into(),
         );
     }
-    let bad: u64 = rows.iter().map(|r| r.bad).sum();
-
-    let (date, stamp) = report::now_stamps();
+    let (_, stamp) = report::now_stamps();
     let name = args.name.clone().unwrap_or_else(|| format!("sweep-{stamp}"));
+    write(args, &name, command_line, &device, total, &notes, &rows, json!({}))
+}
+
+/// Writes the results (`extra`'s fields added to the JSON) and prints the table; an error if any block arrived
+/// wrong.
+#[allow(clippy::too_many_arguments)]
+fn write(
+    args: &SweepArgs,
+    name: &str,
+    command_line: &str,
+    device: &str,
+    total: u64,
+    notes: &[String],
+    rows: &[Row],
+    extra: serde_json::Value,
+) -> Result<(), String> {
+    let bad: u64 = rows.iter().map(|r| r.bad).sum();
+    let (date, _) = report::now_stamps();
     let mut md = String::new();
     let _ = writeln!(md, "# vfabric-bench sweep, {date}\n\n`{command_line}`\n\n{device}\n");
-    for n in &notes {
+    for n in notes {
         let _ = writeln!(md, "- {n}");
     }
     let _ = writeln!(md, "- {} per case; every block moved to or read by the initiator checked\n", ByteSize(total));
@@ -224,7 +258,7 @@ pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
         "| pair | op | block | batch | in flight | GB/s | baseline GB/s | ratio | batch p50 / p99 (us) | bad |"
     );
     let _ = writeln!(md, "|---|---|---|---:|---:|---:|---:|---:|---|---:|");
-    for r in &rows {
+    for r in rows {
         let _ = writeln!(
             md,
             "| {} | {:?} | {} | {} | {} | {:.2} | {} | {} | {:.0} / {:.0} | {} |",
@@ -241,13 +275,79 @@ pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
             r.bad
         );
     }
-    let doc = json!({ "scenario": "sweep", "date": date, "command": command_line, "device": device,
-                      "total_bytes": total, "notes": notes, "rows": rows });
-    let (j, m) = report::write(&args.out, &name, &doc, &md).map_err(|e| format!("writing results: {e}"))?;
+    let mut doc = json!({ "scenario": "sweep", "date": date, "command": command_line, "device": device,
+                          "total_bytes": total, "notes": notes, "rows": rows });
+    if let (Some(d), serde_json::Value::Object(more)) = (doc.as_object_mut(), extra) {
+        d.extend(more);
+    }
+    let (j, m) = report::write(&args.out, name, &doc, &md).map_err(|e| format!("writing results: {e}"))?;
     print!("{md}");
     eprintln!("results: {} and {}", j.display(), m.display());
     match bad {
         0 => Ok(()),
         n => Err(format!("{n} block(s) arrived with other bytes than were sent")),
     }
+}
+
+/// `--cluster`: this process is one rank of a job; rank 0 writes the aggregate.
+fn run_cluster(args: &SweepArgs, path: &std::path::Path, command_line: &str) -> Result<(), String> {
+    let mut cfg = vfabric::ClusterConfig::from_file(path).map_err(|e| e.to_string())?;
+    if let Some(b) = args.target.device {
+        cfg.device.backend = b;
+    }
+    let blocks = checked_blocks(args)?;
+    let pairs = match args.pairs.is_empty() {
+        true => vec![Pair { initiator: Location::Host, target: Target::Peer(Location::Host) }],
+        false => args.pairs.clone(),
+    };
+    if let Some(p) = pairs.iter().find(|p| !matches!(p.target, Target::Peer(_))) {
+        return Err(format!("pair {p}: with --cluster every pair reaches the next rank (host/peer:...)"));
+    }
+    let total = args.total.map_or(256 << 20, |t| t.bytes());
+    let cases: Vec<Case> = pairs.iter().flat_map(|p| grid(args, *p, &blocks, total)).collect();
+    let name = args.name.clone().unwrap_or_else(|| "sweep-cluster".into());
+    let sync = args.out.join(format!("{name}.sync"));
+    let Some((job, ranks)) = crate::sweep_cluster::run_rank(&cfg, &cases, &sync, args.iperf_seconds)? else {
+        return Ok(()); // rank 0 reports
+    };
+    let mut notes = vec![format!(
+        "{} ranks of {} under a launcher, each rank's agent started from its environment; every rank reads from \
+         and writes to the next rank's memory (r -> r+1, the last to rank 0), all at once, case by case; a row is \
+         the bytes of every rank over the slowest rank's time",
+        job.size,
+        path.display()
+    )];
+    let iperf: Result<Vec<f64>, String> = ranks.iter().map(|r| r.iperf_gb_s.clone()).collect();
+    let (baseline, baseline_gb_s) = match &iperf {
+        Ok(v) => ("iperf3 TCP, every rank to the next at once, 4 streams each".to_string(), Some(v.iter().sum())),
+        Err(why) => {
+            notes.push(format!("baseline: iperf3 did not run: {why}"));
+            ("iperf3 (did not run)".to_string(), None)
+        }
+    };
+    let mut rows = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let mut all = Measured::default();
+        for r in &ranks {
+            let m = r
+                .cases
+                .get(i)
+                .ok_or_else(|| format!("rank {} sent {} cases of {}", r.rank, r.cases.len(), cases.len()))?;
+            all.bytes += m.bytes;
+            all.seconds = all.seconds.max(m.seconds);
+            all.bad += m.bad;
+            all.batch_us.extend(&m.batch_us);
+        }
+        rows.push(row(case, &all, &baseline, baseline_gb_s));
+    }
+    let per_rank: Vec<serde_json::Value> = ranks
+        .iter()
+        .map(|r| {
+            json!({ "rank": r.rank, "iperf_gb_s": r.iperf_gb_s.as_ref().ok(),
+                    "gb_s": r.cases.iter().map(|m| m.bytes as f64 / m.seconds / 1e9).collect::<Vec<_>>() })
+        })
+        .collect();
+    let device = format!("{} ranks ({:?} device layer, per the configuration)", job.size, cfg.device.backend);
+    let extra = json!({ "cluster": { "config": path.display().to_string(), "ranks": job.size, "per_rank": per_rank } });
+    write(args, &name, command_line, &device, total, &notes, &rows, extra)
 }

@@ -111,7 +111,7 @@ impl Case {
 }
 
 /// What a case measured.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct Measured {
     /// Bytes moved.
     pub bytes: u64,
@@ -218,7 +218,12 @@ pub fn peer_cases(cfg: &ClusterConfig, cases: &[Case], blocks: &[u64]) -> Result
 }
 
 /// One peer case: `in_flight` workers, each posting its batches one after the other.
-async fn peer_case(a: &Agent, region: &vfabric::Region, case: &Case, data: &Arc<Vec<u8>>) -> Result<Measured, String> {
+pub async fn peer_case(
+    a: &Agent,
+    region: &vfabric::Region,
+    case: &Case,
+    data: &Arc<Vec<u8>>,
+) -> Result<Measured, String> {
     let slots = (region.len / case.block).max(1);
     let order = Arc::new(shuffled(slots as u32, 0x0ff5e7 ^ case.block));
     let batches = (case.total / (case.block * case.batch as u64)).max(1) as usize;

@@ -251,3 +251,62 @@ fn sweep_runs_every_point_of_its_grid_beside_a_baseline() {
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("host/peer:"), "{bad:?}");
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// `vfabric-bench sweep --cluster` under mpirun: three ranks, each with its own agent from the launcher's
+/// environment, each reading from and writing to the next rank's memory at once; rank 0 writes the aggregate
+/// (every rank's figures in it, every block checked) beside iperf3 from each rank to the next.
+#[test]
+fn sweep_across_the_ranks_of_an_mpirun_job_aggregates_every_rank() {
+    let mpirun = which("mpirun", "openmpi-bin");
+    which("iperf3", "iperf3");
+    let dir = std::env::temp_dir().join(format!("vfabric-bench-sweep-mpi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let certs = dir.join("certs");
+    let ca = vfabric_transport::quic::ClusterCa::generate("mpirun").expect("CA");
+    ca.save(&certs).expect("CA saved");
+    for r in 0..3 {
+        ca.issue(&format!("rank{r}")).expect("certificate").save(&certs).expect("saved");
+    }
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../cluster-configs/mpirun.toml");
+    let port = 20_000 + std::process::id() % 20_000;
+    let out = Command::new(&mpirun)
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "3"])
+        .args(["-x", &format!("VFABRIC_RENDEZVOUS=127.0.0.1:{port}")])
+        .args(["-x", &format!("VFABRIC_CERTS={}", certs.display())])
+        .args(["-x", &format!("VFABRIC_IPERF_PORT={}", port + 1)])
+        .args(["-x", "VFABRIC_LOG=warn"])
+        .arg(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["sweep", "--cluster", config, "--blocks", "64KiB", "--batch", "1,4", "--in-flight", "2"])
+        .args(["--total", "2MiB", "--iperf-seconds", "1", "--name", "c", "--out"])
+        .arg(dir.join("out"))
+        .output()
+        .expect("run mpirun");
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("out/c.json")).expect("json")).expect("valid json");
+    assert_eq!(json["cluster"]["ranks"], 3, "{json}");
+    let per_rank = json["cluster"]["per_rank"].as_array().expect("per rank");
+    assert_eq!(per_rank.len(), 3, "{json}");
+    for r in per_rank {
+        let cases = r["gb_s"].as_array().expect("each case");
+        assert!(cases.len() == 4 && cases.iter().all(|g| g.as_f64().is_some_and(|g| g > 0.0)), "{r}");
+        assert!(r["iperf_gb_s"].as_f64().is_some_and(|g| g > 0.0), "{r}");
+    }
+    let rows = json["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 4, "{json}");
+    for row in rows {
+        assert_eq!(row["bad"], 0, "{row}");
+        // Three ranks' bytes, at least the case's bytes each.
+        assert!(row["bytes"].as_u64().is_some_and(|b| b >= 3 * (2 << 20)), "{row}");
+        assert!(row["ratio"].as_f64().is_some_and(|x| x > 0.0), "{row}");
+    }
+    assert!(!dir.join("out/c.sync").exists(), "the barrier folder is gone");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// The path of `tool`, or a failure that says which package has it.
+fn which(tool: &str, package: &str) -> std::path::PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(tool)).find(|f| f.is_file()))
+        .unwrap_or_else(|| panic!("`{tool}` not found: install the Debian package {package} (`bash .ci/run` does)"))
+}
