@@ -38,6 +38,8 @@ def label(r):
         extra.append(f"fabric {info.get('fabric_budget', '?')}")
     if r.get("accum", 1) > 1:
         extra.append(f"accum {r['accum']}")
+    if str(info.get("schedule", "")).startswith("blocks"):
+        extra.append(f"block by block, {info['schedule'].split(', ', 1)[-1]}")
     return MODES.get(r["mode"], r["mode"]) + (f" ({', '.join(extra)})" if extra else "")
 
 

@@ -5,6 +5,7 @@ mod baselines;
 mod common;
 mod compression;
 mod local;
+mod metrics_cost;
 mod migrate;
 mod pager;
 mod remote;

@@ -80,6 +80,10 @@ pub struct RemoteArgs {
     /// configuration says, for both ends.
     #[arg(long)]
     pub lanes: Option<u16>,
+    /// Skip the cost of serving metrics (the first packet and request size, the most requests in flight, with
+    /// both agents' Prometheus endpoints served and without, alternating).
+    #[arg(long)]
+    pub no_metrics_cost: bool,
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
@@ -226,7 +230,7 @@ pub(crate) async fn start_pair(cfg: &ClusterConfig) -> Result<(Agent, Agent), St
 }
 
 /// Moves `total` bytes in requests of `size`, `streams` at a time, over `region` (cycling through it).
-async fn throughput(
+pub(crate) async fn throughput(
     a: &Agent,
     region: &vfabric::Region,
     write: bool,
@@ -492,6 +496,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     // Otherwise one pair of agents per packet size and page size: a node has one page size, and a request is a
     // page.
     let pairs = if args.cluster.is_some() { Vec::new() } else { args.mtus.clone() };
+    let mut metrics = None;
     for (&mtu, &size) in pairs.iter().flat_map(|m| sizes.iter().map(move |s| (m, s))) {
         let cfg = two_nodes(&base, mtu, region_bytes, size, args.stream_window, args.lanes)?;
         lanes = lanes_described(&cfg.network);
@@ -501,6 +506,11 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
                 device = b.fabric().describe();
             }
             measure(&a, b.node(), mtu, size, region_bytes, args, &mut rows, &mut lat, &mut moves).await?;
+            if metrics.is_none() && !args.no_metrics_cost {
+                let streams = args.streams.iter().copied().max().unwrap_or(1);
+                eprintln!("mtu {mtu}: writes and reads with both agents' metrics served, and without");
+                metrics = Some(crate::metrics_cost::measure(&a, &b, size, streams, args.total.bytes()).await?);
+            }
             a.shutdown().await;
             b.shutdown().await;
             Ok::<(), String>(())
@@ -565,6 +575,22 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             r.blocked_frames
         );
     }
+    if let Some(c) = &metrics {
+        let (w, r) = c.ratios();
+        let _ = writeln!(
+            md,
+            "\nWith both agents' metrics served (every call timed into histograms), the same run, {} requests, {} in \
+             flight, medians of {} alternating rounds: writes {:.2} Gbit/s against {:.2} without (**{w:.3}x**), \
+             reads {:.2} against {:.2} (**{r:.3}x**).",
+            ByteSize(c.size),
+            c.streams,
+            c.rounds,
+            c.write_gbit_s.1,
+            c.write_gbit_s.0,
+            c.read_gbit_s.1,
+            c.read_gbit_s.0
+        );
+    }
     let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);
     let _ = writeln!(
         md,
@@ -624,6 +650,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         "rows": rows,
         "latency": lat,
         "moves": moves,
+        "metrics_cost": metrics,
         "iperf3_gbit_s": tcp.as_ref().ok().map(|v| v.iter().map(|(s, g)| json!({"streams": s, "gbit_s": g})).collect::<Vec<_>>()),
         "iperf3_error": tcp.as_ref().err(),
     });

@@ -97,7 +97,8 @@ fn pager_on_the_emulated_device_verifies_every_page() {
 }
 
 /// `vfabric-bench remote` with two in-process agents on two lanes, on one thread: every read verified, the
-/// latencies and the moves of the whole region (there and back, bytes checked) reported.
+/// latencies, the moves of the whole region (there and back, bytes checked) and the cost of serving metrics
+/// reported.
 #[test]
 fn remote_between_two_agents_verifies_reads_and_moves() {
     let dir = std::env::temp_dir().join(format!("vfabric-bench-remote-{}", std::process::id()));
@@ -125,7 +126,14 @@ fn remote_between_two_agents_verifies_reads_and_moves() {
     assert!(
         moves[0]["there_gbit_s"].as_f64().unwrap_or(0.0) > 0.0 && moves[0]["back_gbit_s"].as_f64().unwrap_or(0.0) > 0.0
     );
+    // Serving metrics, beside not: the same writes and reads, every one checked.
+    let cost = &json["metrics_cost"];
+    for k in ["write_gbit_s", "read_gbit_s"] {
+        let pair = cost[k].as_array().expect("without, with");
+        assert!(pair.iter().all(|g| g.as_f64().is_some_and(|g| g > 0.0)), "{cost}");
+    }
     let md = std::fs::read_to_string(dir.join("r.md")).expect("markdown");
+    assert!(md.contains("metrics served"), "{md}");
     assert!(
         md.contains("2 connection(s) for bulk transfers (lanes) and the latency lane")
             && md.contains("iperf3 did not run"),
