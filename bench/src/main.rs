@@ -17,6 +17,7 @@ mod storage;
 mod sweep;
 mod sweep_cases;
 mod sweep_cluster;
+mod throughput;
 mod tiers;
 mod trace;
 mod walk;

@@ -53,7 +53,7 @@ pub async fn measure(a: &Agent, b: &Agent, size: u64, streams: usize, total: u64
                 false => None,
             };
             for (k, write) in [true, false].into_iter().enumerate() {
-                let (secs, bad) = crate::remote::throughput(a, &region, write, size, streams, total, &data).await?;
+                let (secs, bad) = crate::throughput::throughput(a, &region, write, size, streams, total, &data).await?;
                 if bad > 0 {
                     return Err(format!("{bad} read(s) came back different from what was written"));
                 }
