@@ -42,6 +42,23 @@ def _bars(ax, labels: List[str], series: Dict[str, List[float]], ylabel: str) ->
     ax.grid(axis="y", alpha=0.3)
 
 
+def _cdf(ax, series: Dict[str, List[float]], xlabel: str) -> bool:
+    """Latency distributions: each series is 101 values, at every hundredth of the mass (the benches' `cdf`).
+    Returns whether any was drawn (results from before the benches wrote them have none)."""
+    drawn = False
+    for name, values in series.items():
+        if values:
+            ax.plot(values, [i / (len(values) - 1) for i in range(len(values))], label=name)
+            drawn = True
+    if drawn:
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("share of calls at most")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return drawn
+
+
 def _size(b: float) -> str:
     for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= k:
@@ -104,7 +121,7 @@ def remote(d: Doc):
 
 
 def local(d: Doc):
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 4.5))
     kinds = ("acquire_us", "release_us", "pair_us")
     where = {"in the agent's process": d.get("in_process", {}), "local client (socket)": d.get("local_client", {})}
     _bars(a, list(kinds), {w: [v.get(k, {}).get("p50", 0) for k in kinds] for w, v in where.items()}, "us (p50)")
@@ -114,6 +131,14 @@ def local(d: Doc):
     labels = [_size(t["bytes"]) for t in two]
     _bars(b, labels, {"fabric": [t["fabric_gb_s"] for t in two], "plain copy": [t["plain_gb_s"] for t in two]}, "GB/s")
     b.set_title("pages handed between two processes")
+    curves = {"in the agent's process": d.get("in_process", {}).get("acquire_us", {}).get("cdf", []),
+              "local client": d.get("local_client", {}).get("acquire_us", {}).get("cdf", []),
+              "local client, metrics served":
+                  d.get("local_client", {}).get("with_metrics", {}).get("acquire_us", {}).get("cdf", [])}
+    if _cdf(c, curves, "acquire of a resident page, us"):
+        c.set_title("acquire latency, distribution")
+    else:
+        c.set_axis_off()
     return fig
 
 
@@ -146,10 +171,14 @@ def trace(d: Doc):
 
 
 def status(d: Doc):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, c) = plt.subplots(1, 2, figsize=(13, 4.5))
     calls = ("status", "scrape", "ping")
-    _bars(ax, list(calls), {q: [d.get(c, {}).get(f"{q}_us", 0) for c in calls] for q in ("p50", "p99")}, "us")
+    _bars(ax, list(calls), {q: [d.get(k, {}).get(f"{q}_us", 0) for k in calls] for q in ("p50", "p99")}, "us")
     ax.set_title(f"an agent serving {d.get('regions', '?')} regions")
+    if _cdf(c, {k: d.get(k, {}).get("cdf_us", []) for k in calls}, "us"):
+        c.set_title("latency, distribution")
+    else:
+        c.set_axis_off()
     return fig
 
 

@@ -28,7 +28,7 @@ use vfabric_transport::PageBatch;
 
 use crate::common::ConfigArgs;
 use crate::report;
-use crate::stats::percentile;
+use crate::stats::{cdf, percentile};
 
 /// `vfabric-bench local`.
 #[derive(Args, Debug, Clone)]
@@ -82,9 +82,11 @@ fn parse_region(s: &str) -> Result<Region, String> {
     }
 }
 
-/// p50 and p99 of `samples` (seconds), in microseconds.
+/// p50, p99 and the distribution's curve (`stats::cdf`) of `samples` (seconds), in microseconds.
 fn us(samples: &mut [f64]) -> serde_json::Value {
-    json!({ "p50": percentile(samples, 0.5) * 1e6, "p99": percentile(samples, 0.99) * 1e6, "samples": samples.len() })
+    let curve: Vec<f64> = cdf(samples).iter().map(|s| s * 1e6).collect();
+    json!({ "p50": percentile(samples, 0.5) * 1e6, "p99": percentile(samples, 0.99) * 1e6, "samples": samples.len(),
+            "cdf": curve })
 }
 
 /// Times `samples` acquire/release pairs through `one`, which returns how long its acquire and its release took.

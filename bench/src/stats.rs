@@ -47,6 +47,12 @@ pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
     samples[((samples.len() - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize]
 }
 
+/// The latency distribution's curve: `samples` (which it sorts) at every hundredth of their mass, from the
+/// fastest (0) to the slowest (1), 101 values; empty when there are none.
+pub fn cdf(samples: &mut [f64]) -> Vec<f64> {
+    (0..=100).map(|i| percentile(samples, f64::from(i) / 100.0)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +65,8 @@ mod tests {
         assert_eq!(Summary::of(&[0.5]).map(|s| s.gb_per_s(1_000_000_000)), Some(2.0));
         let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
         assert_eq!((percentile(&mut v, 0.5), percentile(&mut v, 0.99), percentile(&mut [], 0.5)), (51.0, 99.0, 0.0));
+        let curve = cdf(&mut v);
+        assert_eq!((curve.len(), curve[0], curve[50], curve[100]), (101, 1.0, 51.0, 100.0));
+        assert!(curve.windows(2).all(|w| w[0] <= w[1]), "rises");
     }
 }

@@ -43,10 +43,11 @@ pub struct StatusArgs {
     pub name: Option<String>,
 }
 
-/// Latencies of one kind of call, in microseconds.
+/// Latencies of one kind of call, in microseconds, with their distribution's curve (`stats::cdf`).
 fn summary(mut us: Vec<f64>) -> serde_json::Value {
     let (p50, p99) = (percentile(&mut us, 0.5), percentile(&mut us, 0.99));
-    serde_json::json!({ "n": us.len(), "p50_us": p50, "p99_us": p99, "max_us": us.last().copied().unwrap_or(0.0) })
+    serde_json::json!({ "n": us.len(), "p50_us": p50, "p99_us": p99, "max_us": us.last().copied().unwrap_or(0.0),
+                        "cdf_us": crate::stats::cdf(&mut us) })
 }
 
 /// One scrape of `http://addr/metrics`: its body's length.

@@ -222,6 +222,9 @@ fn status_times_the_agents_answers_beside_a_ping() {
     for call in ["status", "scrape", "ping"] {
         assert_eq!(json[call]["n"], 5, "{json}");
         assert!(json[call]["p50_us"].as_f64().is_some_and(|us| us > 0.0), "{json}");
+        // The distribution's curve, fastest to slowest, for the plot.
+        let curve: Vec<f64> = json[call]["cdf_us"].as_array().expect("cdf").iter().filter_map(|v| v.as_f64()).collect();
+        assert!(curve.len() == 101 && curve.windows(2).all(|w| w[0] <= w[1]), "{json}");
     }
     assert!(json["status_bytes"].as_u64().is_some_and(|b| b > 100), "{json}");
     std::fs::remove_dir_all(&dir).expect("cleanup");
