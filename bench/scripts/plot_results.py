@@ -105,7 +105,7 @@ def pager(d: Doc):
 
 def remote(d: Doc):
     rows = d.get("rows", [])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 4.5))
     labels = [f"{r.get('op', '?')} {_size(r.get('size', 0))} x{r.get('streams', 1)}" for r in rows]
     _bars(a, labels, {"vfabric": [r.get("gbit_s", 0) for r in rows]}, "Gbit/s")
     for i, base in enumerate(d.get("iperf3_gbit_s") or []):
@@ -117,6 +117,15 @@ def remote(d: Doc):
     series = {k: [l.get(k, 0) for l in lat] for k in ("ping_p50_us", "p50_us", "acquire_p50_us", "acquire_p99_us")}
     _bars(b, labels, series, "us")
     b.set_title("remote latency")
+    curves = {}
+    for l in lat:
+        size = _size(l.get("size", 0))
+        curves[f"read {size}"] = l.get("read_cdf_us", [])
+        curves[f"acquire {size}, new copy"] = l.get("acquire_cdf_us", [])
+    if _cdf(c, curves, "us"):
+        c.set_title("remote latency, distribution")
+    else:
+        c.set_axis_off()
     return fig
 
 

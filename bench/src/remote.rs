@@ -165,6 +165,10 @@ pub struct Latency {
     pub ping_p50_us: f64,
     /// Its 99th percentile, microseconds.
     pub ping_p99_us: f64,
+    /// The reads' distribution, microseconds at every hundredth of it (`stats::cdf`).
+    pub read_cdf_us: Vec<f64>,
+    /// The new-copy acquires' distribution, the same way.
+    pub acquire_cdf_us: Vec<f64>,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -376,6 +380,8 @@ async fn measure(
             acquire_samples: cold.len(),
             ping_p50_us: pct(&pings, 0.5),
             ping_p99_us: pct(&pings, 0.99),
+            read_cdf_us: crate::stats::cdf(&mut samples),
+            acquire_cdf_us: crate::stats::cdf(&mut cold),
         });
     }
     moves.push(move_region(a, &region, peer, mtu, args).await?);
