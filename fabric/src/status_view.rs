@@ -18,6 +18,15 @@ const TRAFFIC: [(&str, &str); 7] = [
     ("migrated", "migrated"),
 ];
 
+/// The waits shown (`fabric::Stalls`, nanoseconds callers waited), in order, with their labels.
+const STALLS: [(&str, &str); 5] = [
+    ("fetch_ns", "fetching"),
+    ("evict_ns", "evicting"),
+    ("compact_ns", "compacting"),
+    ("migrate_ns", "migrating"),
+    ("in_flight_ns", "copies in flight"),
+];
+
 /// Asks the agent at `socket` for the status of `node` (its id and name; `None`: the agent's own) and prints it;
 /// with `watch`, again every `watch` until stopped.
 pub fn run(
@@ -111,6 +120,25 @@ fn render(now: &Value, before: Option<(Duration, &Value)>) -> String {
         None => format!(
             "traffic since start: {}\n",
             list(&TRAFFIC.map(|(k, l)| format!("{l} {}", ByteSize(num(traffic, k)))))
+        ),
+    };
+    let stalls = &now["fabric"]["stalls"];
+    out += &match before {
+        // Milliseconds waited a second: how much of the callers' time went to each.
+        Some((ago, then)) => {
+            let secs = ago.as_secs_f64().max(1e-3);
+            let rate = |k: &str| {
+                let ns = num(stalls, k).saturating_sub(num(&then["fabric"]["stalls"], k));
+                format!("{:.1} ms/s", ns as f64 / 1e6 / secs)
+            };
+            format!(
+                "callers waited, the last {secs:.1} s: {}\n",
+                list(&STALLS.map(|(k, l)| format!("{l} {}", rate(k))))
+            )
+        }
+        None => format!(
+            "callers waited since start: {}\n",
+            list(&STALLS.map(|(k, l)| format!("{l} {:.1} ms", num(stalls, k) as f64 / 1e6)))
         ),
     };
     out += &tenants(now);
@@ -251,7 +279,7 @@ mod tests {
     fn status(sent: u64, reservations: Value) -> Value {
         json!({
             "name": "a", "node": 0, "cluster": "c", "address": "127.0.0.1:1", "uptime_s": 5.0, "page_size": 65536,
-            "fabric": {"directory": {"devices": []}, "traffic": {}},
+            "fabric": {"directory": {"devices": []}, "traffic": {}, "stalls": {"fetch_ns": sent * 1000}},
             "peers": [{"node": 1, "name": "b", "address": "127.0.0.1:2", "state": "alive", "last_seen_ms": 5,
                        "rtt_us": 90, "link": {"sent_bytes": sent, "received_bytes": 4096, "lost_packets": 3}}],
             "replication": {}, "tenants": [], "reservations": reservations,
@@ -272,5 +300,8 @@ mod tests {
         assert!(row.contains("2MiB") && row.contains(" 0B "), "{text}");
         let held = text.lines().find(|l| l.starts_with("7 ")).expect("the reservation's row");
         assert!(held.contains("host") && held.contains('3') && held.contains("2MiB"), "{text}");
+        // Waits: 1.05 s fetching since start; 4.19 s more in 2 s, 2,097 ms a second.
+        assert!(first.contains("callers waited since start: fetching 1048.6 ms"), "{first}");
+        assert!(text.contains("callers waited, the last 2.0 s: fetching 2097.2 ms/s"), "{text}");
     }
 }
