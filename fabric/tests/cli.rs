@@ -89,6 +89,31 @@ fn vfabric(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_vfabric")).args(args).output().expect("run vfabric")
 }
 
+/// `vfabric agent` of node `node`, ended (by its PID) when dropped.
+fn agent(config: &str, node: &str) -> Ended {
+    let child = Command::new(env!("CARGO_BIN_EXE_vfabric"))
+        .args(["agent", "--config", config, "--node", node])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start an agent");
+    Ended(child)
+}
+
+/// `vfabric args`, again every 250 ms until it succeeds or `tries` ran: an agent just started answers once it
+/// is up. The last run's output.
+fn until_it_answers(args: &[&str], tries: usize) -> std::process::Output {
+    let mut out = vfabric(args);
+    for _ in 0..tries {
+        if out.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        out = vfabric(args);
+    }
+    out
+}
+
 #[test]
 fn a_failed_init_leaves_no_ca_behind() {
     let dir = scratch("init");
@@ -128,22 +153,9 @@ fn a_probe_too_large_for_its_peer_fails_cleanly_and_leaves_nothing_behind() {
     let config = two_nodes(&dir, 47300);
     let config = config.to_str().unwrap();
     assert!(vfabric(&["cluster", "init", "--config", config]).status.success());
-    let b = Command::new(env!("CARGO_BIN_EXE_vfabric"))
-        .args(["agent", "--config", config, "--node", "b"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start agent b");
-    let b = Ended(b);
+    let b = agent(config, "b");
     // b answers once it is up: the first probes may find it still starting.
-    let mut small = vfabric(&["cluster", "probe", "--config", config, "--node", "a", "--bytes", "1MiB"]);
-    for _ in 0..20 {
-        if small.status.success() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-        small = vfabric(&["cluster", "probe", "--config", config, "--node", "a", "--bytes", "1MiB"]);
-    }
+    let small = until_it_answers(&["cluster", "probe", "--config", config, "--node", "a", "--bytes", "1MiB"], 20);
     assert!(small.status.success(), "{}", String::from_utf8_lossy(&small.stdout));
     // 1 TiB: far past b's memory, and past this process's; a typed refusal, not an abort.
     let big = vfabric(&["cluster", "probe", "--config", config, "--node", "a", "--bytes", "1TiB"]);
@@ -169,22 +181,9 @@ fn status_asks_a_running_agent_and_says_when_none_runs() {
     std::fs::write(&config, text).expect("write");
     let config = config.to_str().unwrap();
     assert!(vfabric(&["cluster", "init", "--config", config]).status.success());
-    let a = Command::new(env!("CARGO_BIN_EXE_vfabric"))
-        .args(["agent", "--config", config, "--node", "a"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start agent a");
-    let a = Ended(a);
+    let a = agent(config, "a");
     // The agent answers once it is up.
-    let mut out = vfabric(&["status", "--config", config, "--node", "a", "--json"]);
-    for _ in 0..40 {
-        if out.status.success() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-        out = vfabric(&["status", "--config", config, "--node", "a", "--json"]);
-    }
+    let out = until_it_answers(&["status", "--config", config, "--node", "a", "--json"], 40);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!((status["name"].as_str(), status["node"].as_u64()), (Some("a"), Some(0)));
@@ -204,22 +203,9 @@ fn status_asks_a_running_agent_and_says_when_none_runs() {
     let which = vfabric(&["status", "--config", config]);
     assert!(String::from_utf8_lossy(&which.stderr).contains("say which with --node"));
     // Node b's status through a's agent, which asks b's over QUIC.
-    let b = Command::new(env!("CARGO_BIN_EXE_vfabric"))
-        .args(["agent", "--config", config, "--node", "b"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start agent b");
-    let b = Ended(b);
+    let b = agent(config, "b");
     let via = ["status", "--config", config, "--node", "b", "--via", "a", "--json"];
-    let mut out = vfabric(&via);
-    for _ in 0..40 {
-        if out.status.success() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-        out = vfabric(&via);
-    }
+    let out = until_it_answers(&via, 40);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!((status["name"].as_str(), status["node"].as_u64()), (Some("b"), Some(1)), "b's own: {status}");
