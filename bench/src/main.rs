@@ -17,6 +17,7 @@ mod storage;
 mod sweep;
 mod sweep_cases;
 mod sweep_cluster;
+mod sweep_peer;
 mod throughput;
 mod tiers;
 mod trace;

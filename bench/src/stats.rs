@@ -50,6 +50,9 @@ pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
 /// The latency distribution's curve: `samples` (which it sorts) at every hundredth of their mass, from the
 /// fastest (0) to the slowest (1), 101 values; empty when there are none.
 pub fn cdf(samples: &mut [f64]) -> Vec<f64> {
+    if samples.is_empty() {
+        return Vec::new();
+    }
     (0..=100).map(|i| percentile(samples, f64::from(i) / 100.0)).collect()
 }
 
@@ -68,5 +71,6 @@ mod tests {
         let curve = cdf(&mut v);
         assert_eq!((curve.len(), curve[0], curve[50], curve[100]), (101, 1.0, 51.0, 100.0));
         assert!(curve.windows(2).all(|w| w[0] <= w[1]), "rises");
+        assert!(cdf(&mut []).is_empty());
     }
 }

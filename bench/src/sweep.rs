@@ -9,7 +9,10 @@
 //!   process on loopback, the home of a region there; a batch is that many block-sized reads or writes at
 //!   scattered offsets posted at once, done when all are; beside iperf3 TCP on the same path.
 //!
-//! Every block read back is checked; each case reports GB/s, its ratio to the baseline and the batches' latency.
+//! What moves is checked: between locations of a node, every page of each case's last round; to a peer, every
+//! block a read case reads (against what the region holds), and 64 blocks of each write case read back after it
+//! (write cases alternate between two fills, so a write that never landed shows). Each case reports GB/s, its
+//! ratio to the baseline and the batches' latency.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -24,7 +27,8 @@ use vfabric_transport::{open, DeviceKind, EngineChoice, Location, OpenOptions};
 use crate::common::ConfigArgs;
 use crate::report;
 use crate::stats::percentile;
-use crate::sweep_cases::{local_case, peer_cases, Case, Measured, Op, Pair, Target};
+use crate::sweep_cases::{local_case, Case, Measured, Op, Pair, Target};
+use crate::sweep_peer::peer_cases;
 
 /// Options of `vfabric-bench sweep`.
 #[derive(Args, Debug, Clone)]
@@ -48,7 +52,7 @@ pub struct SweepArgs {
     /// Operations: `read` (target to initiator), `write` (initiator to target).
     #[arg(long, value_delimiter = ',', default_values = ["read", "write"])]
     pub ops: Vec<Op>,
-    /// Bytes moved per case (default: 1GiB on a GPU, 32MiB on the emulated device).
+    /// Bytes moved per case (default: 1GiB on a GPU, 32MiB on the emulated device, 256MiB with `--cluster`).
     #[arg(long)]
     pub total: Option<ByteSize>,
     /// Seconds of the iperf3 baseline of the peer pairs (0 skips it).
@@ -87,7 +91,9 @@ pub struct Row {
     pub seconds: f64,
     /// GB/s (10^9 bytes a second).
     pub gb_s: f64,
-    /// Batch latency, from its posting to its last block, median and 99th percentile, microseconds.
+    /// Batch latency, median and 99th percentile, microseconds: to a peer, from a batch's posting to its last
+    /// block; between locations of a node, from the round's submission (its batches go together) to the batch's
+    /// completion, seen in submission order.
     pub batch_p50_us: f64,
     /// See `batch_p50_us`.
     pub batch_p99_us: f64,
@@ -97,7 +103,7 @@ pub struct Row {
     pub baseline_gb_s: Option<f64>,
     /// `gb_s / baseline_gb_s`.
     pub ratio: Option<f64>,
-    /// Blocks whose bytes arrived different (checked after the last batch of a move, after every read of a peer).
+    /// Blocks whose bytes arrived different (what is checked: the module's doc).
     pub bad: u64,
 }
 
@@ -252,7 +258,12 @@ fn write(
     for n in notes {
         let _ = writeln!(md, "- {n}");
     }
-    let _ = writeln!(md, "- {} per case; every block moved to or read by the initiator checked\n", ByteSize(total));
+    let _ = writeln!(
+        md,
+        "- {} per case; checked: the last round of each move page by page, every block a peer read returned, 64 \
+         blocks of each write to a peer read back\n",
+        ByteSize(total)
+    );
     let _ = writeln!(
         md,
         "| pair | op | block | batch | in flight | GB/s | baseline GB/s | ratio | batch p50 / p99 (us) | bad |"
@@ -306,7 +317,13 @@ fn run_cluster(args: &SweepArgs, path: &std::path::Path, command_line: &str) -> 
     let total = args.total.map_or(256 << 20, |t| t.bytes());
     let cases: Vec<Case> = pairs.iter().flat_map(|p| grid(args, *p, &blocks, total)).collect();
     let name = args.name.clone().unwrap_or_else(|| "sweep-cluster".into());
-    let sync = args.out.join(format!("{name}.sync"));
+    // The ranks' meeting folder: one per job (its rendezvous address), so that two jobs never share one.
+    let job: String = std::env::var("VFABRIC_RENDEZVOUS")
+        .unwrap_or_default()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let sync = args.out.join(format!("{name}.sync-{job}"));
     let Some((job, ranks)) = crate::sweep_cluster::run_rank(&cfg, &cases, &sync, args.iperf_seconds)? else {
         return Ok(()); // rank 0 reports
     };

@@ -2,12 +2,10 @@
 //! locations of this node through the fabric's mover or between this node and a peer's agent over QUIC.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde::Serialize;
-use vfabric::agent::Agent;
-use vfabric::pattern::{self, shuffled};
-use vfabric::{ByteSize, ClusterConfig};
+use vfabric::pattern::shuffled;
+use vfabric::ByteSize;
 use vfabric_transport::{EngineChoice, Location, Mover, PageBatch, PageMove};
 
 use crate::rig::Rig;
@@ -176,103 +174,6 @@ pub fn local_case(
     }
     plain.sort_by(|a, b| a.total_cmp(b));
     Ok((m, case.round_bytes() as f64 / plain[1] / 1e9))
-}
-
-/// The peer cases: two agents in this process on loopback, a region homed at the peer on each target location,
-/// filled with known bytes; each case's batches are block-sized reads or writes at scattered offsets of it.
-pub fn peer_cases(cfg: &ClusterConfig, cases: &[Case], blocks: &[u64]) -> Result<Vec<(Case, Measured)>, String> {
-    let total = cases.iter().map(|c| c.total.max(c.round_bytes())).max().unwrap_or(0);
-    let page = cfg.memory.page_size.bytes().max(blocks.iter().copied().max().unwrap_or(0));
-    let region_bytes = total.div_ceil(page) * page;
-    let mut pair_cfg = crate::remote::two_nodes(cfg, cfg.network.mtu, region_bytes, page, None, None)?;
-    // Host tiers the size of what the cases use, not the configuration's (each agent pins its own).
-    pair_cfg.memory.host_arena = ByteSize(region_bytes + (256 << 20));
-    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let rt = Agent::runtime(cores.max(4)).map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let (a, b) = crate::remote::start_pair(&pair_cfg).await?;
-        let data = Arc::new(pattern::bytes(0x5ee9, 0, region_bytes as usize));
-        let mut out = Vec::new();
-        let mut targets: Vec<Location> =
-            cases.iter().filter_map(|c| if let Target::Peer(t) = c.pair.target { Some(t) } else { None }).collect();
-        targets.sort_unstable();
-        targets.dedup();
-        for t in targets {
-            let region = a
-                .alloc(b.node(), region_bytes, Some(t))
-                .await
-                .map_err(|e| format!("a region on the peer's {t}: {e}"))?;
-            for (i, piece) in data.chunks(64 << 20).enumerate() {
-                a.write(&region, (i as u64) << 26, piece).await.map_err(|e| e.to_string())?;
-            }
-            for case in cases.iter().filter(|c| c.pair.target == Target::Peer(t)) {
-                eprintln!("{}", case.describe());
-                out.push((*case, peer_case(&a, &region, case, &data).await?));
-            }
-            a.free(&region).await.map_err(|e| e.to_string())?;
-        }
-        a.shutdown().await;
-        b.shutdown().await;
-        Ok(out)
-    })
-}
-
-/// One peer case: `in_flight` workers, each posting its batches one after the other.
-pub async fn peer_case(
-    a: &Agent,
-    region: &vfabric::Region,
-    case: &Case,
-    data: &Arc<Vec<u8>>,
-) -> Result<Measured, String> {
-    let slots = (region.len / case.block).max(1);
-    let order = Arc::new(shuffled(slots as u32, 0x0ff5e7 ^ case.block));
-    let batches = (case.total / (case.block * case.batch as u64)).max(1) as usize;
-    let start = Instant::now();
-    let mut workers = Vec::new();
-    for w in 0..case.in_flight {
-        let (a, r, data, order, case) = (a.clone(), *region, Arc::clone(data), Arc::clone(&order), *case);
-        workers.push(tokio::spawn(async move {
-            let mut m = Measured::default();
-            for k in (w..batches).step_by(case.in_flight) {
-                let posted = Instant::now();
-                let mut requests = Vec::with_capacity(case.batch);
-                for i in 0..case.batch {
-                    let off = u64::from(order[(k * case.batch + i) % order.len()]) * case.block;
-                    let (a, data) = (a.clone(), Arc::clone(&data));
-                    requests.push(tokio::spawn(async move { block_io(&a, &r, case.op, off, case.block, &data).await }));
-                }
-                for q in requests {
-                    m.bad += q.await.map_err(|e| e.to_string())?? as u64;
-                }
-                m.batch_us.push(posted.elapsed().as_secs_f64() * 1e6);
-                m.bytes += case.block * case.batch as u64;
-            }
-            Ok::<Measured, String>(m)
-        }));
-    }
-    let mut all = Measured::default();
-    for w in workers {
-        let m = w.await.map_err(|e| e.to_string())??;
-        all.bytes += m.bytes;
-        all.bad += m.bad;
-        all.batch_us.extend(m.batch_us);
-    }
-    all.seconds = start.elapsed().as_secs_f64();
-    Ok(all)
-}
-
-/// One block read (checked against the region's known bytes: whether it differs) or written (the same bytes
-/// again, so that reads stay checkable).
-async fn block_io(a: &Agent, r: &vfabric::Region, op: Op, off: u64, len: u64, data: &[u8]) -> Result<bool, String> {
-    let want = &data[off as usize..(off + len) as usize];
-    match op {
-        Op::Write => a.write(r, off, want).await.map(|()| false).map_err(|e| e.to_string()),
-        Op::Read => {
-            let mut buf = vec![0u8; len as usize];
-            a.read(r, off, &mut buf).await.map_err(|e| e.to_string())?;
-            Ok(buf != want)
-        }
-    }
 }
 
 #[cfg(test)]

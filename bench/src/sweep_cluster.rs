@@ -7,14 +7,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use vfabric::agent::{Agent, JobRank};
-use vfabric::{ByteSize, ClusterConfig};
+use vfabric::ClusterConfig;
 
-use crate::sweep_cases::{peer_case, Case, Measured, Target};
+use crate::sweep_cases::{Case, Measured, Target};
+use crate::sweep_peer::{peer_case, region_bytes, regions};
 
 /// Ranks meeting at named points, through files in a folder every rank sees.
 pub struct Barrier {
@@ -36,7 +36,21 @@ impl Barrier {
         Ok(Barrier { dir: dir.to_path_buf(), rank: job.rank, size: job.size, wait })
     }
 
-    /// Leaves `note` at point `label` and waits for every rank to reach it; returns their notes, by rank.
+    /// Says that this rank failed, and why: the others stop waiting for it at their next point.
+    pub fn fail(&self, why: &str) {
+        let _ = std::fs::write(self.dir.join(format!("failed.{}", self.rank)), why);
+    }
+
+    /// A rank's failure, if one said it failed.
+    fn failed(&self) -> Option<String> {
+        (0..self.size).find_map(|r| {
+            let why = std::fs::read_to_string(self.dir.join(format!("failed.{r}"))).ok()?;
+            Some(format!("rank {r} failed: {why}"))
+        })
+    }
+
+    /// Leaves `note` at point `label` and waits for every rank to reach it; returns their notes, by rank. An
+    /// error as soon as a rank says it failed, or when one has not come within the wait.
     pub fn meet(&self, label: &str, note: &str) -> Result<Vec<String>, String> {
         let file = |r: u16| self.dir.join(format!("{label}.{r}"));
         let failed = |e: std::io::Error| format!("barrier {label}: {e}");
@@ -49,6 +63,9 @@ impl Barrier {
         while notes.iter().any(Option::is_none) {
             for (r, n) in notes.iter_mut().enumerate().filter(|(_, n)| n.is_none()) {
                 *n = std::fs::read_to_string(file(r as u16)).ok();
+            }
+            if let Some(why) = self.failed() {
+                return Err(why);
             }
             if start.elapsed() > self.wait {
                 let missing: Vec<usize> =
@@ -100,46 +117,64 @@ pub fn run_rank(
     if job.size < 2 {
         return Err("--cluster: the job has one rank; start two or more (mpirun -np 2 ...)".into());
     }
+    // How long a rank waits for the others at a point: a case's length and more.
     let wait = Duration::from_secs(
-        std::env::var("VFABRIC_RENDEZVOUS_TIMEOUT").ok().and_then(|s| s.parse().ok()).unwrap_or(60).max(60),
+        std::env::var("VFABRIC_RENDEZVOUS_TIMEOUT").ok().and_then(|s| s.parse().ok()).unwrap_or(600),
     );
-    let barrier = Barrier::new(sync, job, wait.max(Duration::from_secs(600)))?;
+    let barrier = Barrier::new(sync, job, wait)?;
+    let measured = measure_rank(cfg, cases, &barrier, job, iperf_seconds);
+    if let Err(why) = &measured {
+        barrier.fail(why);
+    }
+    let (results, agent, rt) = measured?;
+    // Every rank has measured: the agents may stop.
+    barrier.finish()?;
+    rt.block_on(agent.shutdown());
+    match job.rank {
+        0 => {
+            let all: Result<Vec<RankResult>, String> =
+                results.iter().map(|t| serde_json::from_str(t).map_err(|e| e.to_string())).collect();
+            Ok(Some((job, all?)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// This rank's part: its agent, the iperf3 ring, every case against the next rank; every rank's results (as
+/// their JSON), with the agent (still serving the rank before) and its runtime.
+fn measure_rank(
+    cfg: &ClusterConfig,
+    cases: &[Case],
+    barrier: &Barrier,
+    job: JobRank,
+    iperf_seconds: u64,
+) -> Result<(Vec<String>, Agent, tokio::runtime::Runtime), String> {
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
     let rt = Agent::runtime((cores / usize::from(job.local_size)).max(2)).map_err(|e| e.to_string())?;
     let next = (job.rank + 1) % job.size;
-    let total = cases.iter().map(|c| c.total.max(c.round_bytes())).max().unwrap_or(0);
-    let page = cfg.memory.page_size.bytes().max(cases.iter().map(|c| c.block).max().unwrap_or(0));
-    let region_bytes = total.div_ceil(page) * page;
-    let (result, agent) = rt.block_on(async {
+    let blocks: Vec<u64> = cases.iter().map(|c| c.block).collect();
+    let len = region_bytes(cfg, cases, &blocks);
+    let (results, agent) = rt.block_on(async {
         let a = Agent::from_env(cfg).await.map_err(|e| format!("rank {}: {e}", job.rank))?;
         eprintln!("rank {} of {}: agent up at {}; measuring against rank {next}", job.rank, job.size, a.local_addr());
-        let iperf = iperf3_ring(&barrier, &a, job, iperf_seconds);
-        let data = Arc::new(vfabric::pattern::bytes(0x5ee9, 0, region_bytes as usize));
+        let iperf = iperf3_ring(barrier, &a, job, iperf_seconds);
+        // Every region made and filled before the first case, so that no rank's set-up falls in another's case.
+        let regions = regions(&a, next, cases, len).await?;
         let mut measured = Vec::new();
-        let mut regions = Vec::new();
         for (i, case) in cases.iter().enumerate() {
-            let Target::Peer(t) = case.pair.target else { continue };
-            let region = match regions.iter().find(|(l, _)| *l == t) {
-                Some((_, r)) => *r,
-                None => {
-                    let r = a
-                        .alloc(next, region_bytes, Some(t))
-                        .await
-                        .map_err(|e| format!("a region of {} on rank {next}'s {t}: {e}", ByteSize(region_bytes)))?;
-                    for (k, piece) in data.chunks(64 << 20).enumerate() {
-                        a.write(&r, (k as u64) << 26, piece).await.map_err(|e| e.to_string())?;
-                    }
-                    regions.push((t, r));
-                    r
-                }
-            };
+            let (_, region, contents) = regions
+                .iter()
+                .find(|(t, _, _)| case.pair.target == Target::Peer(*t))
+                .ok_or_else(|| format!("{}: no region for its target", case.describe()))?;
             barrier.meet(&format!("case{i}"), "")?;
             if job.rank == 0 {
                 eprintln!("{} (every rank to the next)", case.describe());
             }
-            measured.push(peer_case(&a, &region, case, &data).await?);
+            measured.push(peer_case(&a, region, case, contents).await?);
         }
-        for (_, r) in regions {
+        // Every rank's cases are done before a region is freed (its home serves the rank before).
+        barrier.meet("measured", "")?;
+        for (_, r, _) in regions {
             a.free(&r).await.map_err(|e| e.to_string())?;
         }
         let mine = RankResult { rank: job.rank, iperf_gb_s: iperf, cases: measured };
@@ -147,17 +182,7 @@ pub fn run_rank(
         let all = barrier.meet("results", &text)?;
         Ok::<_, String>((all, a))
     })?;
-    // Every rank has measured: the agents may stop.
-    barrier.finish()?;
-    rt.block_on(agent.shutdown());
-    match job.rank {
-        0 => {
-            let all: Result<Vec<RankResult>, String> =
-                result.iter().map(|t| serde_json::from_str(t).map_err(|e| e.to_string())).collect();
-            Ok(Some((job, all?)))
-        }
-        _ => Ok(None),
-    }
+    Ok((results, agent, rt))
 }
 
 /// iperf3 TCP from every rank to the next, all at once: each rank serves on its agent's address
@@ -239,5 +264,11 @@ mod tests {
             zero.finish().expect("finishes");
         });
         assert!(!dir.exists(), "rank 0 removes the folder last");
+        // A rank that fails says so, and the others stop waiting for it at once.
+        let zero = Barrier::new(&dir, job(0), Duration::from_secs(600)).expect("rank 0");
+        Barrier::new(&dir, job(2), Duration::from_secs(600)).expect("rank 2").fail("no region on rank 0");
+        let err = zero.meet("z", "").expect_err("rank 2 failed");
+        assert_eq!(err, "rank 2 failed: no region on rank 0");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -212,9 +212,9 @@ fn status(
         Some(s) => return Err(format!("--watch {s}: seconds, at least 0.1")),
         None => None,
     };
-    // A socket named, and no node: that agent's own status, whatever its configuration.
-    if let (Some(socket), None) = (&socket, &node) {
-        return status_view::run(socket, None, json, watch);
+    // A socket named and no configuration: that agent's own status (checked to be `--node`'s, if named).
+    if let (Some(socket), None) = (&socket, &config) {
+        return status_view::run(socket, None, node.as_deref(), json, watch);
     }
     let cfg = load(config, None)?;
     let sock = |name: &str| vfabric::agent::default_socket(&cfg.cluster.name, name);
@@ -235,14 +235,18 @@ fn status(
         (None, None) if sock(&node).exists() => sock(&node),
         (None, None) => match cfg.nodes.iter().find(|n| sock(&n.name).exists()) {
             Some(here) => {
-                eprintln!("node {node}'s agent has no socket on this machine: asking node {}'s over QUIC", here.name);
+                eprintln!(
+                    "node {node}'s agent has no socket on this machine: asking node {}'s agent here, which asks \
+                     node {node}'s over QUIC",
+                    here.name
+                );
                 sock(&here.name)
             }
             // Say where the node's own would be.
             None => sock(&node),
         },
     };
-    status_view::run(&socket, Some((id, &node)), json, watch)
+    status_view::run(&socket, Some(id), Some(&node), json, watch)
 }
 
 fn add_node(config: &std::path::Path, name: &str, tenant: Option<u32>) -> Result<(), String> {

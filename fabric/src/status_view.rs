@@ -27,11 +27,13 @@ const STALLS: [(&str, &str); 5] = [
     ("in_flight_ns", "copies in flight"),
 ];
 
-/// Asks the agent at `socket` for the status of `node` (its id and name; `None`: the agent's own) and prints it;
-/// with `watch`, again every `watch` until stopped.
+/// Asks the agent at `socket` for the status of node `node` (`None`: the agent's own) and prints it; with
+/// `watch`, again every `watch` until stopped. The answer must come from the node named `expect`, when given: a
+/// configuration here that numbers the nodes otherwise than the agent's would show another node's status.
 pub fn run(
     socket: &std::path::Path,
-    node: Option<(u16, &str)>,
+    node: Option<u16>,
+    expect: Option<&str>,
     json: bool,
     watch: Option<Duration>,
 ) -> Result<(), String> {
@@ -42,14 +44,28 @@ pub fn run(
             .map_err(|e| format!("no agent answers at {}: {e}", socket.display()))?;
         let mut last: Option<(Instant, Value)> = None;
         loop {
-            let text = client.status_of(node.map(|(id, _)| id)).await.map_err(|e| match node {
-                Some((_, name)) => format!("node {name}'s status: {e}"),
-                None => format!("the agent's status: {e}"),
+            let text = client.status_of(node).await.map_err(|e| {
+                // What the node asked reported, not the agent in the middle that passed it on.
+                let why = match &e {
+                    vfabric::FabricError::Remote { kind, message, .. } => format!("{kind:?}: {message}"),
+                    other => other.to_string(),
+                };
+                match expect {
+                    Some(name) => format!("node {name}'s status: {why}"),
+                    None => format!("the agent's status: {why}"),
+                }
             })?;
+            let now: Value = serde_json::from_str(&text).map_err(|e| format!("the agent's status: {e}"))?;
+            if let Some(name) = expect.filter(|&n| now["name"].as_str() != Some(n)) {
+                return Err(format!(
+                    "asked for node {name}'s status, node {} answered: the configuration here and the agent's do not \
+                     number the nodes alike",
+                    now["name"].as_str().unwrap_or("?")
+                ));
+            }
             if json {
                 println!("{text}");
             } else {
-                let now: Value = serde_json::from_str(&text).map_err(|e| format!("the agent's status: {e}"))?;
                 print!("{}", render(&now, last.as_ref().map(|(t, v)| (t.elapsed(), v))));
                 last = Some((Instant::now(), now));
             }

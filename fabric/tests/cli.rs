@@ -215,8 +215,14 @@ fn status_asks_a_running_agent_and_says_when_none_runs() {
     let gone = vfabric(&via);
     assert!(!gone.status.success());
     assert!(String::from_utf8_lossy(&gone.stderr).contains("node b's status:"), "{gone:?}");
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("PeerDead"), "what b's absence is: {gone:?}");
     let nobody = vfabric(&["status", "--config", config, "--node", "nobody"]);
-    assert!(String::from_utf8_lossy(&nobody.stderr).contains("nobody"), "{nobody:?}");
+    assert!(!nobody.status.success() && String::from_utf8_lossy(&nobody.stderr).contains("no node `nobody`"));
+    // An agent's socket named with another node's name: its answer is not taken for that node's.
+    let socket = vfabric::agent::default_socket("cli-status", "a");
+    let other = vfabric(&["status", "--socket", socket.to_str().unwrap(), "--node", "b"]);
+    assert!(!other.status.success(), "{other:?}");
+    assert!(String::from_utf8_lossy(&other.stderr).contains("asked for node b's status, node a answered"), "{other:?}");
     drop(a);
     let none = vfabric(&["status", "--config", config, "--node", "a"]);
     assert!(!none.status.success());

@@ -12,7 +12,10 @@ import vfabric  # noqa: E402
 import vfabric.torch as vtorch  # noqa: E402
 
 D, LAYERS, MICRO, STEPS = 32, 4, 5, 3
-ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+# An eps far above the gradients' scale makes AdamW's step nearly proportional to the gradient (lr / eps times
+# it): gradients summed twice, or half of them, move the weights twice or half as far, which a plain AdamW step
+# (about lr times the gradient's sign at first) would hide.
+ADAMW = dict(lr=1.0, betas=(0.9, 0.95), eps=10.0, weight_decay=0.1)
 
 
 class Layer(nn.Module):
@@ -44,10 +47,8 @@ def loss_of(y, target):
 
 
 def close(ours, theirs, what):
-    """Equal to float32 rounding: within 1e-5 nearly everywhere, and nowhere off by more than one AdamW step."""
-    diff = (ours - theirs).abs()
-    assert diff.max().item() <= ADAMW["lr"] * 1.01, (what, diff.max().item())
-    assert (diff > 1e-5 + 1e-5 * theirs.abs()).float().mean().item() < 0.01, (what, diff)
+    """Equal to float32 rounding (the sums add the same gradients in another order)."""
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}: {m}")
 
 
 @pytest.mark.parametrize("group", [0, 1, 2])
@@ -83,9 +84,6 @@ def test_block_by_block_steps_as_plain_pytorch_does(group):
 
     assert losses == pytest.approx(reference, rel=1e-5), (losses, reference)
     assert losses[-1] < losses[0], "the stack learns"
-    # The sums add the same gradients in another order: float32 rounding, which AdamW's m / sqrt(v) turns into up
-    # to a step's size (lr) for a weight whose gradient is near zero. A micro-batch missed or counted twice moves
-    # many weights by several steps.
     for i, layer in enumerate(r_layers):
         master = streamed.master_weights(i)
         for name, p in layer.named_parameters():

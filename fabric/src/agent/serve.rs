@@ -276,12 +276,18 @@ async fn answer(
         Message::Replicate { copy, seq, offset, len } => {
             agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
         }
+        // A peer's status for an operator (`vfabric status --node`), off the lane's thread (it pings the peers):
+        // this node's only, never relayed further.
+        Message::Status { node } => match node {
+            Some(n) if !agent.is_me(n) => Err(FabricError::PermissionDenied(format!(
+                "node {peer} asked this node for node {n}'s status: a node answers for itself only"
+            ))),
+            _ => {
+                let a = agent.clone();
+                agent.off_lanes(async move { a.status_json(None).await }).await.map(|json| Message::Figures { json })
+            }
+        },
         // Answered with where the region lives now.
-        // A peer's status for an operator (`vfabric status --node`): this node's only, never relayed further.
-        Message::Status { node: None } => agent.status_json(None).await.map(|json| Message::Figures { json }),
-        Message::Status { node: Some(n) } if agent.is_me(n) => {
-            agent.status_json(None).await.map(|json| Message::Figures { json })
-        }
         Message::Failover { region } => match agent.take_over(&Region::from(&region), peer).await {
             Ok(to) => Err(FabricError::Moved { to }),
             Err(e) => Err(e),
