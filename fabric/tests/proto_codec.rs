@@ -28,7 +28,7 @@ fn every_message() -> Vec<Message> {
         Message::Alloc { size: 1 << 30, device: Some(WireLocation::Gpu(7)), replicas: 2, lag_ms: Some(250) },
         Message::Alloc { size: 0, device: Some(WireLocation::Host), replicas: u8::MAX, lag_ms: Some(0) },
         Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None },
-        Message::Standby { region, origin: region, replicas: 1 },
+        Message::Standby { region, origin: region, replicas: 1, tenant: u32::MAX },
         Message::Replicate { copy: region, seq: u64::MAX, offset: 1 << 20, len: 0 },
         Message::Failover { region },
         Message::OnBehalf { tenant: u32::MAX },

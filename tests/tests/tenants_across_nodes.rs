@@ -2,7 +2,9 @@
 //! carries its tenant to every node it reaches, and the region's home holds it to its tenant's regions there:
 //! allocations are made under its name, another tenant's region is refused like a handle naming none, and the
 //! operator's calls (a migration, a peer's status) are refused. Calls made for no tenant (the node's operator) touch every region.
-//! A node that belongs to a tenant (its certificate says so) acts for that tenant only, whatever it says.
+//! A node that belongs to a tenant (its certificate says so) acts for that tenant only, whatever it says. A
+//! tenant's replicated region keeps its standby copies under the tenant's name, and stays the tenant's when a
+//! copy takes over.
 
 use vfabric::config::TenantSection;
 use vfabric::{FabricError, TenantId};
@@ -94,6 +96,51 @@ fn a_node_that_belongs_to_a_tenant_acts_for_it_only() {
         b.alloc_replicated(1, 1 << 20, None, 2).await.expect("a replicated region on n1");
         assert_eq!((a.replication(), c.replication()), ((0, 1), (0, 0)), "the standby is on n0, not on n2");
         for n in &nodes {
+            n.shutdown().await;
+        }
+    });
+}
+
+#[test]
+fn a_tenants_replicated_region_survives_its_home_and_stays_the_tenants() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut cfg = config(3);
+        cfg.tenants = [3, 4]
+            .into_iter()
+            .map(|id| TenantSection { id, gpu: None, host: None, storage: None, uids: Vec::new() })
+            .collect();
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let nodes = cluster(&cfg, &ca).await;
+        let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+        let (three, four) = (TenantId(3), TenantId(4));
+        // Tenant 3's region on n1, kept on two nodes: its standby copy (on n2, the next node) is tenant 3's too.
+        let r = a.acting_for(three, a.alloc_replicated(1, 1 << 20, None, 2)).await.expect("a replicated region");
+        assert_eq!(b.replication(), (1, 0), "n1 is its home");
+        assert_eq!(c.replication(), (0, 1), "n2 keeps its standby");
+        // The tenant's writes reach the standby (the fabric's own call, not the tenant's).
+        a.acting_for(three, a.write(&r, 0, &[3u8; 8192])).await.expect("tenant 3 writes");
+        denied(a.acting_for(four, a.write(&r, 0, &[4u8; 16])).await, "tenant 4 writes tenant 3's region");
+        // Tenant 4's region on n1 kept on its home only.
+        let r4 = a.acting_for(four, a.alloc_replicated(1, 1 << 20, None, 1)).await.expect("tenant 4's region");
+        a.acting_for(four, a.write(&r4, 4096, &[4u8; 4096])).await.expect("tenant 4 writes");
+        // Its home leaves: the standby takes over, the other region is drained to another node, and each is
+        // still its tenant's alone, every byte there.
+        let drained = b.leave().await;
+        assert!(drained.kept.is_empty() && drained.copied == 1, "{drained:?}");
+        let mut mine = vec![0u8; 4096];
+        a.acting_for(four, a.read(&r4, 4096, &mut mine)).await.expect("tenant 4 reads its drained region");
+        assert_eq!(mine, [4u8; 4096]);
+        denied(a.acting_for(three, a.read(&r4, 4096, &mut mine)).await, "tenant 3 reads tenant 4's drained region");
+        let mut buf = vec![0u8; 8192];
+        a.acting_for(three, a.read(&r, 0, &mut buf)).await.expect("tenant 3 reads after the handover");
+        assert_eq!(buf, [3u8; 8192]);
+        denied(a.acting_for(four, a.read(&r, 0, &mut buf)).await, "tenant 4 reads it after the handover");
+        let served = c.fabric().regions().into_iter().filter(|(_, t)| *t == three).count();
+        assert_eq!(served, 1, "n2 serves the region now, under tenant 3's name");
+        let held = [a, c].iter().flat_map(|n| n.fabric().regions()).filter(|(_, t)| *t == four).count();
+        assert_eq!(held, 1, "tenant 4's region lives on under its name");
+        for n in [a, c] {
             n.shutdown().await;
         }
     });

@@ -15,20 +15,27 @@ use crate::directory::RegionHandle as Region;
 use crate::error::FabricError;
 
 tokio::task_local! {
-    static ACTING_FOR: TenantId;
+    static ACTING_FOR: Option<TenantId>;
 }
 
 /// The tenant the current call acts for, if any (`None`: the node's operator).
 pub(crate) fn tenant() -> Option<TenantId> {
-    ACTING_FOR.try_with(|t| *t).ok()
+    ACTING_FOR.try_with(|t| *t).ok().flatten()
 }
 
 /// Runs `work` acting for `tenant` (for the operator when `None`).
 pub(crate) async fn acting_for<F: Future>(tenant: Option<TenantId>, work: F) -> F::Output {
     match tenant {
-        Some(t) => ACTING_FOR.scope(t, work).await,
+        Some(t) => ACTING_FOR.scope(Some(t), work).await,
         None => work.await,
     }
+}
+
+/// Runs `work` as the node itself, for no tenant, whoever the current call acts for: the fabric's own calls
+/// made on a tenant's behalf (a replicated region's standby copies, their writes, a failover), which are the
+/// operator's to make.
+pub(crate) async fn as_node<F: Future>(work: F) -> F::Output {
+    ACTING_FOR.scope(None, work).await
 }
 
 /// `work`, acting for whom the current call acts for, wherever it is run (another task, a lane's thread).

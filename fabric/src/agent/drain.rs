@@ -6,8 +6,6 @@
 
 use std::time::Instant;
 
-use vfabric_allocator::TenantId;
-
 use super::shared::Agent;
 use crate::directory::RegionHandle as Region;
 
@@ -28,12 +26,11 @@ impl Agent {
     /// (its region's writes go there first). Calls on the regions meanwhile wait for their copies; once handed
     /// over, this node sends their callers on for as long as it answers, and callers that reach the copy
     /// directly find it by the handle. Standby copies this node keeps for other homes stay (their homes
-    /// place new ones when they find this node gone), and so do tenants' regions, which are kept on their home
-    /// only for now.
+    /// place new ones when they find this node gone). A tenant's region goes as any does, its copy the tenant's.
     pub async fn drain(&self) -> Drained {
         let t = Instant::now();
         let mut report = Drained::default();
-        for (region, tenant) in self.shared.fabric.regions() {
+        for (region, _) in self.shared.fabric.regions() {
             let origin = match self.shared.backups.standby(&region) {
                 // A copy kept for another home: its home's to replace.
                 Some(s) if !s.state.lock().await.promoted => continue,
@@ -43,10 +40,6 @@ impl Agent {
             };
             if self.shared.backups.homed(&region).is_some() || self.is_private(&region) {
                 continue; // replicated already (handed over below), or a private copy of another node's pages
-            }
-            if tenant != TenantId::default() {
-                report.kept.push((region, format!("tenant {}'s regions stay on their home", tenant.0)));
-                continue;
             }
             match self.place_standbys((&region, &origin), 1, &[]).await {
                 Ok(copies) => {

@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use vfabric_allocator::Location;
+use vfabric_allocator::{Location, TenantId};
 
+use super::acting;
 use super::backups::Standby;
 use super::replication::REPLICA_PIECE;
 use super::serve_pages::home_region;
@@ -18,14 +19,14 @@ use crate::proto::quic::QuicChunks;
 
 impl Agent {
     /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions (its users name it `origin`)
-    /// kept on `replicas` nodes, in this node's host memory (the same copy when asked again: the first answer
-    /// may have been lost).
+    /// kept on `replicas` nodes, in this node's host memory, under the name of the region's `tenant` (the same
+    /// copy when asked again: the first answer may have been lost).
     pub(crate) fn keep_standby(
         &self,
         peer: u16,
-        region: &WireRegion,
-        origin: &WireRegion,
+        (region, origin): (&WireRegion, &WireRegion),
         replicas: u8,
+        tenant: u32,
     ) -> Result<Message, FabricError> {
         let (home, origin) = (Region::from(region), Region::from(origin));
         if home.addr.node().0 != peer {
@@ -36,7 +37,8 @@ impl Agent {
         if let Some((copy, _)) = self.shared.backups.copy_of(&home) {
             return Ok(Message::Allocated { region: WireRegion::from(&copy) });
         }
-        let copy = in_place(|| self.shared.fabric.alloc(home.len, Placement::on(Location::Host)))?;
+        let placement = Placement { tenant: TenantId(tenant), ..Placement::on(Location::Host) };
+        let copy = in_place(|| self.shared.fabric.alloc(home.len, placement))?;
         self.shared.backups.keep(home, origin, copy, replicas);
         Ok(Message::Allocated { region: WireRegion::from(&copy) })
     }
@@ -152,7 +154,9 @@ impl Agent {
                 let asked = if self.is_me(node) {
                     self.take_over(region, self.node()).await
                 } else if matches!(self.is_alive(node).await, Ok(true)) {
-                    match self.call(node, &Message::Failover { region: WireRegion::from(region) }, &[]).await {
+                    // The fabric's own call, whoever the caller acts for.
+                    let ask = Message::Failover { region: WireRegion::from(region) };
+                    match acting::as_node(self.call(node, &ask, &[])).await {
                         Err(FabricError::Moved { to }) => Ok(to),
                         Ok(other) => Err(unexpected(node, &other)),
                         Err(e) => Err(e),

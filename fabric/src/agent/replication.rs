@@ -94,11 +94,8 @@ impl Agent {
                 "{replicas} replicas asked: a region is kept on at most {MAX_REPLICAS} nodes"
             )));
         }
-        // A call made for a tenant allocates under its name.
+        // A call made for a tenant allocates under its name (its standby copies too: `place_standbys`).
         if let Some(tenant) = acting::tenant() {
-            if replicas > 1 {
-                return Err(FabricError::Unavailable("a tenant's regions are kept on their home only, for now".into()));
-            }
             placement.tenant = tenant;
         }
         let region = in_place(|| self.shared.fabric.alloc(size, placement))?;
@@ -130,6 +127,8 @@ impl Agent {
     ) -> Result<Vec<Region>, FabricError> {
         let want = usize::from(replicas.max(2) - 1);
         let nodes = self.shared.peers.len() as u16;
+        // The copies are the region's tenant's, as the region is.
+        let tenant = self.shared.fabric.tenant_of(region)?;
         let (mut copies, mut refusals) = (Vec::new(), Vec::new());
         for step in 1..nodes {
             if copies.len() == want {
@@ -154,8 +153,14 @@ impl Agent {
                 }
                 continue;
             }
-            let msg = Message::Standby { region: WireRegion::from(region), origin: WireRegion::from(origin), replicas };
-            match self.call(node, &msg, &[]).await {
+            let msg = Message::Standby {
+                region: WireRegion::from(region),
+                origin: WireRegion::from(origin),
+                replicas,
+                tenant: tenant.0,
+            };
+            // The fabric's own call, for a tenant's region as for any: the node makes it.
+            match acting::as_node(self.call(node, &msg, &[])).await {
                 Ok(Message::Allocated { region: copy }) => copies.push(Region::from(&copy)),
                 Ok(other) => refusals.push(unexpected(node, &other).to_string()),
                 Err(e) => refusals.push(format!("node {node}: {e}")),
@@ -361,7 +366,8 @@ impl Agent {
     async fn send_replica(&self, copy: &Region, seq: u64, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let node = copy.addr.node().0;
         let msg = Message::Replicate { copy: WireRegion::from(copy), seq, offset, len: data.len() as u64 };
-        match self.call(node, &msg, data).await {
+        // A tenant's write reaches its standby as the node's own call (replication is the operator's).
+        match acting::as_node(self.call(node, &msg, data)).await {
             Ok(Message::Done) => Ok(()),
             Ok(other) => Err(unexpected(node, &other)),
             Err(e @ (FabricError::Moved { .. } | FabricError::Remote { kind: ErrorKind::InvalidAddress, .. })) => {
@@ -410,7 +416,10 @@ impl Agent {
             };
             let node = copy.addr.node().0;
             let handed = match self.replicate(&region, &mut standbys).await {
-                Ok(()) => self.call(node, &Message::Failover { region: WireRegion::from(&region) }, &[]).await,
+                Ok(()) => {
+                    let ask = Message::Failover { region: WireRegion::from(&region) };
+                    acting::as_node(self.call(node, &ask, &[])).await
+                }
                 Err(e) => Err(e),
             };
             match handed {

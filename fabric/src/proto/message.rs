@@ -417,6 +417,8 @@ pub enum Message {
         /// region on as many (it places standbys of its own), and 1 says the home is leaving and hands the
         /// region over (`Agent::drain`): the copy that takes over keeps it alone.
         replicas: u8,
+        /// The region's tenant (0: the operator's): the copy is that tenant's, and so is the region it becomes.
+        tenant: u32,
     },
     /// A home's released write, copied to a standby: the payload follows as for [`Message::Write`]. A copy
     /// that took over from its home answers [`Message::Moved`] naming itself; a `len` of 0 only asks that.
@@ -623,7 +625,7 @@ mod tests {
             Message::Reserved { id: 1, bytes: 1 << 20 },
             Message::Unreserve { id: 1 },
             Message::ReservationLeft { id: 1 },
-            Message::Standby { region, origin: region, replicas: 2 },
+            Message::Standby { region, origin: region, replicas: 2, tenant: 3 },
             Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
             Message::OnBehalf { tenant: 3 },

@@ -178,17 +178,16 @@ impl Agent {
                     continue;
                 }
                 // A tenant's plain allocation is its tenant's, here, and outlives the connection as any does.
-                Message::Alloc { replicas: 2.., .. } if session.tenant.is_some() => Err(FabricError::Unavailable(
-                    "a tenant's regions are kept on their home only, for now: replicas must be 0 or 1".into(),
-                )),
-                Message::Alloc { size, device, .. } if session.tenant.is_some() => {
+                Message::Alloc { size, device, replicas, lag_ms } if session.tenant.is_some() => {
                     let tenant = session.tenant.unwrap_or_default();
                     let device = device.map(Location::from);
+                    let lag = lag_ms.map(|ms| Duration::from_millis(u64::from(ms)));
+                    let replication = Replication { replicas, lag };
                     self.alloc_for(
                         rt,
                         session,
                         size,
-                        AllocOptions { device, tenant, keep: true, ..AllocOptions::default() },
+                        AllocOptions { device, tenant, keep: true, replication, ..AllocOptions::default() },
                     )
                 }
                 Message::Alloc { size, device, replicas, lag_ms } => rt

@@ -73,14 +73,10 @@ impl Agent {
         let AllocOptions { device, priority, tenant, keep, compression, reservation, replication } = options;
         let reservation = reservation.map(|id| session.reservation(id)).transpose()?;
         let placement = Placement { device, priority, tenant, reservation, compression };
-        // The cluster's `network.replicas` applies to a client's regions too, unless the client chose; tenants'
-        // regions stay on their home for now (refused when asked for, kept on the home by default).
+        // The cluster's `network.replicas` applies to a client's regions too, unless the client chose; a
+        // tenant's standby copies are the tenant's (`place_standbys`).
         let replicas = if replication.replicas == 0 { self.shared.net.replicas } else { replication.replicas };
-        let tenants = tenant != TenantId::default() || session.tenant.is_some();
-        if tenants && replication.replicas > 1 {
-            return Err(FabricError::Unavailable("a tenant's regions are kept on their home only, for now".into()));
-        }
-        let region = if replicas > 1 && !tenants {
+        let region = if replicas > 1 {
             rt.block_on(self.alloc_placed(size, placement, replication))?
         } else {
             in_place(|| self.fabric().alloc(size, placement))?
