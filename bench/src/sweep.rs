@@ -58,6 +58,13 @@ pub struct SweepArgs {
     /// Seconds of the iperf3 baseline of the peer pairs (0 skips it).
     #[arg(long, default_value_t = 3)]
     pub iperf_seconds: u64,
+    /// QUIC packet size (UDP payload bytes) between the agents of the peer pairs (default: the configuration's
+    /// `network.mtu`; loopback carries up to 16383).
+    #[arg(long)]
+    pub mtu: Option<u16>,
+    /// Bulk connections (lanes) between the agents of the peer pairs (default: the configuration's).
+    #[arg(long)]
+    pub lanes: Option<u16>,
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
@@ -224,7 +231,15 @@ pub fn run(args: &SweepArgs, command_line: &str) -> Result<(), String> {
             }
         };
         let all: Vec<Case> = peer.iter().flat_map(|p| cases(*p)).collect();
-        for (case, m) in peer_cases(&cfg, &all, &blocks)? {
+        let mut net = cfg.clone();
+        net.network.mtu = args.mtu.unwrap_or(cfg.network.mtu);
+        net.network.lanes = args.lanes.unwrap_or(cfg.network.lanes);
+        net.check("--mtu and --lanes").map_err(|e| e.to_string())?;
+        notes.push(format!(
+            "the peer pairs' agents: {}-byte packets, {} bulk lane(s)",
+            net.network.mtu, net.network.lanes
+        ));
+        for (case, m) in peer_cases(&net, &all, &blocks)? {
             rows.push(row(&case, &m, &tcp_name, tcp_gb_s));
         }
         notes.push(

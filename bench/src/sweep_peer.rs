@@ -68,7 +68,8 @@ impl Contents {
 pub fn peer_cases(cfg: &ClusterConfig, cases: &[Case], blocks: &[u64]) -> Result<Vec<(Case, Measured)>, String> {
     let region_bytes = region_bytes(cfg, cases, blocks);
     let page = cfg.memory.page_size.bytes().max(blocks.iter().copied().max().unwrap_or(0));
-    let mut pair_cfg = crate::remote::two_nodes(cfg, cfg.network.mtu, region_bytes, page, None, None)?;
+    let mut pair_cfg =
+        crate::remote::two_nodes(cfg, cfg.network.mtu, region_bytes, page, None, Some(cfg.network.lanes))?;
     // Host tiers the size of what the cases use, not the configuration's (each agent pins its own).
     pair_cfg.memory.host_arena = ByteSize(region_bytes + (256 << 20));
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());

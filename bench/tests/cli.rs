@@ -238,6 +238,7 @@ fn sweep_runs_every_point_of_its_grid_beside_a_baseline() {
     let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
         .args(["sweep", "--device", "emulated", "--pairs", "gpu0/host,host/peer:gpu0", "--blocks", "64KiB,1MiB"])
         .args(["--batch", "1,4", "--in-flight", "2", "--total", "4MiB", "--iperf-seconds", "0", "--name", "w"])
+        .args(["--mtu", "6500", "--lanes", "2"])
         .arg("--out")
         .arg(&dir)
         .output()
@@ -254,7 +255,8 @@ fn sweep_runs_every_point_of_its_grid_beside_a_baseline() {
         // The mover's baseline is a plain copy in the same run; the peer's, iperf3, was skipped (and said so).
         assert_eq!(r["ratio"].is_number(), local, "{r}");
     }
-    assert!(json["notes"].to_string().contains("iperf3 did not run"), "{json}");
+    let notes = json["notes"].to_string();
+    assert!(notes.contains("iperf3 did not run") && notes.contains("6500-byte packets, 2 bulk lane(s)"), "{json}");
     let bad = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
         .args(["sweep", "--device", "emulated", "--pairs", "gpu0/peer:host"])
         .output()
