@@ -42,21 +42,23 @@ def _bars(ax, labels: List[str], series: Dict[str, List[float]], ylabel: str) ->
     ax.grid(axis="y", alpha=0.3)
 
 
-def _cdf(ax, series: Dict[str, List[float]], xlabel: str) -> bool:
+def _cdf(ax, series: Dict[str, List[float]], xlabel: str, title: str) -> None:
     """Latency distributions: each series is 101 values, at every hundredth of the mass (the benches' `cdf`).
-    Returns whether any was drawn (results from before the benches wrote them have none)."""
+    Results from before the benches wrote them have none: the panel stays empty then."""
     drawn = False
     for name, values in series.items():
         if values:
             ax.plot(values, [i / (len(values) - 1) for i in range(len(values))], label=name)
             drawn = True
-    if drawn:
-        ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("share of calls at most")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return drawn
+    if not drawn:
+        ax.set_axis_off()
+        return
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("share of calls at most")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
 
 
 def _size(b: float) -> str:
@@ -122,10 +124,7 @@ def remote(d: Doc):
         size = _size(l.get("size", 0))
         curves[f"read {size}"] = l.get("read_cdf_us", [])
         curves[f"acquire {size}, new copy"] = l.get("acquire_cdf_us", [])
-    if _cdf(c, curves, "us"):
-        c.set_title("remote latency, distribution")
-    else:
-        c.set_axis_off()
+    _cdf(c, curves, "us", "remote latency, distribution")
     return fig
 
 
@@ -144,10 +143,7 @@ def local(d: Doc):
               "local client": d.get("local_client", {}).get("acquire_us", {}).get("cdf", []),
               "local client, metrics served":
                   d.get("local_client", {}).get("with_metrics", {}).get("acquire_us", {}).get("cdf", [])}
-    if _cdf(c, curves, "acquire of a resident page, us"):
-        c.set_title("acquire latency, distribution")
-    else:
-        c.set_axis_off()
+    _cdf(c, curves, "acquire of a resident page, us", "acquire latency, distribution")
     return fig
 
 
@@ -184,10 +180,7 @@ def status(d: Doc):
     calls = ("status", "scrape", "ping")
     _bars(ax, list(calls), {q: [d.get(k, {}).get(f"{q}_us", 0) for k in calls] for q in ("p50", "p99")}, "us")
     ax.set_title(f"an agent serving {d.get('regions', '?')} regions")
-    if _cdf(c, {k: d.get(k, {}).get("cdf_us", []) for k in calls}, "us"):
-        c.set_title("latency, distribution")
-    else:
-        c.set_axis_off()
+    _cdf(c, {k: d.get(k, {}).get("cdf_us", []) for k in calls}, "us", "latency, distribution")
     return fig
 
 

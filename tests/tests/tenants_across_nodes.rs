@@ -20,6 +20,15 @@ fn denied<T: std::fmt::Debug>(r: Result<T, FabricError>, what: &str) {
     }
 }
 
+/// `cfg` with tenants 3 and 4 in it (no quotas, no local users).
+fn with_tenants_3_and_4(mut cfg: vfabric::ClusterConfig) -> vfabric::ClusterConfig {
+    cfg.tenants = [3, 4]
+        .into_iter()
+        .map(|id| TenantSection { id, gpu: None, host: None, storage: None, uids: Vec::new() })
+        .collect();
+    cfg
+}
+
 #[test]
 fn a_tenants_calls_reach_only_its_regions_on_every_node() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
@@ -66,11 +75,7 @@ fn a_tenants_calls_reach_only_its_regions_on_every_node() {
 fn a_node_that_belongs_to_a_tenant_acts_for_it_only() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
-        let mut cfg = config(3);
-        cfg.tenants = [3, 4]
-            .into_iter()
-            .map(|id| TenantSection { id, gpu: None, host: None, storage: None, uids: Vec::new() })
-            .collect();
+        let mut cfg = with_tenants_3_and_4(config(3));
         // n2 belongs to tenant 3: `cluster init` (here the loopback helper) writes it into n2's certificate.
         cfg.nodes[2].tenant = Some(3);
         let ca = ClusterCa::generate("loop").expect("ca");
@@ -105,11 +110,7 @@ fn a_node_that_belongs_to_a_tenant_acts_for_it_only() {
 fn a_tenants_replicated_region_survives_its_home_and_stays_the_tenants() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
-        let mut cfg = config(3);
-        cfg.tenants = [3, 4]
-            .into_iter()
-            .map(|id| TenantSection { id, gpu: None, host: None, storage: None, uids: Vec::new() })
-            .collect();
+        let mut cfg = with_tenants_3_and_4(config(3));
         let ca = ClusterCa::generate("loop").expect("ca");
         let nodes = cluster(&cfg, &ca).await;
         let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
