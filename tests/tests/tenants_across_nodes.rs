@@ -110,7 +110,7 @@ fn a_node_that_belongs_to_a_tenant_acts_for_it_only() {
 fn a_tenants_replicated_region_survives_its_home_and_stays_the_tenants() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
-        let mut cfg = with_tenants_3_and_4(config(3));
+        let cfg = with_tenants_3_and_4(config(3));
         let ca = ClusterCa::generate("loop").expect("ca");
         let nodes = cluster(&cfg, &ca).await;
         let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
