@@ -16,6 +16,8 @@
 #                        pager status sweep local trace storage tiers train remote
 #   VFABRIC_PIN_GIB      size of the pin step's host memory files (default 8)
 #   VFABRIC_PYTEST      what the python step's pytest runs (default: python/tests)
+#   VFABRIC_SWEEP_PAIRS, VFABRIC_SWEEP_ARGS, VFABRIC_SWEEP_NAME   the sweep step's pairs, extra arguments (e.g.
+#                        --mtu 16383 --lanes 4) and result name (default: all four pairs, none, sweep-h200x1)
 #   VFABRIC_INFO_CONFIG  configuration of the info and sweep steps, given this machine's GPUs (default: h200x2.toml,
 #                        whose host tier is 24 GiB)
 set -uo pipefail
@@ -123,8 +125,10 @@ step status "$B/vfabric-bench" status --config "$CONFIG" --out "$OUT" --name sta
 # Block size x batch x in flight x read/write between GPU 0 and host memory, and to a peer's (vfabric-bench sweep).
 sweep() {
     machine_config
-    "$B/vfabric-bench" sweep --config "$W/machine.toml" --pairs gpu0/host,host/gpu0,host/peer:host,host/peer:gpu0 \
-        --out "$OUT" --name sweep-h200x1
+    # shellcheck disable=SC2086
+    "$B/vfabric-bench" sweep --config "$W/machine.toml" \
+        --pairs "${VFABRIC_SWEEP_PAIRS:-gpu0/host,host/gpu0,host/peer:host,host/peer:gpu0}" ${VFABRIC_SWEEP_ARGS:-} \
+        --out "$OUT" --name "${VFABRIC_SWEEP_NAME:-sweep-h200x1}"
 }
 step sweep sweep
 step local "$B/vfabric-bench" local --config "${VFABRIC_LOCAL_CONFIG:-cluster-configs/h200x2.toml}" --out "$OUT" --name "${VFABRIC_LOCAL_NAME:-local-h200x2}"
