@@ -38,6 +38,9 @@ ARGS[large_stream_recompute]="$LARGE --mode stream --act recompute --opt gpu --s
 ARGS[large_vfabric]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 8 --warmup 2"; TMO[large_vfabric]=240
 # The CPU's steps a chunk of 4 Mi parameters at a time (AdamW, then the chunk's compute copy while it is cached).
 ARGS[large_vfabric_chunk]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-chunk 4194304 --steps 8 --warmup 2"; TMO[large_vfabric_chunk]=240
+# The CPU's steps on fewer threads than cores (the loop's thread and the fabric's keep some).
+ARGS[large_vfabric_t12]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-threads 12 --steps 8 --warmup 2"; TMO[large_vfabric_t12]=240
+ARGS[large_vfabric_t8]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-threads 8 --steps 8 --warmup 2"; TMO[large_vfabric_t8]=240
 ARGS[large_vfabric_gpu]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --steps 8 --warmup 2"; TMO[large_vfabric_gpu]=240
 ARGS[large_allocator]="$LARGE --mode allocator --steps 8 --warmup 2";                 TMO[large_allocator]=120
 ARGS[large_resident_accum16]="$LARGE --mode resident --accum 16 --steps 4 --warmup 1"; TMO[large_resident_accum16]=150

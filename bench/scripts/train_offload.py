@@ -48,6 +48,8 @@ def parse():
     p.add_argument("--host-chunk", type=int, default=0,
                    help="vfabric: parameters of a CPU-stepped block whose AdamW and compute copy run together (0: whole block)")
     p.add_argument("--host-layers", type=int, default=0, help="vfabric: last blocks whose AdamW runs on the CPU")
+    p.add_argument("--host-threads", type=int, default=0,
+                   help="vfabric: threads of those CPU steps (0: PyTorch's default, one a core)")
     p.add_argument("--schedule", choices=["micro", "blocks"], default="micro",
                    help="vfabric with --accum: micro-batch by micro-batch (the unchanged loop), or block by block "
                         "(StreamedLayers.step_by_blocks: each group of micro-batches through a block before the next)")
@@ -343,10 +345,10 @@ name = "local"
     fabric = vfabric.Fabric(cfg)
     info = {"fabric_budget": a.fabric_budget, "host_arena_GiB": host, "fabric_start_s": round(time.perf_counter() - t0, 1),
             "device": fabric.device_kind, "lookahead": a.lookahead, "host_layers": a.host_layers,
-            "host_chunk": a.host_chunk}
+            "host_chunk": a.host_chunk, "host_threads": a.host_threads or torch.get_num_threads()}
     root = GPT(a, DEV, with_blocks=False)
     layers = vt.stream([], fabric, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd, lookahead=a.lookahead,
-                       host_chunk=a.host_chunk)
+                       host_chunk=a.host_chunk, host_threads=a.host_threads)
     blocks = nn.ModuleList()
     t0 = time.perf_counter()
     for i in range(a.layers):  # same init as the other modes: build the block on the GPU, hand it to the fabric

@@ -223,6 +223,124 @@ fn a_standby_that_etcd_counts_out_is_replaced_and_the_region_survives_its_home()
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
+/// Writes round `round` into every block of `r` through `a`, each write retried (for up to 20 s, `what` in
+/// the failure) until it is acknowledged.
+async fn write_round(a: &Agent, r: &vfabric::Region, round: u8, what: &str) {
+    let t = Instant::now();
+    for i in 0..BLOCKS {
+        while let Err(e) = a.write(r, (i * BLOCK) as u64, &block(i, round)).await {
+            assert!(t.elapsed() < Duration::from_secs(20), "{what}: block {i} of round {round}: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Reads every block of `r` through `a`, each retried (for up to 20 s) until it is served, and checks it holds
+/// round `round`; how long the first read took to be served.
+async fn read_round(a: &Agent, r: &vfabric::Region, round: u8, what: &str) -> Duration {
+    let t = Instant::now();
+    let mut served = None;
+    let mut buf = vec![0u8; BLOCK];
+    for i in 0..BLOCKS {
+        while let Err(e) = a.read(r, (i * BLOCK) as u64, &mut buf).await {
+            assert!(t.elapsed() < Duration::from_secs(20), "{what}: block {i}: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        served.get_or_insert(t.elapsed());
+        assert!(buf == block(i, round), "{what}: block {i} does not hold round {round}, an acknowledged write");
+    }
+    served.unwrap_or_default()
+}
+
+/// How many standby copies node `node` keeps, as it says through `a` (`vfabric status --node`).
+async fn kept_on(a: &Agent, node: u16) -> u64 {
+    let json = a.status_json(Some(node)).await.unwrap_or_else(|e| panic!("node {node}'s status: {e}"));
+    let status: serde_json::Value = serde_json::from_str(&json).expect("status JSON");
+    status["replication"]["kept"].as_u64().unwrap_or_else(|| panic!("no replication.kept in {json}"))
+}
+
+#[test]
+fn a_region_kept_on_three_nodes_survives_its_home_and_then_the_copy_that_took_over() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("members-three-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b", "c", "d"], 48500, 23793, "replicas = 3");
+    let _etcd = etcd(&dir, 23793);
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = start_here(&cfg, "a").await;
+        let (b, c, d) = (start(&config, "b"), start(&config, "c"), start(&config, "d"));
+        for node in 1..4 {
+            joined(&a, node).await;
+        }
+        // A region on b, its standbys on c and d (the next nodes), once b counts them members too.
+        let t = Instant::now();
+        let r = loop {
+            match a.alloc(1, (BLOCK * BLOCKS) as u64, None).await {
+                Ok(r) => break r,
+                Err(e) => assert!(t.elapsed() < Duration::from_secs(20), "no region on b kept on three nodes: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        write_round(&a, &r, 1, "b").await;
+        // b dies: one of its standbys takes over (the first to claim it in etcd), with every acknowledged write.
+        kill(Pid::from_raw(b.0.id() as i32), Signal::SIGKILL).expect("SIGKILL b");
+        let first = read_round(&a, &r, 1, "after b died").await;
+        // The copy that took over keeps the region on three nodes again (its standbys: d's copy, given the whole
+        // region again, and one on a), and takes writes once they have it.
+        write_round(&a, &r, 2, "the copy that took over").await;
+        let (homed, kept) = a.replication();
+        assert_eq!((homed, kept), (0, 1), "a keeps one standby copy for the copy that took over");
+        assert_eq!(kept_on(&a, 3).await, 1, "d's copy of b's region is the new home's standby: no second copy");
+        // That copy's node dies too: the third copy takes over, with round 2 whole, under the same handle.
+        kill(Pid::from_raw(c.0.id() as i32), Signal::SIGKILL).expect("SIGKILL c");
+        let second = read_round(&a, &r, 2, "after c died too").await;
+        write_round(&a, &r, 3, "the second copy that took over").await;
+        read_round(&a, &r, 3, "round 3").await;
+        eprintln!("the region was served {first:?} after b's SIGKILL and {second:?} after c's (lease_ttl_s = 2)");
+        a.shutdown().await;
+        drop((b, c, d));
+    });
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_standby_that_loses_the_takeover_in_etcd_sends_callers_to_the_first_copy_and_lets_its_own_go() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("members-claim-{}", std::process::id()));
+    let config = cluster(&dir, &["a", "b", "c"], 48550, 23794, "replicas = 2");
+    let _etcd = etcd(&dir, 23794);
+    let cfg = ClusterConfig::from_file(&config).expect("configuration");
+    runtime().block_on(async {
+        let a = start_here(&cfg, "a").await;
+        let (b, c) = (start(&config, "b"), start(&config, "c"));
+        for node in 1..3 {
+            joined(&a, node).await;
+        }
+        // A region on b (its standby on c), and another copy that claimed b's region first in etcd: a region
+        // on a with other bytes (what a copy that won the takeover elsewhere would be).
+        let t = Instant::now();
+        let r = loop {
+            match a.alloc(1, (BLOCK * BLOCKS) as u64, None).await {
+                Ok(r) => break r,
+                Err(e) => assert!(t.elapsed() < Duration::from_secs(20), "no replicated region on b: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        write_round(&a, &r, 1, "b").await;
+        assert_eq!(kept_on(&a, 2).await, 1, "c keeps b's standby copy");
+        let first = a.alloc_replicated(0, (BLOCK * BLOCKS) as u64, None, 1).await.expect("a region on a");
+        write_round(&a, &first, 9, "a").await;
+        let key = vfabric::agent::takeover_key(&cfg.cluster.name, &r);
+        let mut etcd_client = etcd_client::Client::connect([etcd_url(23794)], None).await.expect("etcd client");
+        etcd_client.put(key, vfabric::agent::region_text(&first), None).await.expect("the first claim");
+        // b dies. c finds the takeover claimed: it sends callers to the first copy and frees its own.
+        kill(Pid::from_raw(b.0.id() as i32), Signal::SIGKILL).expect("SIGKILL b");
+        read_round(&a, &r, 9, "b's handle after b died").await;
+        assert_eq!(kept_on(&a, 2).await, 0, "c let its copy go");
+        a.shutdown().await;
+        drop((b, c));
+    });
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
 #[test]
 fn a_node_the_configuration_does_not_list_joins_takes_an_id_and_keeps_it() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("members-unlisted-{}", std::process::id()));

@@ -111,6 +111,7 @@ class LayerStream:
         host_ops: Optional[Ops] = None,
         piece_bytes: int = PIECE_BYTES,
         host_chunk: int = 0,
+        host_threads: int = 0,
     ):
         self.fabric = fabric
         self.device = device
@@ -123,6 +124,10 @@ class LayerStream:
         """Elements of a layer the CPU's step takes at once, AdamW then the compute copy of the same elements,
         while they are still in the CPU's caches (0: AdamW over the whole layer, then its compute copy, which
         reads the master weights from memory again)."""
+        self.host_threads = max(0, host_threads)
+        """Threads the CPU's steps run their operations on (0: the array library's default, often one a core;
+        fewer leave cores to the loop's own thread and the fabric's, which a step's operations otherwise wait
+        for at every barrier)."""
         self.accumulating = False
         """Whether backward passes only add gradients up (every micro-batch of a step but the last)."""
         self.waited = {"acquire": 0.0, "retire": 0.0, "hints": 0.0, "host_steps": 0.0}
@@ -351,7 +356,9 @@ class LayerStream:
 
     def _host_worker(self) -> None:
         q = self._host_queue
-        assert q is not None
+        assert q is not None and self.host_ops is not None
+        if self.host_threads:
+            self.host_ops.threads(self.host_threads)
         while True:
             job = q.get()
             if job is None:

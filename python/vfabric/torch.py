@@ -86,6 +86,7 @@ def stream(
     lookahead: int = 2,
     host_layers: int = 0,
     host_chunk: int = 0,
+    host_threads: int = 0,
 ) -> Any:
     """Streams `layers` (an iterable of modules, e.g. a model's `nn.ModuleList` of blocks, run in order) through
     the GPU `device` of `fabric` (default: a new embedded fabric, and its first GPU), with AdamW (`lr`, `betas`,
@@ -95,7 +96,8 @@ def stream(
     kept for the backward pass, which recomputes each layer. The last `host_layers` layers (those the backward
     pass reaches first) take their AdamW step on the CPU beside the GPU, their states kept in host memory: the
     GPU's link then carries a fifth of their bytes; `host_chunk` (parameters) has the CPU write their compute
-    copy a chunk at a time right after AdamW, while the chunk is in its caches (0: after the whole layer). Returns the `StreamedLayers`: set `accumulating` for the
+    copy a chunk at a time right after AdamW, while the chunk is in its caches (0: after the whole layer);
+    `host_threads` bounds the threads those CPU steps use (0: PyTorch's default, one a core). Returns the `StreamedLayers`: set `accumulating` for the
     micro-batches of a step but the last, and give `other_parameters(model)` to your own optimizer."""
     import torch
 
@@ -112,6 +114,7 @@ def stream(
         compute_dtype=compute_dtype if compute_dtype is not None else torch.bfloat16,
         lookahead=lookahead,
         host_chunk=host_chunk,
+        host_threads=host_threads,
     )
     layers = list(layers)
     if not 0 <= host_layers <= len(layers):

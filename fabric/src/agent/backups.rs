@@ -99,6 +99,15 @@ struct Kept {
     by_home: HashMap<Region, Region>,
 }
 
+impl Kept {
+    fn forget(&mut self, copy: &Region) {
+        if let Some(s) = self.by_copy.remove(copy) {
+            self.by_home.remove(&s.home);
+            self.by_home.remove(&s.origin);
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -158,13 +167,40 @@ impl Backups {
         kept.by_copy.insert(copy, Standby { home, origin, replicas, state: Arc::default() });
     }
 
+    /// Makes the copy kept here of `origin` (a region this node keeps a standby of under another home, not
+    /// promoted: its home died and another of its copies took over) the standby copy of `home`, the copy that
+    /// took over, with a fresh state: the region's bytes come again whole from its new home. The copy, or
+    /// `None` when there is none to reuse (`Err` when the copy here took over itself: this node is a home of
+    /// the region).
+    pub(crate) fn rehome(&self, home: Region, origin: Region, replicas: u8) -> Result<Option<Region>, Region> {
+        let mut kept = lock(&self.kept);
+        let Some(copy) = kept.by_home.get(&origin).copied() else { return Ok(None) };
+        let Some(old) = kept.by_copy.get(&copy) else { return Ok(None) };
+        if old.state.try_lock().map_or(true, |s| s.promoted) {
+            // Promoted, or being promoted or written right now: not this node's to give up.
+            return Err(copy);
+        }
+        let old_home = old.home;
+        kept.by_home.remove(&old_home);
+        kept.by_home.insert(home, copy);
+        kept.by_copy.insert(copy, Standby { home, origin, replicas, state: Arc::default() });
+        Ok(Some(copy))
+    }
+
+    /// Forgets `copy` as a standby if it still is the standby of `home` (a copy that lost the takeover of
+    /// `home` to another: unless that one made it its own standby meanwhile, it is freed); whether it did.
+    pub(crate) fn forget_copy_of(&self, copy: &Region, home: &Region) -> bool {
+        let mut kept = lock(&self.kept);
+        if !kept.by_copy.get(copy).is_some_and(|s| s.home == *home) {
+            return false;
+        }
+        kept.forget(copy);
+        true
+    }
+
     /// Forgets `copy` (freed) as a standby.
     pub(crate) fn forget_copy(&self, copy: &Region) {
-        let mut kept = lock(&self.kept);
-        if let Some(s) = kept.by_copy.remove(copy) {
-            kept.by_home.remove(&s.home);
-            kept.by_home.remove(&s.origin);
-        }
+        lock(&self.kept).forget(copy);
     }
 
     /// How many standby copies this node keeps for other homes.

@@ -37,6 +37,21 @@ impl Agent {
         if let Some((copy, _)) = self.shared.backups.copy_of(&home) {
             return Ok(Message::Allocated { region: WireRegion::from(&copy) });
         }
+        // A copy that took over from a dead home asks for standbys of its own: a node that kept another copy of
+        // the same region gives it (the new home sends the whole region to it).
+        match self.shared.backups.rehome(home, origin, replicas) {
+            Ok(Some(copy)) => {
+                tracing::info!(region = %home, copy = %copy, "a standby copy of a dead home's region now keeps the copy that took over");
+                return Ok(Message::Allocated { region: WireRegion::from(&copy) });
+            }
+            Ok(None) => {}
+            Err(copy) => {
+                return Err(FabricError::Unavailable(format!(
+                    "node {} keeps {copy} for {origin}, which took over or is being written: no standby of {home} here",
+                    self.node()
+                )))
+            }
+        }
         let placement = Placement { tenant: TenantId(tenant), ..Placement::on(Location::Host) };
         let copy = in_place(|| self.shared.fabric.alloc(home.len, placement))?;
         self.shared.backups.keep(home, origin, copy, replicas);
@@ -100,6 +115,9 @@ impl Agent {
         let (home, node) = (standby.home, standby.home.addr.node().0);
         let mut state = standby.state.lock().await;
         if !state.promoted && asked_by == node {
+            if let Some(first) = self.settle_takeover(&home, &copy).await? {
+                return Ok(first);
+            }
             state.promoted = true;
             tracing::info!(region = %home, copy = %copy, node, "took over a region its home handed over");
             self.adopt_later(copy, &standby, node);
@@ -119,11 +137,36 @@ impl Agent {
                     self.node()
                 )));
             }
+            if let Some(first) = self.settle_takeover(&home, &copy).await? {
+                return Ok(first);
+            }
             state.promoted = true;
             tracing::warn!(region = %home, copy = %copy, node, "took over a region whose home died");
             self.adopt_later(copy, &standby, node);
         }
         Ok(copy)
+    }
+
+    /// With `[membership]`, settles in etcd whether `copy`, this node's standby copy of `home`, takes over from
+    /// it: `None` when it does (or the cluster keeps no membership, where a region has one standby only), else
+    /// the copy that claimed it first, which callers are sent to; this node's copy is then freed, unless that
+    /// one made it its own standby meanwhile.
+    async fn settle_takeover(&self, home: &Region, copy: &Region) -> Result<Option<Region>, FabricError> {
+        if !self.in_etcd() {
+            return Ok(None);
+        }
+        #[cfg(feature = "etcd")]
+        let first = self.claim_takeover(home, copy).await?;
+        #[cfg(not(feature = "etcd"))]
+        let first: Option<Region> = None;
+        let Some(first) = first else { return Ok(None) };
+        if self.shared.backups.forget_copy_of(copy, home) {
+            tracing::info!(region = %home, copy = %copy, first = %first, "another copy took over first: this one is freed");
+            if let Err(e) = in_place(|| self.shared.fabric.free(copy)) {
+                tracing::warn!(copy = %copy, error = %e, "freeing a standby copy that another took over from failed");
+            }
+        }
+        Ok(Some(first))
     }
 
     /// Makes `copy`, which just took over as `standby` from its home `old_home`, a region of this node: one kept

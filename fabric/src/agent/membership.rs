@@ -9,18 +9,25 @@
 //! (`/vfabric/<cluster>/ids/<name>`, and `/vfabric/<cluster>/nodes/<id>` naming it, both created in one
 //! transaction and kept: a node that restarts finds its id again), and it registers as `<id>@<address>`, which
 //! is how the others learn its id.
+//!
+//! The takeovers of replicated regions are settled here too: a standby copy takes over from its dead home only
+//! if it is the first to claim the home's region in etcd (`/vfabric/<cluster>/takeovers/<region>`, created
+//! once and kept), so that of several standbys exactly one does, and the others send callers to it.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 
 use super::shared::{lock, Agent};
 use super::standing::{Registration, Standing};
 use crate::config::MembershipSection;
+use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError};
+use crate::proto::message::WireRegion;
 
 /// Where the members of cluster `cluster` register.
 pub fn members_prefix(cluster: &str) -> String {
@@ -192,6 +199,40 @@ impl Agent {
         }
     }
 
+    /// Claims, in etcd, the takeover of `home` (a region whose home died) for `copy`, this node's standby copy
+    /// of it: `Ok(None)` when this node is the first to claim it, else the copy that claimed it first. Kept in
+    /// etcd for good: a copy that lost cannot claim it later (after the winner dies, the winner's own
+    /// standbys take over from it, under the winner's region).
+    pub(crate) async fn claim_takeover(&self, home: &Region, copy: &Region) -> Result<Option<Region>, FabricError> {
+        let Some(mut client) = self.shared.registration.lock().await.as_ref().map(|r| r.client.clone()) else {
+            return Err(FabricError::Unavailable(format!(
+                "node {} is no member of the cluster now: it cannot claim {home}",
+                self.node()
+            )));
+        };
+        let failed = |e: etcd_client::Error| {
+            FabricError::Unavailable(format!("claiming the takeover of {home} in etcd failed: {e}"))
+        };
+        let key = takeover_key(&self.shared.cluster, home);
+        let claim = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), region_text(copy), None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let answer = client.txn(claim).await.map_err(failed)?;
+        if answer.succeeded() {
+            return Ok(None);
+        }
+        let first = answer.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(got) => got.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        });
+        match first.as_deref().map(String::from_utf8_lossy).as_deref().and_then(region_from_text) {
+            Some(winner) if winner == *copy => Ok(None),
+            Some(winner) => Ok(Some(winner)),
+            None => Err(FabricError::Unavailable(format!("{key} in etcd names no region: {home} is not taken over"))),
+        }
+    }
+
     async fn node_named(&self, name: &str) -> Option<u16> {
         for (i, p) in self.shared.peers.iter().enumerate() {
             if p.lock().await.name == name {
@@ -200,6 +241,28 @@ impl Agent {
         }
         None
     }
+}
+
+/// Where etcd keeps which copy took over from `home`, a region of cluster `cluster` whose home died: the
+/// copy as [`region_text`] writes it.
+pub fn takeover_key(cluster: &str, home: &Region) -> String {
+    let h = WireRegion::from(home);
+    format!("/vfabric/{cluster}/takeovers/{:x}.{}.{}", h.addr, h.slot, h.generation)
+}
+
+/// A region as a takeover's claim names it: `addr len page_size slot generation`.
+pub fn region_text(r: &Region) -> String {
+    let w = WireRegion::from(r);
+    format!("{:x} {} {} {} {}", w.addr, w.len, w.page_size, w.slot, w.generation)
+}
+
+/// [`region_text`] read back.
+fn region_from_text(text: &str) -> Option<Region> {
+    let mut it = text.split(' ');
+    let addr = u64::from_str_radix(it.next()?, 16).ok()?;
+    let mut num = || it.next()?.parse::<u64>().ok();
+    let (len, page_size, slot, generation) = (num()?, num()?, num()?, num()?);
+    Some(Region::from(&WireRegion { addr, len, page_size, slot: slot.try_into().ok()?, generation }))
 }
 
 /// Renews lease `lease` a few times per `ttl_s`, noting each renewal in `agent`'s standing; a renewal that

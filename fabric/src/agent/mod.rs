@@ -64,7 +64,7 @@ pub use launch::{rank_name, JobRank};
 pub use link::LinkStats;
 pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};
 #[cfg(feature = "etcd")]
-pub use membership::members_prefix;
+pub use membership::{members_prefix, region_text, takeover_key};
 pub use metrics_server::MetricsServer;
 pub use remote_lease::{version_after_release, AgentLease};
 pub use replication::Replication;

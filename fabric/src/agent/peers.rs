@@ -61,6 +61,14 @@ impl Agent {
         true
     }
 
+    /// Whether the cluster keeps its membership in etcd (`[membership]`).
+    pub(crate) fn in_etcd(&self) -> bool {
+        #[cfg(feature = "etcd")]
+        return self.shared.membership;
+        #[cfg(not(feature = "etcd"))]
+        false
+    }
+
     /// The lanes to peer `node` that have an open connection, by number (each is dialled on first use).
     pub async fn open_lanes(&self, node: u16) -> Result<Vec<usize>, FabricError> {
         let p = self.peer(node)?.lock().await;

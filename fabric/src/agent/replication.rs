@@ -10,7 +10,7 @@ use vfabric_allocator::Location;
 use super::acting;
 use super::backups::{serves_alone, HomeEntry, Standbys};
 use super::shared::{in_place, Agent};
-use crate::config::MAX_REPLICAS;
+use crate::config::{MAX_REPLICAS, MAX_REPLICAS_WITHOUT_ETCD};
 use crate::directory::{Placement, RegionHandle as Region};
 use crate::error::FabricError;
 use crate::proto::convert::unexpected;
@@ -23,7 +23,8 @@ pub(crate) const REPLICA_PIECE: u64 = 16 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Replication {
     /// Nodes that keep its released writes, its home included: `1` its home only, `2` also a standby copy in
-    /// another node's host memory that takes over when the home dies; `0` takes `network.replicas`.
+    /// another node's host memory that takes over when the home dies, up to `config::MAX_REPLICAS` with
+    /// `[membership]` (etcd settles which standby takes over); `0` takes `network.replicas`.
     pub replicas: u8,
     /// How far behind its home the standby may be: `Some(Duration::ZERO)` not at all (a write returns once
     /// the standby has it); more lets writes return at once, their bytes following in the background within
@@ -65,8 +66,8 @@ enum Failure {
 }
 
 impl Agent {
-    /// Allocates a region of this node kept as `keep` says (defaults from the cluster's `[network]`): with 2
-    /// replicas, a standby copy goes to the next node of the cluster's list that answers. Refused, with nothing
+    /// Allocates a region of this node kept as `keep` says (defaults from the cluster's `[network]`): with N
+    /// replicas, a standby copy goes to each of the next N - 1 nodes of the cluster's list that answer. Refused, with nothing
     /// left allocated, when no node takes the copy.
     pub(crate) async fn alloc_at_home(
         &self,
@@ -92,6 +93,12 @@ impl Agent {
         if replicas > MAX_REPLICAS {
             return Err(FabricError::Unavailable(format!(
                 "{replicas} replicas asked: a region is kept on at most {MAX_REPLICAS} nodes"
+            )));
+        }
+        if replicas > MAX_REPLICAS_WITHOUT_ETCD && !self.in_etcd() {
+            return Err(FabricError::Unavailable(format!(
+                "{replicas} replicas asked: more than {MAX_REPLICAS_WITHOUT_ETCD} needs the cluster's membership in \
+                 etcd ([membership]), which settles which standby takes over"
             )));
         }
         // A call made for a tenant allocates under its name (its standby copies too: `place_standbys`).

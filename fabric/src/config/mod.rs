@@ -284,7 +284,9 @@ pub struct NetworkSection {
     pub max_local_clients: u32,
     /// Nodes that hold each region's released writes, its home included, unless the region asks otherwise:
     /// `1` keeps them on the home only; `2` also keeps a standby copy in the host memory of the next node of
-    /// the list that answers, which takes over as the region's home when the home dies (at most 2 for now).
+    /// the list that answers, which takes over as the region's home when the home dies; up to
+    /// [`MAX_REPLICAS`], a standby copy on each of the next nodes that answer. More than 2 needs
+    /// `[membership]`: which standby takes over from a dead home is settled in etcd.
     pub replicas: u8,
     /// How far (ms) a replicated region's standby may lag its home unless the region says otherwise
     /// (`agent::Replication`): `0`, the default, none (a write returns once the standby has it); more lets
@@ -296,8 +298,12 @@ pub struct NetworkSection {
     pub drain: bool,
 }
 
-/// The most nodes a region's writes are kept on (its home and one standby).
-pub const MAX_REPLICAS: u8 = 2;
+/// The most nodes a region's writes are kept on (its home and three standbys).
+pub const MAX_REPLICAS: u8 = 4;
+
+/// The most nodes a region's writes are kept on without `[membership]` (its home and one standby): with more
+/// standbys, which one takes over needs an arbiter that every node agrees on, etcd.
+pub const MAX_REPLICAS_WITHOUT_ETCD: u8 = 2;
 
 impl Default for NetworkSection {
     fn default() -> Self {
@@ -491,7 +497,16 @@ impl ClusterConfig {
         }
         let replicas = self.network.replicas;
         if replicas == 0 || replicas > MAX_REPLICAS {
-            return Err(bad(format!("network.replicas is {replicas}: it must be 1 or 2 (the home and one standby)")));
+            return Err(bad(format!(
+                "network.replicas is {replicas}: it must be 1 to {MAX_REPLICAS} (the home and up to {} standbys)",
+                MAX_REPLICAS - 1
+            )));
+        }
+        if replicas > MAX_REPLICAS_WITHOUT_ETCD && self.membership.is_none() {
+            return Err(bad(format!(
+                "network.replicas is {replicas}: more than {MAX_REPLICAS_WITHOUT_ETCD} needs [membership] (etcd \
+                 settles which standby takes over from a dead home)"
+            )));
         }
         if usize::from(replicas) > self.nodes.len().max(1) {
             return Err(bad(format!(
