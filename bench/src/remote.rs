@@ -558,39 +558,42 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             c.read_gbit_s.0
         );
     }
-    let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);
-    let _ = writeln!(
-        md,
-        "| packet | size | page | read p50 / p99 | acquire(Read) onto {}, new copy p50 / p99 | again, copy current p50 / p99 | ranges | a bare call (ping) p50 / p99 |",
-        args.acquire_device
-    );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-    for l in &lat {
+    // `--latency-samples 0` times none: no table.
+    if args.latency_samples > 0 {
+        let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {} | {:.0} / {:.0} us |",
-            l.mtu,
-            ByteSize(l.size),
-            ByteSize(l.page),
-            l.p50_us,
-            l.p99_us,
-            l.acquire_p50_us,
-            l.acquire_p99_us,
-            l.acquire_current_p50_us,
-            l.acquire_current_p99_us,
-            l.acquire_samples,
-            l.ping_p50_us,
-            l.ping_p99_us
+            "| packet | size | page | read p50 / p99 | acquire(Read) onto {}, new copy p50 / p99 | again, copy current p50 / p99 | ranges | a bare call (ping) p50 / p99 |",
+            args.acquire_device
         );
-    }
-    if lat.iter().any(|l| l.size < l.page) {
-        let _ = writeln!(
-            md,
-            "\nRequests smaller than a page acquire the whole page: after the first range of a page, a \"new copy\" \
-             finds this node's copy of the page current. For the latency of a page of that size, give the agents \
-             that page size (`memory.page_size`; `VFABRIC_MEMORY='page_size = \"64KiB\"'` with \
-             scripts/remote-bench-procs.sh)."
-        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+        for l in &lat {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {} | {:.0} / {:.0} us |",
+                l.mtu,
+                ByteSize(l.size),
+                ByteSize(l.page),
+                l.p50_us,
+                l.p99_us,
+                l.acquire_p50_us,
+                l.acquire_p99_us,
+                l.acquire_current_p50_us,
+                l.acquire_current_p99_us,
+                l.acquire_samples,
+                l.ping_p50_us,
+                l.ping_p99_us
+            );
+        }
+        if lat.iter().any(|l| l.size < l.page) {
+            let _ = writeln!(
+                md,
+                "\nRequests smaller than a page acquire the whole page: after the first range of a page, a \"new copy\" \
+                 finds this node's copy of the page current. For the latency of a page of that size, give the agents \
+                 that page size (`memory.page_size`; `VFABRIC_MEMORY='page_size = \"64KiB\"'` with \
+                 scripts/remote-bench-procs.sh)."
+            );
+        }
     }
     let _ = writeln!(
         md,
