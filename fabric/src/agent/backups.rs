@@ -1,9 +1,10 @@
 //! Replicated regions, as tables: this node's regions whose released writes other nodes also keep (their
 //! standby copies), and the standby copies this node keeps for other homes.
 //!
-//! A region allocated with `replicas = 2` has a standby copy in the host memory of another node, which every
-//! write and write lease released at the home reaches before the call returns (`super::replication`). When
-//! the home dies, a caller asks the standby's node to take over (`super::failover`): from then on the copy is
+//! A region allocated with `replicas = 2` has a standby copy in the host memory of another node (with
+//! `replicas = N`, one on each of N - 1 others), which every write and write lease released at the home reaches
+//! before the call returns (`super::replication`). When the home dies, a caller asks the standby's node to take
+//! over (`super::failover`; with several standbys, the first to claim it in etcd does): from then on the copy is
 //! the region, callers' location hints point at it, and the old home, should it come back, learns it at its
 //! first exchange with the copy and sends its callers there. No acknowledged write is lost, and two homes
 //! never serve one region at once:

@@ -64,6 +64,12 @@ fn bad_configs_are_reported() {
     assert!(bad("[network]\nmtu = 16384\n").contains("mtu"));
     assert!(bad("[network]\nheartbeat_ms = 500\ndead_after_ms = 400\n").contains("dead_after_ms"));
     assert!(bad("[network]\nlanes = 0\n").contains("lanes"));
+    let nodes = "[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7000\"\n[[node]]\nname = \"b\"\naddress = \"10.0.0.2:7000\"\n\
+                 [[node]]\nname = \"c\"\naddress = \"10.0.0.3:7000\"\n";
+    assert!(bad(&format!("[network]\nreplicas = 3\n{nodes}")).contains("needs [membership]"));
+    assert!(bad(&format!("[network]\nreplicas = 5\n{nodes}")).contains("1 to 4"));
+    let three = format!("{base}[network]\nreplicas = 3\n[membership]\netcd = [\"http://10.0.0.9:2379\"]\n{nodes}");
+    assert_eq!(ClusterConfig::from_toml(&three, "t").expect("3 replicas with etcd").network.replicas, 3);
     assert!(bad("[network]\nsocket_buffer = \"4GiB\"\n").contains("socket_buffer"));
     assert!(bad("[storage]\npath = \"/x\"\nsize = \"3MiB\"\n").contains("storage.size"));
     assert!(bad("[storage]\npath = \"/x\"\nsize = \"4MiB\"\ndepth = 3\n").contains("storage.depth"));
