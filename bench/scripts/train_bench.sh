@@ -38,6 +38,9 @@ ARGS[large_stream_recompute]="$LARGE --mode stream --act recompute --opt gpu --s
 ARGS[large_vfabric]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 8 --warmup 2"; TMO[large_vfabric]=240
 # The CPU's steps a chunk of 4 Mi parameters at a time (AdamW, then the chunk's compute copy while it is cached).
 ARGS[large_vfabric_chunk]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-chunk 4194304 --steps 8 --warmup 2"; TMO[large_vfabric_chunk]=240
+# The CPU's share chosen by the stream from what each step measures (vfabric.balance.HostShare), from half the
+# blocks; more warmup steps, in which it settles.
+ARGS[large_vfabric_auto]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers auto --steps 14 --warmup 6"; TMO[large_vfabric_auto]=240
 # The CPU's steps on fewer threads than cores (the loop's thread and the fabric's keep some).
 ARGS[large_vfabric_t12]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-threads 12 --steps 8 --warmup 2"; TMO[large_vfabric_t12]=240
 ARGS[large_vfabric_t8]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-threads 8 --steps 8 --warmup 2"; TMO[large_vfabric_t8]=240

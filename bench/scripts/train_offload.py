@@ -47,7 +47,9 @@ def parse():
     p.add_argument("--lookahead", type=int, default=2, help="vfabric: blocks prefetched ahead")
     p.add_argument("--host-chunk", type=int, default=0,
                    help="vfabric: parameters of a CPU-stepped block whose AdamW and compute copy run together (0: whole block)")
-    p.add_argument("--host-layers", type=int, default=0, help="vfabric: last blocks whose AdamW runs on the CPU")
+    p.add_argument("--host-layers", default="0",
+                   help="vfabric: last blocks whose AdamW runs on the CPU, or `auto` (half of them to start; the stream "
+                        "then chooses step by step from what each step measured)")
     p.add_argument("--host-threads", type=int, default=0,
                    help="vfabric: threads of those CPU steps (0: PyTorch's default, one a core)")
     p.add_argument("--schedule", choices=["micro", "blocks"], default="micro",
@@ -74,7 +76,10 @@ def parse():
     p.add_argument("--tag", default="")
     p.add_argument("--json", default="")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+    a = p.parse_args()
+    a.auto_host = a.host_layers == "auto"
+    a.host_layers = a.layers // 2 if a.auto_host else int(a.host_layers)
+    return a
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -324,7 +329,7 @@ def setup_vfabric(a):
     n_block = sum(math.prod(s) for _, s in param_spec(a.d))
     # Host memory holds every block's compute copy, master weights and moments, and fp32 gradient sums (blocks
     # stepped on the CPU, or accumulating).
-    per_block = n_block * (2 + 12 + (4 if a.accum > 1 or a.host_layers else 0))
+    per_block = n_block * (2 + 12 + (4 if a.accum > 1 or a.host_layers or a.auto_host else 0))
     host = -(-int(a.layers * per_block * 1.04 + (1 << 30)) // (1 << 30))
     cfg = os.path.join(tempfile.mkdtemp(), "train.toml")
     with open(cfg, "w") as f:
@@ -349,12 +354,16 @@ name = "local"
     root = GPT(a, DEV, with_blocks=False)
     layers = vt.stream([], fabric, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd, lookahead=a.lookahead,
                        host_chunk=a.host_chunk, host_threads=a.host_threads)
+    if a.auto_host:
+        info["host_layers"] = f"auto from {a.host_layers}"
     blocks = nn.ModuleList()
     t0 = time.perf_counter()
     for i in range(a.layers):  # same init as the other modes: build the block on the GPU, hand it to the fabric
         b = Block(a.d, a.heads, DEV)
         init_block_(b, i, a.layers, a.seed)
         blocks.append(layers.adopt(b, on_host=i >= a.layers - a.host_layers))
+    if a.auto_host:
+        layers.stream.balance_host_layers()
     if CUDA:
         torch.cuda.empty_cache()
     root.blocks = blocks
@@ -708,6 +717,8 @@ def main():
         per = a.steps - a.warmup
         res["waited_ms_per_step"] = {k: round((v - waited0[k]) / per * 1e3, 1) for k, v in streamed.waited.items()}
         res["host_busy_ms_per_step"] = {k: round((v - busy0[k]) / per * 1e3, 1) for k, v in streamed.host_busy.items()}
+    if streamed is not None and streamed.stream.balance is not None:
+        res["host_share"] = streamed.stream.balance.describe()
     if fabric is not None:
         traffic = fabric.stats()["traffic"]
         res["fabric_traffic_GB"] = {k: round(v / 1e9, 1) for k, v in traffic.items() if k != "stages"}

@@ -185,6 +185,35 @@ def test_streamed_layers_train_as_the_resident_model_does(tight, micro_batches, 
     assert tight.stats()["directory"]["regions"] == 0
 
 
+# The CPU's share changed between steps (by hand, and by the balance from what the steps measured).
+@pytest.mark.parametrize("shares", [(3, 1, 5, 0), "auto"])
+def test_the_cpus_share_changes_between_steps_and_the_numbers_stay_the_resident_models(tight, shares):
+    ref, run = Resident(), Streamed(tight, on_host=3)
+    s = run.stream
+    if shares == "auto":
+        s.balance_host_layers()
+    for step in range(4):
+        if shares != "auto":
+            s.set_host_layers(shares[step])
+            assert s.host_layers() == shares[step]
+        for k in range(2):
+            x, t = batch(10 * step + k)
+            assert run.micro(x, t, k == 1) == ref.micro(x, t, k == 1), f"step {step} micro-batch {k}"
+            if k == 0:
+                with pytest.raises(ValueError, match="between optimizer steps"):
+                    s.set_host_layers(2)  # gradient sums are held
+    s.flush()
+    for i in range(LAYERS):
+        got = master_of(s, i)
+        for k, v in ref.master[i].items():
+            assert np.array_equal(got[k], v.reshape(-1)), f"layer {i} {k}"
+    if shares == "auto":
+        assert s.balance is not None and len(s.balance.history) >= 1, "the balance judged steps"
+    with pytest.raises(ValueError, match="between 0 and the 6 layers"):
+        s.set_host_layers(7)
+    s.close()
+
+
 def test_a_view_kept_past_its_layer_stops_the_stream_with_lease_in_use(tight):
     run = Streamed(tight)
     s = run.stream

@@ -45,6 +45,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from vfabric.balance import HostShare
 from vfabric.stream_layout import ITEMSIZE, PIECE_BYTES, AdamW, Array, Event, LayerLayout, Ops, ParamSpec, Part, Piece
 
 __all__ = ["AdamW", "LayerLayout", "LayerStream", "Ops", "ParamSpec"]
@@ -135,6 +136,10 @@ class LayerStream:
         """Seconds the CPU's worker spent on the layers it steps, by part: leasing their gradient sums, states and
         compute copies in host memory (waiting for write-backs to land), AdamW, writing the compute copy, and
         letting the leases go. Beside `waited["host_steps"]`, it says whether the CPU bounds a step."""
+        self.balance: Optional[HostShare] = None
+        """When set (`balance_host_layers`), it chooses how many layers step on the CPU, step by step."""
+        self._mark: Optional[Tuple[float, float, float]] = None
+        self._stepped = False
         self.flushed_for_runs = 0
         """Times a part found no run of frames until the pending layers let theirs go."""
         self._layers: List[_Layer] = []
@@ -186,6 +191,31 @@ class LayerStream:
         self.flush()
         return i
 
+    def host_layers(self) -> int:
+        """How many layers take their optimizer step on the CPU."""
+        return sum(layer.on_host for layer in self._layers)
+
+    def set_host_layers(self, k: int) -> None:
+        """The last `k` layers take their optimizer steps on the CPU from the next step on, the others on the
+        device. Between optimizer steps only (no gradient sums held); what is pending is waited for first. A
+        layer's states stay where they are and go where its next step needs them."""
+        if not 0 <= k <= len(self._layers):
+            raise ValueError(f"host layers must be between 0 and the {len(self._layers)} layers, not {k}")
+        if k and self.host_ops is None:
+            raise ValueError("layers stepped on the host need the stream's host_ops")
+        if any(layer.accumulated for layer in self._layers):
+            raise ValueError("the CPU's share of the steps changes between optimizer steps, not while gradients add up")
+        self.flush()
+        for i, layer in enumerate(self._layers):
+            layer.on_host = i >= len(self._layers) - k
+
+    def balance_host_layers(self) -> None:
+        """Has the stream choose how many layers step on the CPU from what each optimizer step measures
+        (`vfabric.balance.HostShare`), starting from how many do now."""
+        if self.host_ops is None:
+            raise ValueError("balancing the CPU's share needs the stream's host_ops")
+        self.balance = HostShare(len(self._layers), self.host_layers())
+
     def master_weights(self, i: int) -> Dict[str, bytes]:
         """Layer `i`'s fp32 master weights, read from the fabric: per parameter, its bytes (little-endian)."""
         self._retire_layer(i)
@@ -222,6 +252,8 @@ class LayerStream:
     def forward_weights(self, i: int) -> Dict[str, Array]:
         """Layer `i`'s parameters for its forward pass (its compute copy, leased for reading), prefetching the
         next layers'. Valid until `forward_done(i)`: the caller drops them by then."""
+        if i == 0 and self.balance is not None:
+            self._judge_step()
         layer = self._layers[i]
         self._retire_layer(i)
         self._wait_host_step(layer)
@@ -297,6 +329,8 @@ class LayerStream:
                 layer.accumulated = 0
             self._write_compute_copy(layer, ops)
             write_back += ["weights", "states"]
+        if i == 0 and not self.accumulating:
+            self._stepped = True
         self._pend(i, write_back=write_back, free=free, host_step=host_step)
         # The previous layer's states (or sums) come while this layer's step runs.
         if i > 0:
@@ -305,6 +339,19 @@ class LayerStream:
                 self._prefetch(prev, "states")
             if prev.grads is not None:
                 self._prefetch(prev, "grads")
+
+    def _judge_step(self) -> None:
+        """At the first layer's forward: once an optimizer step lies between this one and the last mark, the
+        balance judges it (and may change the CPU's share); the mark moves here."""
+        assert self.balance is not None
+        now, waited, busy = time.perf_counter(), self.waited["host_steps"], sum(self.host_busy.values())
+        if self._mark is not None and self._stepped:
+            t, w, b = self._mark
+            k = self.balance.observe(now - t, waited - w, busy - b)
+            if k != self.host_layers():
+                self.set_host_layers(k)
+        if self._mark is None or self._stepped:
+            self._mark, self._stepped = (now, waited, busy), False
 
     # ------------------------------------------------------------------------------------------------ the CPU
     def _step_on_host(self, i: int, grads: Any) -> None:

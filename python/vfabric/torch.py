@@ -84,7 +84,7 @@ def stream(
     weight_decay: float = 0.01,
     compute_dtype: Any = None,
     lookahead: int = 2,
-    host_layers: int = 0,
+    host_layers: Union[int, str] = 0,
     host_chunk: int = 0,
     host_threads: int = 0,
 ) -> Any:
@@ -95,7 +95,9 @@ def stream(
     (default bfloat16), its vectors in float32. A layer's first argument is its input; only layer inputs are
     kept for the backward pass, which recomputes each layer. The last `host_layers` layers (those the backward
     pass reaches first) take their AdamW step on the CPU beside the GPU, their states kept in host memory: the
-    GPU's link then carries a fifth of their bytes; `host_chunk` (parameters) has the CPU write their compute
+    GPU's link then carries a fifth of their bytes; `"auto"` starts with half of them and lets the stream choose
+    from what each optimizer step measures (`vfabric.balance.HostShare`: fewer when the loop waits for the CPU,
+    more while the CPU has time to spare); `host_chunk` (parameters) has the CPU write their compute
     copy a chunk at a time right after AdamW, while the chunk is in its caches (0: after the whole layer);
     `host_threads` bounds the threads those CPU steps use (0: PyTorch's default, one a core). Returns the `StreamedLayers`: set `accumulating` for the
     micro-batches of a step but the last, and give `other_parameters(model)` to your own optimizer."""
@@ -117,8 +119,12 @@ def stream(
         host_threads=host_threads,
     )
     layers = list(layers)
-    if not 0 <= host_layers <= len(layers):
-        raise ValueError(f"host_layers must be between 0 and the {len(layers)} layers")
+    auto = host_layers == "auto"
+    share = len(layers) // 2 if auto else host_layers
+    if not isinstance(share, int) or not 0 <= share <= len(layers):
+        raise ValueError(f"host_layers must be \"auto\" or between 0 and the {len(layers)} layers, not {host_layers!r}")
     for i, layer in enumerate(layers):
-        streamed.adopt(layer, on_host=i >= len(layers) - host_layers)
+        streamed.adopt(layer, on_host=i >= len(layers) - share)
+    if auto:
+        streamed.stream.balance_host_layers()
     return streamed
