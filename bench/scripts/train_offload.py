@@ -350,7 +350,8 @@ name = "local"
     fabric = vfabric.Fabric(cfg)
     info = {"fabric_budget": a.fabric_budget, "host_arena_GiB": host, "fabric_start_s": round(time.perf_counter() - t0, 1),
             "device": fabric.device_kind, "lookahead": a.lookahead, "host_layers": a.host_layers,
-            "host_chunk": a.host_chunk, "host_threads": a.host_threads or torch.get_num_threads()}
+            "host_chunk": a.host_chunk, "host_threads": a.host_threads or torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads()}
     root = GPT(a, DEV, with_blocks=False)
     layers = vt.stream([], fabric, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd, lookahead=a.lookahead,
                        host_chunk=a.host_chunk, host_threads=a.host_threads)

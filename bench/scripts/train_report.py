@@ -34,7 +34,15 @@ def label(r):
     if r["mode"] == "stream":
         extra.append("act " + info.get("act", "?"))
     if r["mode"] == "vfabric":
-        extra.append(f"{info.get('host_layers', 0)} blocks' AdamW on CPU")
+        share = r.get("host_share")
+        if share:  # chosen step by step: where it settled
+            extra.append(f"{share.split(' layers', 1)[0]} blocks' AdamW on CPU, chosen by the stream")
+        else:
+            extra.append(f"{info.get('host_layers', 0)} blocks' AdamW on CPU")
+        # Threads of the CPU's steps, when not PyTorch's default (one a core: 16 on the H200 machine).
+        threads = info.get("host_threads")
+        if threads and threads != info.get("torch_threads", 16):
+            extra.append(f"{threads} CPU threads")
         extra.append(f"fabric {info.get('fabric_budget', '?')}")
     if r.get("accum", 1) > 1:
         extra.append(f"accum {r['accum']}")
