@@ -51,7 +51,8 @@ def parse():
                    help="vfabric: last blocks whose AdamW runs on the CPU, or `auto` (half of them to start; the stream "
                         "then chooses step by step from what each step measured)")
     p.add_argument("--host-threads", type=int, default=0,
-                   help="vfabric: threads of those CPU steps (0: PyTorch's default, one a core)")
+                   help="vfabric: PyTorch's intra-op threads for the whole process, the CPU's steps among them "
+                        "(torch.set_num_threads; 0: PyTorch's default, one a core)")
     p.add_argument("--schedule", choices=["micro", "blocks"], default="micro",
                    help="vfabric with --accum: micro-batch by micro-batch (the unchanged loop), or block by block "
                         "(StreamedLayers.step_by_blocks: each group of micro-batches through a block before the next)")
@@ -354,7 +355,9 @@ name = "local"
             "torch_threads": torch.get_num_threads()}
     root = GPT(a, DEV, with_blocks=False)
     layers = vt.stream([], fabric, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd, lookahead=a.lookahead,
-                       host_chunk=a.host_chunk, host_threads=a.host_threads)
+                       host_chunk=a.host_chunk)
+    if a.host_threads:
+        torch.set_num_threads(a.host_threads)  # process-wide: every thread's intra-op operations
     if a.auto_host:
         info["host_layers"] = f"auto from {a.host_layers}"
     blocks = nn.ModuleList()

@@ -252,11 +252,18 @@ async fn read_round(a: &Agent, r: &vfabric::Region, round: u8, what: &str) -> Du
     served.unwrap_or_default()
 }
 
-/// How many standby copies node `node` keeps, as it says through `a` (`vfabric status --node`).
-async fn kept_on(a: &Agent, node: u16) -> u64 {
+/// How many replicated regions node `node` is the home of, and how many standby copies it keeps, as it says
+/// through `a` (`vfabric status --node`).
+async fn replication_on(a: &Agent, node: u16) -> (u64, u64) {
     let json = a.status_json(Some(node)).await.unwrap_or_else(|e| panic!("node {node}'s status: {e}"));
     let status: serde_json::Value = serde_json::from_str(&json).expect("status JSON");
-    status["replication"]["kept"].as_u64().unwrap_or_else(|| panic!("no replication.kept in {json}"))
+    let count = |what: &str| status["replication"][what].as_u64().unwrap_or_else(|| panic!("no {what} in {json}"));
+    (count("homed"), count("kept"))
+}
+
+/// How many standby copies node `node` keeps ([`replication_on`]).
+async fn kept_on(a: &Agent, node: u16) -> u64 {
+    replication_on(a, node).await.1
 }
 
 #[test]
@@ -295,6 +302,13 @@ fn a_region_kept_on_three_nodes_survives_its_home_and_then_the_copy_that_took_ov
         let second = read_round(&a, &r, 2, "after c died too").await;
         write_round(&a, &r, 3, "the second copy that took over").await;
         read_round(&a, &r, 3, "round 3").await;
+        // d keeps the region on the nodes left: a's copy is its standby now (b and c are gone).
+        assert_eq!(replication_on(&a, 3).await.0, 1, "d is the region's home");
+        assert_eq!(a.replication(), (0, 1), "a's copy is d's standby");
+        // The handle frees it all: d's copy that took over, and a's standby of it.
+        a.free(&r).await.expect("free the region by its first handle");
+        assert_eq!(replication_on(&a, 3).await, (0, 0), "d keeps nothing of the region");
+        assert_eq!(a.replication(), (0, 0), "nor does a");
         eprintln!("the region was served {first:?} after b's SIGKILL and {second:?} after c's (lease_ttl_s = 2)");
         a.shutdown().await;
         drop((b, c, d));
@@ -303,7 +317,7 @@ fn a_region_kept_on_three_nodes_survives_its_home_and_then_the_copy_that_took_ov
 }
 
 #[test]
-fn a_standby_that_loses_the_takeover_in_etcd_sends_callers_to_the_first_copy_and_lets_its_own_go() {
+fn a_standby_that_loses_the_takeover_in_etcd_sends_callers_to_the_copy_that_claimed_it_first() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("members-claim-{}", std::process::id()));
     let config = cluster(&dir, &["a", "b", "c"], 48550, 23794, "replicas = 2");
     let _etcd = etcd(&dir, 23794);
@@ -331,10 +345,11 @@ fn a_standby_that_loses_the_takeover_in_etcd_sends_callers_to_the_first_copy_and
         let key = vfabric::agent::takeover_key(&cfg.cluster.name, &r);
         let mut etcd_client = etcd_client::Client::connect([etcd_url(23794)], None).await.expect("etcd client");
         etcd_client.put(key, vfabric::agent::region_text(&first), None).await.expect("the first claim");
-        // b dies. c finds the takeover claimed: it sends callers to the first copy and frees its own.
+        // b dies. c finds the takeover claimed: it sends callers to the first copy, and keeps its own (the first
+        // may make it its standby), without taking over.
         kill(Pid::from_raw(b.0.id() as i32), Signal::SIGKILL).expect("SIGKILL b");
         read_round(&a, &r, 9, "b's handle after b died").await;
-        assert_eq!(kept_on(&a, 2).await, 0, "c let its copy go");
+        assert_eq!(replication_on(&a, 2).await, (0, 1), "c took nothing over and keeps its copy");
         a.shutdown().await;
         drop((b, c));
     });

@@ -3,16 +3,18 @@ the loop waits for the CPU, when the CPU has time to spare, and when a share mad
 
 import pytest
 
-from vfabric.balance import HostShare
+from vfabric.balance import SAMPLES, HostShare
 
 
 def settled(share, *steps):
-    """Feeds `steps` ((step, waited, busy) seconds), each after the settling step a change (or the start) is
-    followed by, which is not judged whatever it measured; the shares."""
+    """Feeds each of `steps` ((step, waited, busy) seconds) SAMPLES times, after the settling step a change (or
+    the start) is followed by, which is not judged whatever it measured; the shares after each."""
     out = []
     for step in steps:
         if share.settling:
             assert share.observe(9.0, 9.0, 9.0) == share.k
+        for _ in range(SAMPLES - 1):
+            assert share.observe(*step) == share.k, "one judged step decides nothing"
         out.append(share.observe(*step))
     return out
 
@@ -24,6 +26,14 @@ def test_a_cpu_that_makes_the_loop_wait_gives_layers_back_in_proportion():
     assert s.ceiling == 10
     # Still waiting a little: one more back.
     assert settled(s, (1.4, 0.08, 0.98)) == [4]
+
+
+def test_one_slow_step_moves_nothing():
+    s = HostShare(20, 10)
+    s.observe(9.0, 9.0, 9.0)  # the first step: not judged
+    assert s.observe(3.0, 2.0, 1.0) == 10, "a checkpoint made the loop wait once"
+    assert s.observe(1.0, 0.0, 0.9) == 10, "the least wait of the two is none: the share holds"
+    assert s.ceiling == 21
 
 
 def test_a_cpu_with_time_to_spare_takes_one_more_layer_up_to_the_ceiling():
@@ -54,8 +64,8 @@ def test_giving_layers_back_that_made_the_step_slower_is_undone():
 def test_the_step_after_a_change_is_not_judged_and_a_busy_cpu_without_a_wait_stays():
     s = HostShare(20, 10)
     assert s.observe(2.0, 1.9, 1.9) == 10, "the first step pays for starting: not judged"
-    assert s.observe(1.0, 0.0, 0.9) == 10, "busy 90% of the step, no wait: the share holds"
-    assert s.history == [(10, 1.0, 0.0, 0.9)]
+    assert settled(s, (1.0, 0.0, 0.9)) == [10], "busy 90% of the step, no wait: the share holds"
+    assert s.history == [(10, 1.0, 0.0, 0.9)] * SAMPLES
 
 
 def test_shares_stay_within_the_layers():

@@ -186,9 +186,9 @@ def test_streamed_layers_train_as_the_resident_model_does(tight, micro_batches, 
 
 
 # The CPU's share changed between steps (by hand, and by the balance from what the steps measured).
-@pytest.mark.parametrize("shares", [(3, 1, 5, 0), "auto"])
+@pytest.mark.parametrize("shares", [(3, 1, 5, 0), (6, 0, 6, 2), "auto"])
 def test_the_cpus_share_changes_between_steps_and_the_numbers_stay_the_resident_models(tight, shares):
-    ref, run = Resident(), Streamed(tight, on_host=3)
+    ref, run = Resident(), Streamed(tight, on_host=3 if shares == "auto" else shares[0])
     s = run.stream
     if shares == "auto":
         s.balance_host_layers()

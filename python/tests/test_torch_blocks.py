@@ -51,13 +51,13 @@ def close(ours, theirs, what):
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}: {m}")
 
 
-# Groups of micro-batches (0: all of them); the last two layers' steps on the CPU's worker, on 2 threads.
+# Groups of micro-batches (0: all of them); the last two layers' steps on the CPU's worker.
 @pytest.mark.parametrize("group,host_layers", [(0, 0), (1, 0), (2, 0), (2, 2)])
 def test_block_by_block_steps_as_plain_pytorch_does(group, host_layers):
     fabric = vfabric.Fabric()
     (first, layers, last), (r_first, r_layers, r_last) = models("cpu")
     streamed = vtorch.stream(layers, fabric, compute_dtype=torch.float32, lookahead=1, host_layers=host_layers,
-                             host_threads=2, **ADAMW)
+                             **ADAMW)
     device = streamed.device
     first, last = first.to(device), last.to(device)
     r_first, r_layers, r_last = r_first.to(device), r_layers.to(device), r_last.to(device)

@@ -65,9 +65,6 @@ class TorchOps:
     def event(self):
         return _CudaEvent() if self.cuda else _Done()
 
-    def threads(self, n: int) -> None:
-        torch.set_num_threads(n)  # OpenMP's team size is per calling thread: the CPU's worker sets its own
-
 
 @contextlib.contextmanager
 def _swapped(module: nn.Module, tensors: Dict[str, torch.Tensor]) -> Iterator[None]:
@@ -138,7 +135,6 @@ class StreamedLayers:
         compute_dtype: torch.dtype = torch.bfloat16,
         lookahead: int = 2,
         host_chunk: int = 0,
-        host_threads: int = 0,
     ):
         if compute_dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"compute_dtype must be torch.bfloat16, torch.float16 or torch.float32, not {compute_dtype}")
@@ -153,7 +149,7 @@ class StreamedLayers:
         self.compute_dtype = compute_dtype
         self.stream = LayerStream(
             fabric, device, TorchOps(self.device), AdamW(lr, betas, eps, weight_decay), lookahead,
-            host_ops=TorchOps(torch.device("cpu")), host_chunk=host_chunk, host_threads=host_threads,
+            host_ops=TorchOps(torch.device("cpu")), host_chunk=host_chunk,
         )
         self.modules: List[nn.Module] = []
         self.forwards: List[Callable[..., Any]] = []

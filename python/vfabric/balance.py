@@ -7,11 +7,12 @@ watches every optimizer step: a loop that waited for the CPU's steps gives layer
 proportion to the wait; a CPU with time to spare, and no wait, takes one more. A share that made the loop
 wait becomes a ceiling it does not climb to again, and what was measured overrules both rules: it never moves
 to a share whose fastest step was slower than this one's, and goes back to the fastest share seen when the
-current one is slower. The step right after a change is not judged (it pays for the change: every pending
-step is waited for).
+current one is slower. It decides on two steps judged with a share (the least wait and the fastest step of
+them), so one slowed by something else moves nothing; the step right after a change is not judged (it pays for
+the change: every pending step is waited for).
 """
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 __all__ = ["HostShare"]
 
@@ -20,6 +21,10 @@ WAIT_SHARE = 0.05
 
 BUSY_SHARE = 0.7
 """A CPU busy for less than this share of a step, with no wait, takes one more layer."""
+
+SAMPLES = 2
+"""Steps judged with a share before it decides anything: the least wait and the fastest step of them count, so
+that one step slowed by something else (a checkpoint, a stall in the data) moves nothing."""
 
 SLOWER = 1.03
 """A share whose fastest step is this much slower than another's is the worse one."""
@@ -38,6 +43,7 @@ class HostShare:
         self.best: Dict[int, float] = {}
         """The fastest step seen with each share."""
         self._settling = True
+        self._samples: List[Tuple[float, float, float]] = []
         self.history = []
         """(share, step seconds, seconds waited for the CPU, seconds the CPU was busy) per judged step."""
 
@@ -50,6 +56,12 @@ class HostShare:
         k = self.k
         self.history.append((k, round(step_s, 4), round(waited_s, 4), round(busy_s, 4)))
         self.best[k] = min(self.best.get(k, step_s), step_s)
+        self._samples = (self._samples + [(step_s, waited_s, busy_s)])[-SAMPLES:]
+        if len(self._samples) < SAMPLES:
+            return k
+        step_s = min(x[0] for x in self._samples)
+        waited_s = min(x[1] for x in self._samples)
+        busy_s = sum(x[2] for x in self._samples) / len(self._samples)
         new = k
         if k > 0 and waited_s > WAIT_SHARE * step_s:
             # The CPU bounds the step: give back about as many layers as the wait is worth.
@@ -69,6 +81,7 @@ class HostShare:
         if new != k:
             self.k = new
             self._settling = True
+            self._samples = []
         return self.k
 
     @property

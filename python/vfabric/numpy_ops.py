@@ -51,6 +51,3 @@ class NumpyOps:
 
     def event(self) -> Done:
         return Done()
-
-    def threads(self, n: int) -> None:
-        pass  # NumPy's element-wise operations run on the calling thread

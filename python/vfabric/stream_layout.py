@@ -170,6 +170,3 @@ class Ops(Protocol):
 
     def event(self) -> Optional[Event]:
         """An event recorded now on the device's queue."""
-
-    def threads(self, n: int) -> None:
-        """Has the calling thread's operations use `n` threads of their own (where the library has any)."""

@@ -112,7 +112,6 @@ class LayerStream:
         host_ops: Optional[Ops] = None,
         piece_bytes: int = PIECE_BYTES,
         host_chunk: int = 0,
-        host_threads: int = 0,
     ):
         self.fabric = fabric
         self.device = device
@@ -125,10 +124,6 @@ class LayerStream:
         """Elements of a layer the CPU's step takes at once, AdamW then the compute copy of the same elements,
         while they are still in the CPU's caches (0: AdamW over the whole layer, then its compute copy, which
         reads the master weights from memory again)."""
-        self.host_threads = max(0, host_threads)
-        """Threads the CPU's steps run their operations on (0: the array library's default, often one a core;
-        fewer leave cores to the loop's own thread and the fabric's, which a step's operations otherwise wait
-        for at every barrier)."""
         self.accumulating = False
         """Whether backward passes only add gradients up (every micro-batch of a step but the last)."""
         self.waited = {"acquire": 0.0, "retire": 0.0, "hints": 0.0, "host_steps": 0.0}
@@ -139,6 +134,8 @@ class LayerStream:
         self.balance: Optional[HostShare] = None
         """When set (`balance_host_layers`), it chooses how many layers step on the CPU, step by step."""
         self._mark: Optional[Tuple[float, float, float]] = None
+        self._loop_waits = 0.0
+        """Seconds the forward and backward passes waited for the CPU's steps."""
         self._stepped = False
         self.flushed_for_runs = 0
         """Times a part found no run of frames until the pending layers let theirs go."""
@@ -203,9 +200,9 @@ class LayerStream:
             raise ValueError(f"host layers must be between 0 and the {len(self._layers)} layers, not {k}")
         if k and self.host_ops is None:
             raise ValueError("layers stepped on the host need the stream's host_ops")
+        self.flush()
         if any(layer.accumulated for layer in self._layers):
             raise ValueError("the CPU's share of the steps changes between optimizer steps, not while gradients add up")
-        self.flush()
         for i, layer in enumerate(self._layers):
             layer.on_host = i >= len(self._layers) - k
 
@@ -256,7 +253,7 @@ class LayerStream:
             self._judge_step()
         layer = self._layers[i]
         self._retire_layer(i)
-        self._wait_host_step(layer)
+        self._wait_host_step(layer, loop=True)
         self._lease(layer, "weights", "r")
         for j in range(i + 1, min(i + 1 + self.lookahead, len(self._layers))):
             if self._layers[j].host_step.is_set():  # else its new weights are still being made
@@ -274,7 +271,7 @@ class LayerStream:
         `backward_done(i)`."""
         layer = self._layers[i]
         self._retire_layer(i)
-        self._wait_host_step(layer)
+        self._wait_host_step(layer, loop=True)
         self._lease(layer, "weights", "w" if self._steps_here(layer) else "r")
         for j in range(i - 1, max(i - 1 - self.lookahead, -1), -1):
             self._prefetch(self._layers[j], "weights")
@@ -344,7 +341,7 @@ class LayerStream:
         """At the first layer's forward: once an optimizer step lies between this one and the last mark, the
         balance judges it (and may change the CPU's share); the mark moves here."""
         assert self.balance is not None
-        now, waited, busy = time.perf_counter(), self.waited["host_steps"], sum(self.host_busy.values())
+        now, waited, busy = time.perf_counter(), self._loop_waits, sum(self.host_busy.values())
         if self._mark is not None and self._stepped:
             t, w, b = self._mark
             k = self.balance.observe(now - t, waited - w, busy - b)
@@ -403,9 +400,7 @@ class LayerStream:
 
     def _host_worker(self) -> None:
         q = self._host_queue
-        assert q is not None and self.host_ops is not None
-        if self.host_threads:
-            self.host_ops.threads(self.host_threads)
+        assert q is not None
         while True:
             job = q.get()
             if job is None:
@@ -433,11 +428,16 @@ class LayerStream:
             self._host_thread.join()
             self._host_thread = self._host_queue = None
 
-    def _wait_host_step(self, layer: _Layer) -> None:
+    def _wait_host_step(self, layer: _Layer, loop: bool = False) -> None:
+        """Waits for the CPU's step of `layer`, if one is pending; `loop`: the forward or backward pass waits
+        (what the balance judges; a caller's own calls, reading master weights, flushing, are not)."""
         if not layer.host_step.is_set():
             t = time.perf_counter()
             layer.host_step.wait()
-            self.waited["host_steps"] += time.perf_counter() - t
+            took = time.perf_counter() - t
+            self.waited["host_steps"] += took
+            if loop:
+                self._loop_waits += took
         if layer.host_error is not None:
             e, layer.host_error = layer.host_error, None
             raise e

@@ -27,6 +27,7 @@ anything allocates CUDA memory:
 """
 
 import json
+import operator
 import re
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -86,7 +87,6 @@ def stream(
     lookahead: int = 2,
     host_layers: Union[int, str] = 0,
     host_chunk: int = 0,
-    host_threads: int = 0,
 ) -> Any:
     """Streams `layers` (an iterable of modules, e.g. a model's `nn.ModuleList` of blocks, run in order) through
     the GPU `device` of `fabric` (default: a new embedded fabric, and its first GPU), with AdamW (`lr`, `betas`,
@@ -98,8 +98,7 @@ def stream(
     GPU's link then carries a fifth of their bytes; `"auto"` starts with half of them and lets the stream choose
     from what each optimizer step measures (`vfabric.balance.HostShare`: fewer when the loop waits for the CPU,
     more while the CPU has time to spare); `host_chunk` (parameters) has the CPU write their compute
-    copy a chunk at a time right after AdamW, while the chunk is in its caches (0: after the whole layer);
-    `host_threads` bounds the threads those CPU steps use (0: PyTorch's default, one a core). Returns the `StreamedLayers`: set `accumulating` for the
+    copy a chunk at a time right after AdamW, while the chunk is in its caches (0: after the whole layer); Returns the `StreamedLayers`: set `accumulating` for the
     micro-batches of a step but the last, and give `other_parameters(model)` to your own optimizer."""
     import torch
 
@@ -116,12 +115,14 @@ def stream(
         compute_dtype=compute_dtype if compute_dtype is not None else torch.bfloat16,
         lookahead=lookahead,
         host_chunk=host_chunk,
-        host_threads=host_threads,
     )
     layers = list(layers)
     auto = host_layers == "auto"
-    share = len(layers) // 2 if auto else host_layers
-    if not isinstance(share, int) or not 0 <= share <= len(layers):
+    try:
+        share = len(layers) // 2 if auto else operator.index(host_layers)  # ints, NumPy's among them
+    except TypeError:
+        share = -1
+    if isinstance(host_layers, bool) or not 0 <= share <= len(layers):
         raise ValueError(f"host_layers must be \"auto\" or between 0 and the {len(layers)} layers, not {host_layers!r}")
     for i, layer in enumerate(layers):
         streamed.adopt(layer, on_host=i >= len(layers) - share)

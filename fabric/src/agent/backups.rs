@@ -37,7 +37,8 @@ pub fn may_take_over(silent: Duration, dead_after: Duration) -> bool {
 /// order the home applied them).
 #[derive(Debug, Default)]
 pub(crate) struct Standbys {
-    /// The copies, on other nodes, in the order they take over.
+    /// The copies, on other nodes, in the order they were placed (with one, it takes over; with more, the
+    /// first to claim the takeover in etcd).
     pub(crate) copies: Vec<Region>,
     /// When the last exchange that every standby answered was sent: the home serves the region on its own
     /// until half of `network.dead_after_ms` past it.
@@ -82,6 +83,9 @@ pub(crate) struct Standby {
 pub(crate) struct StandbyState {
     /// Whether the copy took over from its home.
     pub(crate) promoted: bool,
+    /// Whether the copy became another home's standby (`Backups::rehome`): this state's home may send
+    /// nothing more to it.
+    pub(crate) retired: bool,
     /// The last exchange of its home it took.
     pub(crate) seq: u64,
 }
@@ -132,6 +136,21 @@ impl Backups {
         lock(&self.homed).insert(region, Arc::new(tokio::sync::Mutex::new(entry)));
     }
 
+    /// Records `region` as [`Backups::add_homed`] does, with no standby yet, and returns its entry locked: the
+    /// region's writes wait until the caller has placed its standbys and let go.
+    pub(crate) fn add_adopting(
+        &self,
+        region: Region,
+        origin: Region,
+        replicas: u8,
+    ) -> tokio::sync::OwnedMutexGuard<Standbys> {
+        let entry = Standbys { origin: Some(origin), replicas, ..Standbys::default() };
+        let entry = Arc::new(tokio::sync::Mutex::new(entry));
+        let held = entry.clone().try_lock_owned().expect("a new entry is not locked");
+        lock(&self.homed).insert(region, entry);
+        held
+    }
+
     /// Takes `region`'s entry out (the region is freed).
     pub(crate) fn remove_homed(&self, region: &Region) -> Option<HomeEntry> {
         lock(&self.homed).remove(region)
@@ -177,26 +196,23 @@ impl Backups {
         let mut kept = lock(&self.kept);
         let Some(copy) = kept.by_home.get(&origin).copied() else { return Ok(None) };
         let Some(old) = kept.by_copy.get(&copy) else { return Ok(None) };
-        if old.state.try_lock().map_or(true, |s| s.promoted) {
-            // Promoted, or being promoted or written right now: not this node's to give up.
+        // Promoted, or being promoted or written right now: not this node's to give up.
+        let Ok(mut state) = old.state.try_lock() else { return Err(copy) };
+        if state.promoted {
             return Err(copy);
         }
+        // A write of the old home's still under way (its payload arriving) finds the state retired once it
+        // locks it, and lands nowhere.
+        state.retired = true;
+        drop(state);
         let old_home = old.home;
-        kept.by_home.remove(&old_home);
+        if old_home != origin {
+            kept.by_home.remove(&old_home);
+        }
         kept.by_home.insert(home, copy);
+        kept.by_home.insert(origin, copy);
         kept.by_copy.insert(copy, Standby { home, origin, replicas, state: Arc::default() });
         Ok(Some(copy))
-    }
-
-    /// Forgets `copy` as a standby if it still is the standby of `home` (a copy that lost the takeover of
-    /// `home` to another: unless that one made it its own standby meanwhile, it is freed); whether it did.
-    pub(crate) fn forget_copy_of(&self, copy: &Region, home: &Region) -> bool {
-        let mut kept = lock(&self.kept);
-        if !kept.by_copy.get(copy).is_some_and(|s| s.home == *home) {
-            return false;
-        }
-        kept.forget(copy);
-        true
     }
 
     /// Forgets `copy` (freed) as a standby.
@@ -236,6 +252,31 @@ mod tests {
         b.forget_copy(&copy);
         assert!(b.copy_of(&home).is_none() && b.standby(&copy).is_none());
         assert_eq!(b.kept_count(), 0);
+    }
+
+    #[test]
+    fn a_copy_rehomed_to_the_copy_that_took_over_is_still_found_by_the_regions_first_name() {
+        let b = Backups::default();
+        let (origin, copy, took_over) = (region(0, 1), region(2, 4), region(1, 7));
+        b.keep(origin, origin, copy, 3);
+        let old = b.standby(&copy).expect("a standby");
+        // Busy (a write of the old home's landing): not given up now.
+        let busy = old.state.clone().try_lock_owned().expect("not locked yet");
+        assert_eq!(b.rehome(took_over, origin, 3), Err(copy));
+        drop(busy);
+        assert_eq!(b.rehome(took_over, origin, 3), Ok(Some(copy)));
+        assert!(old.state.try_lock().expect("free").retired, "the old home's state takes nothing more");
+        let now = b.standby(&copy).expect("still a standby");
+        assert_eq!((now.home, now.origin), (took_over, origin));
+        assert!(!now.state.try_lock().expect("free").retired, "a fresh state for the new home");
+        assert_eq!(b.copy_of(&origin).map(|(c, _)| c), Some(copy), "found by the region's first name");
+        assert_eq!(b.copy_of(&took_over).map(|(c, _)| c), Some(copy), "and by its new home's");
+        // A copy that took over itself is never given up.
+        let (other, promoted) = (region(0, 2), region(2, 5));
+        b.keep(other, other, promoted, 3);
+        b.standby(&promoted).expect("a standby").state.try_lock().expect("free").promoted = true;
+        assert_eq!(b.rehome(region(1, 8), other, 3), Err(promoted));
+        assert_eq!(b.rehome(region(1, 9), region(0, 3), 3), Ok(None), "no copy of that region here");
     }
 
     #[test]

@@ -41,7 +41,7 @@ impl Agent {
             if self.shared.backups.homed(&region).is_some() || self.is_private(&region) {
                 continue; // replicated already (handed over below), or a private copy of another node's pages
             }
-            match self.place_standbys((&region, &origin), 1, &[]).await {
+            match self.place_standbys((&region, &origin), 1, 1, &[]).await {
                 Ok(copies) => {
                     // No write of the region is under way as it becomes a replicated one (the operations on it
                     // hold this entry's read guard): a write that began before would land after the copy read

@@ -76,8 +76,14 @@ impl Agent {
         if len > REPLICA_PIECE {
             return Err(ProtocolError::BadField { field: "replicate.len", value: len }.into());
         }
-        if standby.state.lock().await.promoted {
-            return Err(FabricError::Moved { to: copy });
+        {
+            let state = standby.state.lock().await;
+            if state.retired {
+                return Err(FabricError::InvalidAddress(format!("{copy} keeps another home's region now")));
+            }
+            if state.promoted {
+                return Err(FabricError::Moved { to: copy });
+            }
         }
         let mut data = Vec::new();
         receive(&mut QuicChunks::new(recv), Payload::new(len, self.shared.net.chunk.bytes()), |at, pieces| {
@@ -87,6 +93,10 @@ impl Agent {
         })
         .await?;
         let mut state = standby.state.lock().await;
+        // Re-homed while the payload arrived (`Backups::rehome`): it belongs to the copy that took over now.
+        if state.retired {
+            return Err(FabricError::InvalidAddress(format!("{copy} keeps another home's region now")));
+        }
         if state.promoted {
             return Err(FabricError::Moved { to: copy });
         }
@@ -114,6 +124,13 @@ impl Agent {
         };
         let (home, node) = (standby.home, standby.home.addr.node().0);
         let mut state = standby.state.lock().await;
+        if state.retired {
+            // The copy became the standby of the copy that took over from `home` meanwhile: callers go there.
+            return match self.shared.backups.standby(&copy) {
+                Some(now) => Ok(now.home),
+                None => Err(FabricError::InvalidAddress(format!("node {} keeps no copy of {region}", self.node()))),
+            };
+        }
         if !state.promoted && asked_by == node {
             if let Some(first) = self.settle_takeover(&home, &copy).await? {
                 return Ok(first);
@@ -149,8 +166,9 @@ impl Agent {
 
     /// With `[membership]`, settles in etcd whether `copy`, this node's standby copy of `home`, takes over from
     /// it: `None` when it does (or the cluster keeps no membership, where a region has one standby only), else
-    /// the copy that claimed it first, which callers are sent to; this node's copy is then freed, unless that
-    /// one made it its own standby meanwhile.
+    /// the copy that claimed it first, which callers are sent to. This node's copy stays: the one that claimed
+    /// first may yet make it its standby, and until its own standbys have the region it is the region's only
+    /// other whole copy.
     async fn settle_takeover(&self, home: &Region, copy: &Region) -> Result<Option<Region>, FabricError> {
         if !self.in_etcd() {
             return Ok(None);
@@ -159,14 +177,10 @@ impl Agent {
         let first = self.claim_takeover(home, copy).await?;
         #[cfg(not(feature = "etcd"))]
         let first: Option<Region> = None;
-        let Some(first) = first else { return Ok(None) };
-        if self.shared.backups.forget_copy_of(copy, home) {
-            tracing::info!(region = %home, copy = %copy, first = %first, "another copy took over first: this one is freed");
-            if let Err(e) = in_place(|| self.shared.fabric.free(copy)) {
-                tracing::warn!(copy = %copy, error = %e, "freeing a standby copy that another took over from failed");
-            }
+        if let Some(first) = first {
+            tracing::info!(region = %home, copy = %copy, first = %first, "another copy took over first");
         }
-        Ok(Some(first))
+        Ok(first)
     }
 
     /// Makes `copy`, which just took over as `standby` from its home `old_home`, a region of this node: one kept

@@ -109,7 +109,7 @@ impl Agent {
         if replicas <= 1 {
             return Ok(region);
         }
-        match self.place_standbys((&region, &region), replicas, &[]).await {
+        match self.place_standbys((&region, &region), replicas, usize::from(replicas - 1), &[]).await {
             Ok(copies) => {
                 tracing::debug!(region = %region, ?copies, "a replicated region and its standby copies");
                 self.shared.backups.add_homed(region, copies, None, (replicas, lag));
@@ -124,18 +124,43 @@ impl Agent {
         }
     }
 
-    /// Asks the nodes after this one, in the cluster's order (but those in `exclude`), for standby copies of
-    /// `region`, a region kept on `replicas` nodes: one for each node but this one.
+    /// Asks the nodes after this one, in the cluster's order (but those in `exclude`), for `want` standby
+    /// copies of `region`, a region kept on `replicas` nodes; all of them, or none (those placed are freed
+    /// again) and why.
     pub(crate) async fn place_standbys(
+        &self,
+        pair: (&Region, &Region),
+        replicas: u8,
+        want: usize,
+        exclude: &[u16],
+    ) -> Result<Vec<Region>, FabricError> {
+        let (copies, refusals) = self.place_some(pair, replicas, want, exclude).await;
+        if copies.len() == want {
+            return Ok(copies);
+        }
+        for copy in &copies {
+            if let Err(e) = self.free_direct(copy).await {
+                tracing::warn!(copy = %copy, error = %e, "freeing a standby copy of a refused region failed");
+            }
+        }
+        let why = if refusals.is_empty() { "the cluster has no other node".to_string() } else { refusals.join("; ") };
+        Err(FabricError::Unavailable(format!("{want} standby copies wanted, {} placed: {why}", copies.len())))
+    }
+
+    /// [`Agent::place_standbys`], keeping what it could place: the copies, and why the other nodes took none.
+    async fn place_some(
         &self,
         (region, origin): (&Region, &Region),
         replicas: u8,
+        want: usize,
         exclude: &[u16],
-    ) -> Result<Vec<Region>, FabricError> {
-        let want = usize::from(replicas.max(2) - 1);
+    ) -> (Vec<Region>, Vec<String>) {
         let nodes = self.shared.peers.len() as u16;
         // The copies are the region's tenant's, as the region is.
-        let tenant = self.shared.fabric.tenant_of(region)?;
+        let tenant = match self.shared.fabric.tenant_of(region) {
+            Ok(t) => t,
+            Err(e) => return (Vec::new(), vec![format!("{region}: {e}")]),
+        };
         let (mut copies, mut refusals) = (Vec::new(), Vec::new());
         for step in 1..nodes {
             if copies.len() == want {
@@ -173,16 +198,7 @@ impl Agent {
                 Err(e) => refusals.push(format!("node {node}: {e}")),
             }
         }
-        if copies.len() == want {
-            return Ok(copies);
-        }
-        for copy in &copies {
-            if let Err(e) = self.free_direct(copy).await {
-                tracing::warn!(copy = %copy, error = %e, "freeing a standby copy of a refused region failed");
-            }
-        }
-        let why = if refusals.is_empty() { "the cluster has no other node".to_string() } else { refusals.join("; ") };
-        Err(FabricError::Unavailable(format!("{want} standby copies wanted, {} placed: {why}", copies.len())))
+        (copies, refusals)
     }
 
     /// Runs `write`, a write of `range` of `region` (a region of this node), and, when the region is
@@ -309,7 +325,7 @@ impl Agent {
         let others: Vec<u16> =
             standbys.copies.iter().map(|c| c.addr.node().0).filter(|&n| n != lost.addr.node().0).collect();
         let origin = standbys.origin.unwrap_or(*region);
-        let copy = self.place_standbys((region, &origin), standbys.replicas, &others).await?.remove(0);
+        let copy = self.place_standbys((region, &origin), standbys.replicas, 1, &others).await?.remove(0);
         tracing::warn!(region = %region, lost = %lost, copy = %copy, "a standby copy was gone (its node restarted): a new one takes its place");
         standbys.copies[gone] = copy;
         standbys.pending.clear();
@@ -391,16 +407,22 @@ impl Agent {
     /// region its users name `origin`), a replicated region of this node: a new standby for it on another node, with the whole region, so that
     /// the region survives this node's death too. Without a node to take it, the copy serves alone (logged).
     pub(crate) async fn adopt(&self, copy: Region, origin: Region, old_home: u16, replicas: u8) {
-        self.shared.backups.add_homed(copy, Vec::new(), Some(origin), (replicas, None));
-        let Some(entry) = self.shared.backups.homed(&copy) else { return };
-        let mut standbys = entry.lock().await;
-        let placed = match self.place_standbys((&copy, &origin), replicas, &[old_home]).await {
-            Ok(copies) => {
+        // Locked from the start: no write is acknowledged before the standbys have the whole region.
+        let mut standbys = self.shared.backups.add_adopting(copy, origin, replicas);
+        // As many as the nodes left take: a copy with fewer standbys than its region asked for still keeps
+        // the region on those it has.
+        let want = usize::from(replicas.max(2) - 1);
+        let (copies, refusals) = self.place_some((&copy, &origin), replicas, want, &[old_home]).await;
+        if copies.len() < want {
+            tracing::warn!(region = %copy, placed = copies.len(), want, why = %refusals.join("; "), "a copy that took over has fewer standbys than its region asked for");
+        }
+        let placed = match copies.is_empty() {
+            true => Err(FabricError::Unavailable(format!("no node took a standby: {}", refusals.join("; ")))),
+            false => {
                 standbys.copies = copies;
                 standbys.pending.push(0..copy.len);
                 self.replicate(&copy, &mut standbys).await
             }
-            Err(e) => Err(e),
         };
         match placed {
             Ok(()) => {
