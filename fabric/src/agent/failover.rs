@@ -21,7 +21,7 @@ impl Agent {
     /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions (its users name it `origin`)
     /// kept on `replicas` nodes, in this node's host memory, under the name of the region's `tenant` (the same
     /// copy when asked again: the first answer may have been lost).
-    pub(crate) fn keep_standby(
+    pub(crate) async fn keep_standby(
         &self,
         peer: u16,
         (region, origin): (&WireRegion, &WireRegion),
@@ -38,7 +38,17 @@ impl Agent {
             return Ok(Message::Allocated { region: WireRegion::from(&copy) });
         }
         // A copy that took over from a dead home asks for standbys of its own: a node that kept another copy of
-        // the same region gives it (the new home sends the whole region to it).
+        // the same region gives it (the new home sends the whole region to it), once etcd says the asking copy
+        // is the one that took over from that copy's home.
+        if let Some((kept, standby)) = self.shared.backups.copy_of(&origin) {
+            if !self.took_over(&standby.home, &home).await {
+                return Err(FabricError::Unavailable(format!(
+                    "node {} keeps {kept} for {}, which {home} did not take over: no standby of {home} here",
+                    self.node(),
+                    standby.home
+                )));
+            }
+        }
         match self.shared.backups.rehome(home, origin, replicas) {
             Ok(Some(copy)) => {
                 tracing::info!(region = %home, copy = %copy, "a standby copy of a dead home's region now keeps the copy that took over");
@@ -162,6 +172,17 @@ impl Agent {
             self.adopt_later(copy, &standby, node);
         }
         Ok(copy)
+    }
+
+    /// Whether etcd says `copy` took over from `home` (never without `[membership]`, where a region has one
+    /// standby, so no node keeps a second copy to give).
+    async fn took_over(&self, home: &Region, copy: &Region) -> bool {
+        #[cfg(feature = "etcd")]
+        if self.in_etcd() {
+            return matches!(self.claimed_by(home).await, Ok(Some(c)) if c == *copy);
+        }
+        let _ = (home, copy);
+        false
     }
 
     /// With `[membership]`, settles in etcd whether `copy`, this node's standby copy of `home`, takes over from

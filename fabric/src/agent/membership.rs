@@ -233,6 +233,19 @@ impl Agent {
         }
     }
 
+    /// The copy that claimed the takeover of `home` in etcd, if one did.
+    pub(crate) async fn claimed_by(&self, home: &Region) -> Result<Option<Region>, FabricError> {
+        let Some(mut client) = self.shared.registration.lock().await.as_ref().map(|r| r.client.clone()) else {
+            return Err(FabricError::Unavailable(format!("node {} is no member of the cluster now", self.node())));
+        };
+        let key = takeover_key(&self.shared.cluster, home);
+        let got = client
+            .get(key.clone(), None)
+            .await
+            .map_err(|e| FabricError::Unavailable(format!("reading {key} in etcd failed: {e}")))?;
+        Ok(got.kvs().first().and_then(|kv| kv.value_str().ok()).and_then(region_from_text))
+    }
+
     async fn node_named(&self, name: &str) -> Option<u16> {
         for (i, p) in self.shared.peers.iter().enumerate() {
             if p.lock().await.name == name {

@@ -273,7 +273,7 @@ async fn answer(
             Err(e) => Err(e),
         },
         Message::Standby { region, origin, replicas, tenant } => {
-            agent.keep_standby(peer, (&region, &origin), replicas, tenant)
+            agent.keep_standby(peer, (&region, &origin), replicas, tenant).await
         }
         Message::Replicate { copy, seq, offset, len } => {
             agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
