@@ -64,7 +64,12 @@ impl Agent {
         let mut at = *region;
         for _ in 0..self.shared.peers.len() {
             let Some(copy) = self.fail_over(&at).await else { return Err(dead) };
-            match self.free_direct(&copy).await {
+            // A copy that took over here is a region of this node: freed with its standbys and its entries.
+            let freed = match self.is_me(copy.addr.node().0) {
+                true => self.free_at_home(&copy).await,
+                false => self.free_direct(&copy).await,
+            };
+            match freed {
                 Err(e @ FabricError::PeerDead { .. }) => (at, dead) = (copy, e),
                 freed => return freed,
             }

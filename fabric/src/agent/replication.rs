@@ -314,28 +314,38 @@ impl Agent {
     /// Sends the pending ranges of `region` (or, with none, an empty exchange) to every standby; on success
     /// they are all sent and the standbys confirmed, else they stay pending. A standby that cannot take over
     /// (its node answers but keeps no copy: it restarted; or etcd counts its node out) is replaced: a new
-    /// standby takes its place, with the whole region.
+    /// standby takes its place, with the whole region; where no node takes one, the region goes on with its
+    /// other standbys, if it has any.
     async fn replicate(&self, region: &Region, standbys: &mut Standbys) -> Result<(), FabricError> {
-        let gone = match self.send_pending(region, standbys).await {
-            Err(Failure::Gone(i)) => i,
-            Err(Failure::Failed(e)) => return Err(e),
-            Ok(()) => return Ok(()),
-        };
-        let lost = standbys.copies[gone];
-        let others: Vec<u16> =
-            standbys.copies.iter().map(|c| c.addr.node().0).filter(|&n| n != lost.addr.node().0).collect();
-        let origin = standbys.origin.unwrap_or(*region);
-        let copy = self.place_standbys((region, &origin), standbys.replicas, 1, &others).await?.remove(0);
-        tracing::warn!(region = %region, lost = %lost, copy = %copy, "a standby copy was gone (its node restarted): a new one takes its place");
-        standbys.copies[gone] = copy;
-        standbys.pending.clear();
-        standbys.pending.push(0..region.len);
-        self.send_pending(region, standbys).await.map_err(|f| match f {
-            Failure::Gone(_) => {
-                FabricError::Unavailable(format!("the new standby copy {copy} of {region} was gone at once"))
+        // Each round replaces (or drops) one standby that was gone: a bound of rounds for new copies that go too.
+        for _ in 0..=MAX_REPLICAS {
+            let gone = match self.send_pending(region, standbys).await {
+                Err(Failure::Gone(i)) => i,
+                Err(Failure::Failed(e)) => return Err(e),
+                Ok(()) => return Ok(()),
+            };
+            let lost = standbys.copies[gone];
+            let others: Vec<u16> =
+                standbys.copies.iter().map(|c| c.addr.node().0).filter(|&n| n != lost.addr.node().0).collect();
+            let origin = standbys.origin.unwrap_or(*region);
+            match self.place_standbys((region, &origin), standbys.replicas, 1, &others).await {
+                Ok(mut placed) => {
+                    let copy = placed.remove(0);
+                    tracing::warn!(region = %region, lost = %lost, copy = %copy, "a standby copy was gone (its node restarted or left): a new one takes its place");
+                    standbys.copies[gone] = copy;
+                    standbys.pending.clear();
+                    standbys.pending.push(0..region.len);
+                }
+                // No node takes its place, but other standbys keep the region: it goes on with them (what they
+                // lack is sent next), fewer than it asked for.
+                Err(e) if standbys.copies.len() > 1 => {
+                    tracing::warn!(region = %region, lost = %lost, error = %e, "a standby copy was gone and no node took its place: the region keeps its other standbys");
+                    standbys.copies.remove(gone);
+                }
+                Err(e) => return Err(e),
             }
-            Failure::Failed(e) => e,
-        })
+        }
+        Err(FabricError::Unavailable(format!("the standby copies of {region} kept going as they were placed")))
     }
 
     /// [`Agent::replicate`]'s sending.
