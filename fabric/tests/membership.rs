@@ -252,6 +252,19 @@ async fn read_round(a: &Agent, r: &vfabric::Region, round: u8, what: &str) -> Du
     served.unwrap_or_default()
 }
 
+/// A region of `BLOCKS` blocks on b (node 1), kept on the cluster's `network.replicas` nodes, once b counts the
+/// nodes of its standbys members too (up to 20 s).
+async fn replicated_on_b(a: &Agent) -> vfabric::Region {
+    let t = Instant::now();
+    loop {
+        match a.alloc(1, (BLOCK * BLOCKS) as u64, None).await {
+            Ok(r) => return r,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(20), "no replicated region on b: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// How many replicated regions node `node` is the home of, and how many standby copies it keeps, as it says
 /// through `a` (`vfabric status --node`).
 async fn replication_on(a: &Agent, node: u16) -> (u64, u64) {
@@ -279,14 +292,7 @@ fn a_region_kept_on_three_nodes_survives_its_home_and_then_the_copy_that_took_ov
             joined(&a, node).await;
         }
         // A region on b, its standbys on c and d (the next nodes), once b counts them members too.
-        let t = Instant::now();
-        let r = loop {
-            match a.alloc(1, (BLOCK * BLOCKS) as u64, None).await {
-                Ok(r) => break r,
-                Err(e) => assert!(t.elapsed() < Duration::from_secs(20), "no region on b kept on three nodes: {e}"),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let r = replicated_on_b(&a).await;
         write_round(&a, &r, 1, "b").await;
         // b dies: one of its standbys takes over (the first to claim it in etcd), with every acknowledged write.
         kill(Pid::from_raw(b.0.id() as i32), Signal::SIGKILL).expect("SIGKILL b");
@@ -341,14 +347,7 @@ fn a_standby_that_loses_the_takeover_in_etcd_sends_callers_to_the_copy_that_clai
         }
         // A region on b (its standby on c), and another copy that claimed b's region first in etcd: a region
         // on a with other bytes (what a copy that won the takeover elsewhere would be).
-        let t = Instant::now();
-        let r = loop {
-            match a.alloc(1, (BLOCK * BLOCKS) as u64, None).await {
-                Ok(r) => break r,
-                Err(e) => assert!(t.elapsed() < Duration::from_secs(20), "no replicated region on b: {e}"),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let r = replicated_on_b(&a).await;
         write_round(&a, &r, 1, "b").await;
         assert_eq!(kept_on(&a, 2).await, 1, "c keeps b's standby copy");
         let first = a.alloc_replicated(0, (BLOCK * BLOCKS) as u64, None, 1).await.expect("a region on a");
