@@ -188,34 +188,12 @@ fn a_standby_that_etcd_counts_out_is_replaced_and_the_region_survives_its_home()
         // c dies for good. Once etcd counts it out, b places a new standby on d and takes writes again.
         kill(Pid::from_raw(c.0.id() as i32), Signal::SIGKILL).expect("SIGKILL c");
         let t = Instant::now();
-        for i in 0..BLOCKS {
-            loop {
-                match a.write(&r, (i * BLOCK) as u64, &block(i, 2)).await {
-                    Ok(()) => break,
-                    Err(e) => {
-                        assert!(t.elapsed() < Duration::from_secs(20), "b never took writes again: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        }
+        write_round(&a, &r, 2, "b never took writes again").await;
         eprintln!("b took writes again {:?} after its standby was killed (lease_ttl_s = 2)", t.elapsed());
         // b dies too: d has every acknowledged write, and etcd's word lets it take over (heartbeats would wait 30 s).
         kill(Pid::from_raw(b.0.id() as i32), Signal::SIGKILL).expect("SIGKILL b");
         let t = Instant::now();
-        let mut buf = vec![0u8; BLOCK];
-        for i in 0..BLOCKS {
-            loop {
-                match a.read(&r, (i * BLOCK) as u64, &mut buf).await {
-                    Ok(()) => break,
-                    Err(e) => {
-                        assert!(t.elapsed() < Duration::from_secs(20), "no failover to d: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-            assert!(buf == block(i, 2), "block {i} lost its acknowledged write");
-        }
+        read_round(&a, &r, 2, "no failover to d").await;
         eprintln!("d served the region {:?} after b was killed", t.elapsed());
         a.shutdown().await;
         drop((b, c));
