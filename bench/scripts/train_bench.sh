@@ -40,6 +40,7 @@ ARGS[large_vfabric]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-
 ARGS[large_vfabric_chunk]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-chunk 4194304 --steps 8 --warmup 2"; TMO[large_vfabric_chunk]=240
 # The CPU's share chosen by the stream from what each step measures (vfabric.balance.HostShare), from half the
 # blocks; more warmup steps, in which it settles.
+ARGS[small_vfabric_auto]="$SMALL --mode vfabric --fabric-budget $SMALL_FABRIC --host-layers auto --steps 16 --warmup 8"; TMO[small_vfabric_auto]=150
 ARGS[large_vfabric_auto]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers auto --steps 14 --warmup 6"; TMO[large_vfabric_auto]=240
 # The CPU's steps on fewer threads than cores (the loop's thread and the fabric's keep some).
 ARGS[large_vfabric_t12]="$LARGE --mode vfabric --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --host-threads 12 --steps 8 --warmup 2"; TMO[large_vfabric_t12]=240
