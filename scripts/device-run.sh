@@ -13,7 +13,8 @@
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests procs python info demo torch nccl migrate
-#                        pager status sweep local trace storage tiers train remote
+#                        pager status sweep local trace storage lossy tiers train remote
+#   VFABRIC_LOSSY_NAME   name of vfabric-bench lossy's result files (default: lossy-h200x1)
 #   VFABRIC_PIN_GIB      size of the pin step's host memory files (default 8)
 #   VFABRIC_PYTEST      what the python step's pytest runs (default: python/tests)
 #   VFABRIC_SWEEP_PAIRS, VFABRIC_SWEEP_ARGS, VFABRIC_SWEEP_NAME   the sweep step's pairs, extra arguments (e.g.
@@ -31,7 +32,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager status sweep local trace storage tiers train remote}
+STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager status sweep local trace storage lossy tiers train remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the demo, migrate, pager and status steps
 summary=()
 
@@ -66,14 +67,18 @@ machine() {
 }
 
 ptx() {
-    nvcc -ptx -arch=compute_90 transport/kernels/page_copy.cu -o "$OUT/page_copy.ptx" || return 1
-    nvcc -cubin -arch=sm_90 -Xptxas -v transport/kernels/page_copy.cu -o "$W/page_copy.cubin" 2>&1 | grep -E "Compiling|Used|spill"
-    if cmp -s "$OUT/page_copy.ptx" transport/kernels/page_copy.ptx; then
-        echo "PTX matches the committed transport/kernels/page_copy.ptx"
-    else
-        echo "PTX DIFFERS from the committed one: commit \$OUT/page_copy.ptx"
-        return 1
-    fi
+    local rc=0 k
+    for k in page_copy page_codec; do
+        nvcc -ptx -arch=compute_90 "transport/kernels/$k.cu" -o "$OUT/$k.ptx" || return 1
+        nvcc -cubin -arch=sm_90 -Xptxas -v "transport/kernels/$k.cu" -o "$W/$k.cubin" 2>&1 | grep -E "Compiling|Used|spill"
+        if cmp -s "$OUT/$k.ptx" "transport/kernels/$k.ptx"; then
+            echo "PTX matches the committed transport/kernels/$k.ptx"
+        else
+            echo "PTX DIFFERS from the committed one: commit \$OUT/$k.ptx"
+            rc=1
+        fi
+    done
+    return $rc
 }
 
 step machine machine
@@ -148,17 +153,28 @@ traces() {
 step trace traces
 # The storage tier's file I/O beside fio on the machine's disk, and LZ4 on pages of training data (synthetic,
 # and a block of the small model after a few steps).
-storage() {
-    local tensors=()
-    # A few steps of the small model (resident) leave a block's real tensors to compress.
+# A few steps of the small model (resident) leave a block's real tensors to compress, once a call.
+trained_tensors() {
     [ -d "$W/tensors" ] || python3 bench/scripts/train_offload.py --mode resident --layers 20 --d 2048 --heads 16 \
         --vocab 32768 --seq 2048 --batch 8 --steps 6 --warmup 2 --tag tensors --dump-tensors "$W/tensors" \
-        > "$W/tensors.log" 2>&1 || echo "no tensors from training (see tensors.log)"
-    [ -d "$W/tensors" ] && tensors=(--tensors "$W/tensors")
+        > "$W/tensors.log" 2>&1 || echo "no tensors from training (see tensors.log)" >&2
+    [ -d "$W/tensors" ] && echo "--tensors $W/tensors"
+}
+storage() {
+    local tensors
+    read -ra tensors <<< "$(trained_tensors)"
     "$B/vfabric-bench" storage --dir "$W/storage" --size "${VFABRIC_STORAGE_SIZE:-16GiB}" --depth 8,32,128 \
         --fio "$B/fio" "${tensors[@]}" --out "$OUT" --name "${VFABRIC_STORAGE_NAME:-storage-h200x1}"
 }
 step storage storage
+# The lossy codecs on the GPU (packed into host memory, expanded back) beside plain copies, on synthetic and
+# trained tensors.
+lossy() {
+    local tensors
+    read -ra tensors <<< "$(trained_tensors)"
+    "$B/vfabric-bench" lossy --config "$CONFIG" "${tensors[@]}" --out "$OUT" --name "${VFABRIC_LOSSY_NAME:-lossy-h200x1}"
+}
+step lossy lossy
 # Walks over three tiers: a region 8x the GPU budget with host memory of 2x, the rest on the storage tier in
 # $W/tiers, beside the tier's raw reads.
 # shellcheck disable=SC2086

@@ -10,7 +10,8 @@
 //! - [`range`]: [`RangeAllocator`], aligned virtual ranges of a node's address space.
 //! - [`frames`]: [`FrameArena`], a device's physical memory as page-sized frames, with
 //!   headroom for the fabric's own use, leases that pin frames, and compaction plans.
-//! - [`compression`]: [`Compression`], how a region's pages are stored below host memory.
+//! - [`compression`]: [`Compression`], how a region's pages are packed when they leave the GPU ([`Lossy`] when
+//!   their values may change).
 //! - [`tenant`]: [`TenantId`] and [`Tier`], the names quotas and errors share.
 //! - [`quota`]: the per-tenant [`QuotaBook`].
 //! - [`error`]: [`AllocError`], the single error type.
@@ -70,7 +71,7 @@ pub mod range;
 pub mod tenant;
 
 pub use addr::{GlobalAddr, NodeId, PageSize, MAX_OFFSET, OFFSET_BITS};
-pub use compression::{Compression, ParseCompressionError};
+pub use compression::{Compression, Element, Lossy, LossyCode, ParseCompressionError, COMPRESSIONS, LOSSY_GROUP};
 pub use error::AllocError;
 pub use extent::{Fragmentation, FreeExtents};
 pub use fit::Fit;

@@ -5,6 +5,7 @@ mod baselines;
 mod common;
 mod compression;
 mod local;
+mod lossy;
 mod metrics_cost;
 mod migrate;
 mod pager;
@@ -54,6 +55,10 @@ enum Command {
     /// The storage tier's file I/O beside fio (O_DIRECT, io_uring, same path, depth and block size), and the
     /// codecs' (LZ4, zstd) ratio and speed on pages of training data.
     Storage(storage::StorageArgs),
+    /// The lossy codecs (fp8, int8 with a scale per 256 values) on pages of training data, packed by the GPU
+    /// into host memory and expanded back, beside a plain copy of the same pages: ratio, GB/s, error over the
+    /// declared bound.
+    Lossy(lossy::LossyArgs),
     /// A PyTorch allocator trace replayed through the fabric's tensor pool, beside the trace's own caching
     /// allocator: peak reserved / peak allocated.
     Trace(trace::TraceArgs),
@@ -76,6 +81,7 @@ fn main() -> ExitCode {
         Command::Remote(args) => remote::run(args, &command_line),
         Command::Local(args) => local::run(args, &command_line),
         Command::Storage(args) => storage::run(args, &command_line),
+        Command::Lossy(args) => lossy::run(args, &command_line),
         Command::Trace(args) => trace::run(args, &command_line),
         Command::Status(args) => status::run(args, &command_line),
         Command::Sweep(args) => sweep::run(args, &command_line),

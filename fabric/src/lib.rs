@@ -45,6 +45,8 @@ pub use fabric::{
 };
 pub use pool::{PoolConfig, PoolSource, PoolStats, TensorPool};
 pub use units::ByteSize;
-pub use vfabric_allocator::{Compression, GlobalAddr, Location, NodeId, PageSize, TenantId, Tier};
+pub use vfabric_allocator::{
+    Compression, GlobalAddr, Location, NodeId, PageSize, ParseCompressionError, TenantId, Tier, COMPRESSIONS,
+};
 pub use vfabric_transport::storage::StorageError;
 pub use vfabric_transport::{Arena, Backend, DeviceError, DeviceKind, EngineChoice, MoveError, TransferReport};

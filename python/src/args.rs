@@ -45,12 +45,10 @@ pub fn priority(name: &str) -> PyResult<Priority> {
 
 /// A compression by name.
 pub fn compression(name: &str) -> PyResult<Compression> {
-    match name {
-        "none" => Ok(Compression::None),
-        "lz4" => Ok(Compression::Lz4),
-        "zstd" => Ok(Compression::Zstd),
-        _ => Err(value_error(format!("unknown compression {name:?}: use \"none\", \"lz4\" or \"zstd\""))),
-    }
+    name.parse().map_err(|_: vfabric::ParseCompressionError| {
+        let names: Vec<String> = vfabric::COMPRESSIONS.iter().map(|c| format!("{:?}", c.to_string())).collect();
+        value_error(format!("unknown compression {name:?}: use {}", names.join(", ")))
+    })
 }
 
 /// A size or offset, which may not be negative.

@@ -1,10 +1,11 @@
 """The storage tier from Python: a region larger than the GPU and host memory together written and read back
-through it, the tier named where only a GPU or host memory can be refused, and a corrupt page on the disk an
-exception, never data."""
+through it, the tier named where only a GPU or host memory can be refused, a corrupt page on the disk an
+exception, never data, and a lossy region stored in a quarter of the bytes, its values within their bound."""
 
 import pathlib
 import shutil
 
+import numpy as np
 import pytest
 
 import vfabric
@@ -99,3 +100,27 @@ def test_a_compressed_region_takes_less_of_the_tier_and_round_trips(tiered, code
         fabric.read(region, 0, len(data))
     with pytest.raises(ValueError, match="unknown compression"):
         fabric.alloc(page, compression="zip")
+
+
+def test_a_lossy_region_comes_back_within_its_bound(tiered):
+    fabric, _ = tiered
+    values = (np.random.default_rng(5).standard_normal(6 << 18) * 1e-3).astype(np.float32)  # 6 MiB
+    region = fabric.alloc(values.nbytes, device="gpu0", compression="int8-f32")
+    fabric.write(region, 0, values)
+    storage = fabric.stats()["storage"]
+    # A packed 64 KiB page (16 KiB of codes, 256 bytes of scales) takes five 4 KiB blocks of the file: 3.2x.
+    assert storage["file_bytes"] * 3.2 <= storage["page_bytes"], storage
+    back = np.frombuffer(fabric.read(region, 0, values.nbytes), dtype=np.float32).reshape(-1, 256)
+    groups = values.reshape(-1, 256)
+    # int8 codes with a scale per 256 values: half a step of the group's largest magnitude over 127.
+    top = np.abs(groups).max(axis=1, keepdims=True)
+    err = np.abs(back - groups)
+    assert (err <= (top / 254 + 1e-6 * top) * (1 + 1e-5)).all()
+    assert (err > 0).mean() > 0.5, "the pages that left the GPU went through the codec"
+    with fabric.acquire(region, 0, 1 << 16, device="gpu0") as lease:
+        got = np.frombuffer(bytes(lease.numpy()), dtype=np.float32)
+        assert np.array_equal(got, back.reshape(-1)[: got.size])
+    with pytest.raises(vfabric.DeviceUnavailable, match="lossily"):
+        fabric.acquire(region, 0, 1 << 16, device="host")
+    with pytest.raises(ValueError, match="fp8-bf16"):
+        fabric.alloc(1 << 16, compression="fp4")

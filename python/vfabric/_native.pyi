@@ -16,7 +16,7 @@ _Device = str
 """A device name: "gpu0", "gpu1", ..., or "host"."""
 _Mode = Literal["r", "w", "read", "write"]
 _Priority = Literal["low", "normal", "high"]
-_Compression = Literal["none", "lz4", "zstd"]
+_Compression = Literal["none", "lz4", "zstd", "fp8-bf16", "fp8-f32", "int8-bf16", "int8-f32"]
 _DType = Any
 """An element type: a name ("uint8", "float32", ...), a NumPy dtype or scalar type, or a PyTorch dtype."""
 _Shape = Union[int, Sequence[int]]
@@ -259,8 +259,10 @@ class FabricBase:
         reservation: Optional["Reservation"] = None,
     ) -> Region:
         """Allocates a region of `nbytes` bytes (rounded up to whole pages); `compression="lz4"` stores its
-        pages compressed on the storage tier where that saves space; `reservation` (of this fabric) is memory
-        its pages take first on the reservation's device."""
+        pages compressed on the storage tier where that saves space; the lossy ones ("fp8-bf16", ...) pack an
+        array of bf16 or fp32 values on the GPU as its pages leave it (values change within a documented
+        bound; its pages cannot be leased in host memory); `reservation` (of this fabric) is memory its pages
+        take first on the reservation's device."""
     def reserve(self, nbytes: int, device: Optional[_Device] = None, tenant: int = 0) -> "Reservation":
         """Sets `nbytes` of `device` aside for `tenant` now (evicting as an acquire would); `OutOfMemory` at
         once, saying what can be had, when it cannot be met."""

@@ -34,7 +34,7 @@ pub fn locations(layer: &dyn DeviceLayer) -> Vec<Location> {
     v
 }
 
-fn arena(layer: &dyn DeviceLayer, location: Location, bytes: u64, chunk: u64) -> Arc<dyn Arena> {
+pub(crate) fn arena(layer: &dyn DeviceLayer, location: Location, bytes: u64, chunk: u64) -> Arc<dyn Arena> {
     layer
         .create_arena(&ArenaSpec { location, bytes, chunk_bytes: chunk })
         .unwrap_or_else(|e| panic!("creating a {bytes}-byte arena at {location}: {e}"))

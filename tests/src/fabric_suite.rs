@@ -10,7 +10,7 @@ use vfabric_transport::{EngineChoice, Location};
 
 use crate::pattern;
 
-fn fabric(cfg: &ClusterConfig) -> Fabric {
+pub(crate) fn fabric(cfg: &ClusterConfig) -> Fabric {
     Fabric::embedded(cfg).unwrap_or_else(|e| panic!("starting the fabric: {e}"))
 }
 
@@ -29,11 +29,11 @@ pub fn scratch_dir(built: &str) -> std::path::PathBuf {
     }
 }
 
-fn gpus(f: &Fabric) -> Vec<Location> {
+pub(crate) fn gpus(f: &Fabric) -> Vec<Location> {
     f.devices().into_iter().filter(|l| matches!(l, Location::Gpu(_))).collect()
 }
 
-fn frames_of(f: &Fabric, loc: Location) -> u64 {
+pub(crate) fn frames_of(f: &Fabric, loc: Location) -> u64 {
     f.stats().directory.devices.iter().find(|d| d.location == loc).map_or(0, |d| u64::from(d.frames))
 }
 
@@ -56,7 +56,7 @@ fn check_region(f: &Fabric, r: &Region, seed: u64, what: &str) {
 }
 
 /// Reads the device copies under a lease, through its pointers: a device-to-host copy from each pointer.
-fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
+pub(crate) fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
     let ps = f.page_size();
     let ptrs: Vec<u64> = match lease.ptr() {
         LeasePtr::Contiguous { ptr, len } => (0..len / ps).map(|i| ptr + i * ps).collect(),
@@ -72,7 +72,11 @@ fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
 
 /// `cfg` with GPU budgets of 16 pages, host memory of 8 pages and a storage tier of `slots` pages in the file `path` (a
 /// filesystem with O_DIRECT), and that path.
-fn with_storage(cfg: &ClusterConfig, path: &std::path::Path, slots: u64) -> (ClusterConfig, std::path::PathBuf) {
+pub(crate) fn with_storage(
+    cfg: &ClusterConfig,
+    path: &std::path::Path,
+    slots: u64,
+) -> (ClusterConfig, std::path::PathBuf) {
     let mut cfg = cfg.clone();
     let ps = cfg.memory.page_size.bytes();
     // A GPU budget of the emulated suite's size on every device layer: the tier's slots are counted for it.
@@ -220,6 +224,15 @@ pub fn storage_tier_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path)
     let t = f.traffic();
     assert!(t.to_storage >= 12 * ps, "pages went to storage: {t:?}");
     check_region(&f, &r, 53, "after spilling to storage");
+    // A host write into a page kept only on the storage tier (the first pages written went down first) lands,
+    // and so does one putting the bytes back.
+    let mut piece = vec![0u8; 4096];
+    for seed in [54, 53] {
+        f.write(&r, 128, &pattern::bytes(seed, 128, 4096)).expect("a write into a stored page");
+        f.read(&r, 128, &mut piece).expect("read");
+        assert_eq!(pattern::first_mismatch(seed, 128, &piece), None, "a host write into a stored page");
+    }
+    check_region(&f, &r, 53, "after writes into a stored page");
     let step = 4 * ps;
     let mut off = 0;
     while off < r.len {
@@ -546,6 +559,14 @@ macro_rules! fabric_suite_tests {
         #[test]
         fn compressed_storage_keeps_every_byte() {
             $crate::fabric_suite::compressed_storage_keeps_every_byte(
+                &$config,
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
+        fn lossy_pages_keep_their_bound() {
+            $crate::lossy_suite::lossy_pages_keep_their_bound(
                 &$config,
                 &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
             );

@@ -40,6 +40,11 @@ fn batch_errors() {
 }
 
 #[test]
+fn coded_moves_match_the_cpu() {
+    vfabric_tests::lossy_suite::coded_moves_match_the_cpu(&node(), Scale::SMALL);
+}
+
+#[test]
 fn one_gpu_node_moves_through_host() {
     let n = EmulatedNode::new(1, 256 << 20);
     device_suite::concurrent_transfers(&n, Scale::SMALL);

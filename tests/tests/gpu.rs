@@ -42,6 +42,11 @@ fn batch_errors() {
     device_suite::batch_errors(&node(), Scale::GPU);
 }
 
+#[test]
+fn coded_moves_match_the_cpu() {
+    vfabric_tests::lossy_suite::coded_moves_match_the_cpu(&node(), Scale::GPU);
+}
+
 /// A chunk exported as a file descriptor and imported again maps the same bytes: writes through either address
 /// are seen through the other. A bad descriptor or length is a typed error.
 #[test]

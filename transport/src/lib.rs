@@ -22,7 +22,7 @@ pub use device::batch::{CopyRun, PageBatch, Plan};
 pub use device::engine::{Engine, EngineChoice, KernelSide, ParseEngineChoiceError};
 pub use device::error::{DeviceError, MoveError, Side};
 pub use device::layer::{DeviceKind, DeviceLayer, GpuInfo};
-pub use device::mover::{Mover, MoverConfig, MoverConfigError, Transfer, TransferReport};
+pub use device::mover::{Coding, Mover, MoverConfig, MoverConfigError, Transfer, TransferReport};
 pub use device::open::{open, Backend, OpenOptions, Opened, ParseBackendError};
 pub use device::share::{ArenaShare, ExportedArena, ShareKind};
 pub use device::shared_memory::SharedHostMemory;

@@ -64,7 +64,8 @@ fn bad_configs_are_reported() {
     assert!(bad("[network]\nmtu = 16384\n").contains("mtu"));
     assert!(bad("[network]\nheartbeat_ms = 500\ndead_after_ms = 400\n").contains("dead_after_ms"));
     assert!(bad("[network]\nlanes = 0\n").contains("lanes"));
-    let nodes = "[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7000\"\n[[node]]\nname = \"b\"\naddress = \"10.0.0.2:7000\"\n\
+    let nodes =
+        "[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7000\"\n[[node]]\nname = \"b\"\naddress = \"10.0.0.2:7000\"\n\
                  [[node]]\nname = \"c\"\naddress = \"10.0.0.3:7000\"\n";
     assert!(bad(&format!("[network]\nreplicas = 3\n{nodes}")).contains("needs [membership]"));
     assert!(bad(&format!("[network]\nreplicas = 5\n{nodes}")).contains("1 to 4"));

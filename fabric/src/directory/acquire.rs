@@ -56,6 +56,9 @@ impl Directory {
         let slot = req.region.slot;
         {
             let r = self.region(&req.region)?;
+            if dev == self.host && r.placement.compression.is_lossy() {
+                return Err(DirectoryError::PackedInHost(req.region));
+            }
             for i in first..first + n {
                 let p = &r.pages[i as usize];
                 let conflict = match req.mode {
@@ -245,7 +248,7 @@ impl Directory {
                 continue;
             }
             match self.fetch_source(self.page(page)) {
-                Some(s) => stage.copy(self.loc(s.dev), to, s.frame, new.frame),
+                Some(s) => self.copy_page(&mut stage, page.slot, self.loc(s.dev), to, s.frame, new.frame),
                 None => stage.zero.push((to, new.frame)),
             }
             stage.updates.push(Update::Add { page, copy: new });

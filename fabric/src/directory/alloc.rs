@@ -7,8 +7,8 @@ use super::error::{DirectoryError, LeaseHeld};
 use super::lease::Mode;
 use super::page::{Copy, DevIdx, PageEntry, PageRef};
 use super::page_table::PageTable;
-use super::region::{Placement, Priority, RegionEntry, RegionHandle};
-use super::stage::Step;
+use super::region::{packing, Placement, Priority, RegionEntry, RegionHandle};
+use super::stage::{Stage, Step};
 use super::state::Directory;
 
 impl Directory {
@@ -95,6 +95,13 @@ impl Directory {
     /// The tenant a region's frames are charged to.
     pub(super) fn tenant_of(&self, slot: u32) -> TenantId {
         self.regions[slot as usize].as_ref().map_or(TenantId::default(), |r| r.placement.tenant)
+    }
+
+    /// Adds to `stage` the copy of a page of region `slot` from frame `src` of `from` to frame `dst` of `to`,
+    /// packed as the region's compression asks for that move ([`packing`]).
+    pub(super) fn copy_page(&self, stage: &mut Stage, slot: u32, from: Location, to: Location, src: u32, dst: u32) {
+        let compression = self.regions.get(slot as usize).and_then(Option::as_ref).map(|r| r.placement.compression);
+        stage.copy_packed(from, to, src, dst, packing(compression.unwrap_or_default(), from, to));
     }
 
     /// Frees a region and every frame its pages hold. Refused while any of its pages is leased; waits for a

@@ -32,6 +32,10 @@ pub enum DirectoryError {
     /// pages evicted from host memory, and they come back through host memory.
     #[error("the storage tier {0}: lease, place or prefetch pages on a GPU or in host memory")]
     StorageTier(&'static str),
+    /// A lease in host memory on a region whose pages are packed there (a lossy compression): its bytes there
+    /// are codes, not values.
+    #[error("region {0} is stored lossily: its pages are packed in host memory, so lease them on a GPU (reads and writes from the host expand them)")]
+    PackedInHost(RegionHandle),
     /// A reservation that cannot be met, even after evicting every page that may leave.
     #[error("cannot reserve {requested} bytes of {location}: {available} bytes can be had")]
     ReservationRefused {

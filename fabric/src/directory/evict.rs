@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use vfabric_allocator::{AllocClass, Compression, FrameState};
+use vfabric_allocator::{AllocClass, FrameState};
 
 use super::error::DirectoryError;
 use super::page::{Copy, DevIdx, PageRef};
@@ -211,11 +211,7 @@ impl Directory {
         };
         let to = Copy { dev: below, frame: f };
         stage.taken.push(to);
-        let compression = match self.regions.get(page.slot as usize) {
-            Some(Some(r)) if Some(below) == self.storage => r.placement.compression,
-            _ => Compression::None,
-        };
-        stage.copy_packed(self.loc(dev), self.loc(below), frame, f, compression);
+        self.copy_page(stage, page.slot, self.loc(dev), self.loc(below), frame, f);
         stage.updates.push(Update::Relocate { page, old: copy, new: to });
         Ok(Evicted::Planned)
     }

@@ -87,7 +87,7 @@ impl Directory {
         for (&(page, src), &f) in dirty.iter().zip(&taken) {
             let new = Copy { dev: self.host, frame: f };
             stage.taken.push(new);
-            stage.copy(device, Location::Host, src.frame, f);
+            self.copy_page(&mut stage, slot, device, Location::Host, src.frame, f);
             // The page has an owner (the device copy), so the host copy joins as a replica.
             stage.updates.push(Update::Add { page: PageRef { slot, page }, copy: new });
             moves.push((page, new, None));

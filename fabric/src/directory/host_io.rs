@@ -124,6 +124,12 @@ impl Directory {
         let mut targets = Vec::with_capacity(n as usize);
         for i in first..first + n {
             let page = PageRef { slot, page: i };
+            // A page brought up from the storage tier above takes the write in host memory: its copy there
+            // becomes the owner, and the stored one goes with the other copies.
+            if self.storage.is_some() && self.page(page).owner().map(|c| c.dev) == self.storage {
+                let host = self.host;
+                self.page_mut(page).promote(host);
+            }
             let sharers = self.page_mut(page).take_sharers();
             for c in sharers {
                 self.release_frame(c);

@@ -93,7 +93,7 @@ impl Directory {
                 stage.updates.push(Update::Drop { page, copy: old });
                 continue;
             }
-            stage.copy(self.loc(old.dev), to, old.frame, f);
+            self.copy_page(&mut stage, slot, self.loc(old.dev), to, old.frame, f);
             stage.updates.push(Update::Relocate { page, old, new });
         }
         Ok(Step::Stage(stage))

@@ -188,7 +188,7 @@ impl Directory {
         for (&(p, old, src), &f) in wanted.iter().zip(&taken) {
             let new = Copy { dev, frame: f };
             stage.taken.push(new);
-            stage.copy(self.loc(src.dev), to_loc, src.frame, f);
+            self.copy_page(&mut stage, p.slot, self.loc(src.dev), to_loc, src.frame, f);
             match old {
                 Some(old) => stage.updates.push(Update::Relocate { page: p, old, new }),
                 None => {

@@ -15,8 +15,9 @@ pub struct StageBatch {
     pub to: Location,
     /// Frame pairs.
     pub moves: Vec<PageMove>,
-    /// How the pages are packed where they land: the storage tier stores pages of regions that ask for it
-    /// compressed; every other batch copies them as they are.
+    /// How the batch packs its pages: onto the storage tier, as their region asks; between a GPU and host
+    /// memory, a lossy region's pages are packed leaving the GPU and expanded coming back; every other batch
+    /// copies them as they are.
     pub compression: Compression,
 }
 

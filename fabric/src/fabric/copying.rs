@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use vfabric_allocator::{Compression, Location, PageMove};
 use vfabric_transport::storage::StorageFile;
-use vfabric_transport::{Arena, Transfer};
+use vfabric_transport::{Arena, Coding, EngineChoice, Mover, PageBatch, Transfer};
 
 use crate::error::FabricError;
 
@@ -128,6 +128,23 @@ pub(crate) fn storage_reads_behind(
             })
         })?;
     Ok(Copying::Behind(Reader(Some(handle))))
+}
+
+/// Starts a batch between two arenas on the mover: copied, or packed or expanded when it carries a lossy
+/// compression (packed leaving a GPU, expanded arriving on one; see the directory's `StageBatch`).
+pub(crate) fn mover_batch(
+    mover: &dyn Mover,
+    src: &Arc<dyn Arena>,
+    dst: &Arc<dyn Arena>,
+    batch: &PageBatch,
+    compression: Compression,
+) -> Result<Copying, FabricError> {
+    let transfer = match (compression.lossy(), src.location(), dst.location()) {
+        (Some(l), Location::Gpu(_), Location::Host) => mover.submit_coded(src, dst, batch, Coding::Pack(l))?,
+        (Some(l), Location::Host, Location::Gpu(_)) => mover.submit_coded(src, dst, batch, Coding::Unpack(l))?,
+        _ => mover.submit(src, dst, batch, EngineChoice::Auto)?,
+    };
+    Ok(Copying::Mover(transfer))
 }
 
 /// Whether a batch between `from` and `to` is the storage tier's (file I/O) rather than a mover's.

@@ -15,6 +15,7 @@
 mod copying;
 mod lease;
 mod node;
+mod packed;
 mod parts;
 mod plan;
 mod reservation;
@@ -37,7 +38,7 @@ use std::time::Instant;
 
 use vfabric_allocator::{Location, NodeId, TenantId, Tier};
 use vfabric_transport::storage::{AlignedBuffer, StorageFile, StorageSpec};
-use vfabric_transport::{Arena, ArenaSpec, DeviceError, DeviceKind, EngineChoice, ExportedArena, PageBatch};
+use vfabric_transport::{Arena, ArenaSpec, DeviceError, DeviceKind, ExportedArena, PageBatch};
 
 use copying::Copying;
 use node::{lock, InFlight, Inner, State};
@@ -257,11 +258,19 @@ impl Fabric {
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let mut st = lock(&self.inner.state);
         let targets = self.drive(&mut st, |d| d.step_write(region, offset, len))?;
+        let lossy = st.dir.region(region)?.placement.compression.lossy();
+        let ps = self.inner.page_size;
         let mut pieces = Vec::new();
         for t in targets {
             let arena = self.arena_at(&st.dir, t.location)?;
             slice_parts(parts, t.buf_offset, t.len, &mut pieces);
-            arena.write_parts(u64::from(t.frame) * self.inner.page_size + t.page_offset, &pieces)?;
+            let at = u64::from(t.frame) * ps;
+            match lossy {
+                Some(l) if t.location == Location::Host => {
+                    packed::write(arena.as_ref(), at, l, ps, t.page_offset, &pieces)?
+                }
+                _ => arena.write_parts(at + t.page_offset, &pieces)?,
+            }
         }
         self.inner.counters.host_io.fetch_add(len, Ordering::Relaxed);
         Ok(())
@@ -275,6 +284,8 @@ impl Fabric {
         let mut st = lock(&self.inner.state);
         let dir = &mut st.dir;
         let pieces = dir.plan_read(region, offset, buf.len() as u64)?;
+        let lossy = dir.region(region)?.placement.compression.lossy();
+        let ps = self.inner.page_size;
         for p in pieces {
             let out = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
             match p.source {
@@ -288,12 +299,26 @@ impl Fabric {
                     let mut page = AlignedBuffer::new(self.inner.page_size as usize)
                         .ok_or(FabricError::Internal("no memory for a page read from the storage tier"))?;
                     storage.read(&mut [(u64::from(slot), &mut page[..])])?;
+                    let expanded;
+                    let page: &[u8] = match lossy {
+                        Some(l) => {
+                            expanded = packed::expand(l, &page, ps);
+                            &expanded
+                        }
+                        None => &page,
+                    };
                     out.copy_from_slice(&page[p.page_offset as usize..(p.page_offset + p.len) as usize]);
                     self.inner.counters.from_storage.fetch_add(self.inner.page_size, Ordering::Relaxed);
                 }
                 ReadSource::At(loc, frame) => {
                     let arena = self.arena_at(dir, loc)?;
-                    arena.read(u64::from(frame) * self.inner.page_size + p.page_offset, out)?;
+                    let at = u64::from(frame) * ps;
+                    match lossy {
+                        Some(l) if loc == Location::Host => {
+                            packed::read(arena.as_ref(), at, l, ps, p.page_offset, out)?
+                        }
+                        _ => arena.read(at + p.page_offset, out)?,
+                    }
                 }
             }
         }
@@ -600,7 +625,7 @@ impl Fabric {
             }
             let batch = PageBatch::from_moves(ps, b.moves.clone());
             let (src, dst) = (self.arena_at(dir, b.from)?, self.arena_at(dir, b.to)?);
-            copies.push(Copying::Mover(self.inner.mover.submit(src, dst, &batch, EngineChoice::Auto)?));
+            copies.push(copying::mover_batch(self.inner.mover.as_ref(), src, dst, &batch, b.compression)?);
         }
         Ok(copies)
     }

@@ -148,6 +148,16 @@ pub enum MoveError {
     /// An arena handed to a mover of another device layer (an emulated arena to the CUDA mover, say).
     #[error("the arena at {0} does not belong to this mover's device layer")]
     ForeignArena(Location),
+    /// A coded move whose pages do not hold whole groups of the lossy format's values.
+    #[error("pages of {page} bytes do not hold whole groups of {group} {element:?} values: they cannot be packed")]
+    NotPackable {
+        /// The page size.
+        page: u64,
+        /// Values per group.
+        group: usize,
+        /// The values.
+        element: vfabric_allocator::Element,
+    },
     /// The mover's worker is gone (the emulated device's copy thread stopped).
     #[error("the mover's worker stopped before the transfer completed")]
     WorkerGone,

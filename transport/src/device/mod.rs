@@ -5,6 +5,7 @@
 //!   [`engine`]), [`batch`] (batches and the plans engines execute), [`error`].
 //! - The backends: [`cuda`] (CUDA driver API through cudarc, VMM arenas) and [`emulated`] (host memory, for
 //!   machines without a GPU).
+//! - [`lossy`]: the lossy page format on the CPU (what the codec kernel does on the GPU).
 //! - Sharing arenas with the node's other processes: [`share`] (what an exported arena is made of) and
 //!   [`shared_memory`] (host memory in a shared file).
 //! - [`open`]: the choice between the backends, which sits above both.
@@ -18,6 +19,7 @@ pub mod emulated;
 pub mod engine;
 pub mod error;
 pub mod layer;
+pub mod lossy;
 pub mod mover;
 pub mod open;
 pub mod share;

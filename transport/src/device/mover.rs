@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use vfabric_allocator::Location;
+use vfabric_allocator::{Location, Lossy, LOSSY_GROUP};
 
 use super::arena::Arena;
 use super::batch::{PageBatch, Plan};
@@ -224,8 +224,53 @@ pub trait Mover: Send + Sync {
         engine: EngineChoice,
     ) -> Result<Transfer, MoveError>;
 
+    /// Starts moving `batch` from `src` to `dst` as [`Mover::submit`] does, and changes each page on the way
+    /// (see [`Coding`]). The GPU at either end runs it with a kernel; two host arenas are refused.
+    fn submit_coded(
+        &self,
+        src: &Arc<dyn Arena>,
+        dst: &Arc<dyn Arena>,
+        batch: &PageBatch,
+        coding: Coding,
+    ) -> Result<Transfer, MoveError>;
+
     /// The configuration this mover runs with.
     fn config(&self) -> &MoverConfig;
+}
+
+/// What a coded move ([`Mover::submit_coded`]) does to each page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coding {
+    /// Packs the page into the lossy format (`kernels/page_codec.cu`, [`crate::device::lossy`]) at the start of
+    /// its destination frame; the rest of the frame is left alone.
+    Pack(Lossy),
+    /// Expands a page packed so back into its values.
+    Unpack(Lossy),
+}
+
+impl Coding {
+    /// The lossy format.
+    pub fn lossy(self) -> Lossy {
+        match self {
+            Coding::Pack(l) | Coding::Unpack(l) => l,
+        }
+    }
+}
+
+/// The checks a mover makes before a coded move: [`prepare`]'s (on the kernel), and pages of whole groups.
+pub(crate) fn prepare_coded(
+    src: &dyn Arena,
+    dst: &dyn Arena,
+    batch: &PageBatch,
+    coding: Coding,
+    config: &MoverConfig,
+    ours: fn(&dyn Arena) -> bool,
+) -> Result<(Plan, Execution), MoveError> {
+    let l = coding.lossy();
+    if !l.fits(batch.page_size()) {
+        return Err(MoveError::NotPackable { page: batch.page_size(), group: LOSSY_GROUP, element: l.element });
+    }
+    prepare(src, dst, batch, EngineChoice::SmKernel, config, ours)
 }
 
 /// What a backend returns for a submitted batch: something to wait on.

@@ -25,6 +25,8 @@ impl Packer {
     pub fn pack(&mut self, compression: Compression, page: &[u8]) -> Option<&[u8]> {
         let room = page.len().checked_sub(DIRECT_ALIGN)?;
         let n = match compression {
+            // Lossy pages arrive packed by the GPU: the file stores their packed length as it is.
+            _ if compression.is_lossy() => return None,
             Compression::None => return None,
             Compression::Lz4 => {
                 // LZ4 writes into a buffer of its worst-case size, larger than a page.
@@ -42,7 +44,7 @@ impl Packer {
                 }
                 lz4_flex::block::compress_into(page, &mut self.scratch).ok()?
             }
-            Compression::Zstd => {
+            _ => {
                 if self.zstd.is_none() {
                     self.zstd = Some(zstd::bulk::Compressor::new(ZSTD_LEVEL).ok()?);
                 }
@@ -69,9 +71,9 @@ impl Packer {
 /// is a corrupt slot).
 pub fn unpack(compression: Compression, packed: &[u8], page: &mut [u8]) -> bool {
     match compression {
-        Compression::None => false,
         Compression::Lz4 => matches!(lz4_flex::block::decompress_into(packed, page), Ok(n) if n == page.len()),
         Compression::Zstd => matches!(zstd::bulk::decompress_to_buffer(packed, page), Ok(n) if n == page.len()),
+        _ => false,
     }
 }
 

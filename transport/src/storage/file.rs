@@ -177,9 +177,19 @@ impl StorageFile {
         let ps = self.page_size as usize;
         let mut requests = Vec::with_capacity(pages.len());
         let mut held = Vec::with_capacity(pages.len());
+        let lossy = compression.lossy().map(|l| l.packed_len(self.page_size) as usize).filter(|&n| n <= ps);
         for &(slot, page) in pages {
-            requests.push(self.request(slot, page.as_ptr() as *mut u8, page.len())?);
-            held.push(Held { sum: xxh3_64(page), packed: None });
+            let mut r = self.request(slot, page.as_ptr() as *mut u8, page.len())?;
+            match lossy {
+                // A lossy page was packed on its way out of the GPU, at the start of its buffer: only those
+                // bytes are written, checksummed and read back.
+                Some(n) => {
+                    r.len = blocks(n) as u32;
+                    held.push(Held { sum: xxh3_64(&page[..n]), packed: Some((n as u32, compression)) });
+                }
+                None => held.push(Held { sum: xxh3_64(page), packed: None }),
+            }
+            requests.push(r);
         }
         self.check_distinct(&requests)?;
         // A failed write leaves nothing to read back: forget each slot's page before its write starts.
@@ -191,7 +201,7 @@ impl StorageFile {
         }
         let mut io = self.take_io()?;
         let Io { ring, packer, staging: held_staging } = &mut *io;
-        if compression != Compression::None {
+        if compression != Compression::None && lossy.is_none() {
             let staging = staging(held_staging, pages.len(), ps)?;
             for (k, (&(_, page), (r, h))) in pages.iter().zip(requests.iter_mut().zip(&mut held)).enumerate() {
                 let Some(packed) = packer.pack(compression, page) else { continue };
@@ -236,26 +246,35 @@ impl StorageFile {
         self.check_distinct(&requests)?;
         let mut io = self.take_io()?;
         let Io { ring, staging: held_staging, .. } = &mut *io;
-        let mut staging =
-            if held.iter().any(|h| h.packed.is_some()) { Some(staging(held_staging, pages.len(), ps)?) } else { None };
-        if let Some(staging) = staging.as_deref_mut() {
-            for (k, (r, h)) in requests.iter_mut().zip(&held).enumerate() {
-                if let Some((n, _)) = h.packed {
+        let staged = |h: &Held| h.packed.is_some_and(|(_, c)| !c.is_lossy());
+        let mut staging = if held.iter().any(staged) { Some(staging(held_staging, pages.len(), ps)?) } else { None };
+        for (k, (r, h)) in requests.iter_mut().zip(&held).enumerate() {
+            match (h.packed, staging.as_deref_mut()) {
+                // Lossy pages come back packed, as they were written, into the start of the caller's buffer.
+                (Some((n, c)), _) if c.is_lossy() => r.len = blocks(n as usize) as u32,
+                (Some((n, _)), Some(staging)) => {
                     r.ptr = staging[k * ps..].as_mut_ptr();
                     r.len = blocks(n as usize) as u32;
                 }
+                _ => {}
             }
         }
         // SAFETY: the buffers are borrowed mutably until this returns, and the staging is held by the lock.
         let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Read, &requests)? };
         for (k, (((slot, buf), h), res)) in pages.iter_mut().zip(held).zip(results).enumerate() {
             res?;
-            if let (Some((n, codec)), Some(staging)) = (h.packed, staging.as_deref()) {
-                if !unpack(codec, &staging[k * ps..k * ps + n as usize], buf) {
-                    return Err(StorageError::Undecodable { slot: *slot });
+            let mut whole = &buf[..];
+            match (h.packed, staging.as_deref()) {
+                (Some((n, c)), _) if c.is_lossy() => whole = &buf[..n as usize],
+                (Some((n, codec)), Some(staging)) => {
+                    if !unpack(codec, &staging[k * ps..k * ps + n as usize], buf) {
+                        return Err(StorageError::Undecodable { slot: *slot });
+                    }
+                    whole = &buf[..];
                 }
+                _ => {}
             }
-            let found = xxh3_64(buf);
+            let found = xxh3_64(whole);
             if found != h.sum {
                 return Err(StorageError::Corrupt { slot: *slot, expected: h.sum, found });
             }

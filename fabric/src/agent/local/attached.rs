@@ -166,11 +166,7 @@ impl AttachedClient {
             priority,
             tenant: options.tenant.0,
             keep: options.keep,
-            compression: match options.compression {
-                Compression::None => 0,
-                Compression::Lz4 => 1,
-                Compression::Zstd => 2,
-            },
+            compression: options.compression.number(),
             reservation: options.reservation,
             replicas: options.replication.replicas,
             lag_ms: options.replication.lag_ms(),

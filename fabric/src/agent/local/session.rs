@@ -228,12 +228,8 @@ pub(super) fn alloc_options(
         2 => Priority::High,
         p => return Err(ProtocolError::BadField { field: "priority", value: u64::from(p) }.into()),
     };
-    let compression = match compression {
-        0 => Compression::None,
-        1 => Compression::Lz4,
-        2 => Compression::Zstd,
-        c => return Err(ProtocolError::BadField { field: "compression", value: u64::from(c) }.into()),
-    };
+    let compression = Compression::from_number(compression)
+        .ok_or(ProtocolError::BadField { field: "compression", value: u64::from(compression) })?;
     Ok(AllocOptions {
         device,
         priority,

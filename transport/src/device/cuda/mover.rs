@@ -1,4 +1,5 @@
-//! The CUDA mover: copy engines and the SM gather/scatter kernel, on two queues (streams) per GPU.
+//! The CUDA mover: copy engines and the SM gather/scatter kernel, on two queues (streams) per GPU, and the lossy
+//! codec's kernels for coded moves.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,16 +16,18 @@ use super::module::{Kernel, Module};
 use super::staging::IndexStaging;
 use super::stream::{Event, Stream};
 use crate::device::arena::Arena;
-use crate::device::batch::{PageBatch, Plan};
+use crate::device::batch::{KernelLayout, PageBatch, Plan};
 use crate::device::engine::{Engine, EngineChoice};
 use crate::device::error::{DeviceError, MoveError};
-use crate::device::mover::{prepare, Execution, Mover, MoverConfig, Pending, Transfer, Way};
-use vfabric_allocator::Location;
+use crate::device::mover::{prepare, prepare_coded, Coding, Execution, Mover, MoverConfig, Pending, Transfer, Way};
+use vfabric_allocator::{Element, Location, LossyCode, LOSSY_GROUP};
 
 /// The page copy kernels, built from `kernels/page_copy.cu` with `nvcc -ptx -arch=compute_90` on the GPU machine.
 pub const PAGE_COPY_PTX: &str = include_str!("../../../kernels/page_copy.ptx");
 /// The kernel the mover launches (16-byte words, four loads in flight per thread).
 pub const PAGE_COPY_KERNEL: &str = "vf_page_copy";
+/// The lossy codec's kernels, built from `kernels/page_codec.cu` the same way.
+pub const PAGE_CODEC_PTX: &str = include_str!("../../../kernels/page_codec.ptx");
 
 /// One queue of one GPU, with the device buffer that carries the kernel's page index lists.
 struct Lane {
@@ -77,6 +80,8 @@ struct GpuLanes {
     outbound: Mutex<Lane>,
     within: Mutex<Lane>,
     kernel: Kernel,
+    pack: Kernel,
+    unpack: Kernel,
 }
 
 /// Moves pages between the arenas of a [`super::CudaNode`].
@@ -93,6 +98,7 @@ impl CudaMover {
         let mut gpus = Vec::new();
         for ctx in &node.contexts {
             let module = Module::load_ptx(Arc::clone(ctx), PAGE_COPY_PTX)?;
+            let codec = Module::load_ptx(Arc::clone(ctx), PAGE_CODEC_PTX)?;
             let lane = || -> Result<Mutex<Lane>, DeviceError> {
                 Ok(Mutex::new(Lane {
                     stream: Stream::new(Arc::clone(ctx))?,
@@ -107,6 +113,8 @@ impl CudaMover {
                 outbound: lane()?,
                 within: lane()?,
                 kernel: module.kernel(PAGE_COPY_KERNEL)?,
+                pack: codec.kernel("vf_lossy_pack")?,
+                unpack: codec.kernel("vf_lossy_unpack")?,
             });
         }
         let batch_copy = has_symbol("cuMemcpyBatchAsync_v2");
@@ -193,23 +201,9 @@ impl CudaMover {
         dst: u64,
     ) -> Result<Vec<u32>, DeviceError> {
         let layout = plan.kernel_layout(blocks);
-        let n = layout.src_frames.len();
-        let mut indices = Vec::with_capacity(2 * n);
-        indices.extend_from_slice(&layout.src_frames);
-        indices.extend_from_slice(&layout.dst_frames);
-        let bytes = indices.len() * std::mem::size_of::<u32>();
-        let buf = lane.reserve_indices(bytes)?;
-        // From pinned memory the copy is queued behind the stream's work and the call returns; a list larger
-        // than the staging ring goes from `indices`, which stays alive in the transfer until the stream has
-        // passed the copy (the driver may make the host wait for the stream then).
-        if !lane.staging.upload(&g.ctx, &lane.stream, buf, &indices)? {
-            // SAFETY: `buf` holds at least `bytes`; `indices` outlives the copy (above).
-            unsafe { cu!(cuMemcpyHtoDAsync_v2(buf, indices.as_ptr() as *const c_void, bytes, lane.stream.raw()))? };
-        }
+        let (indices, mut p_sf, mut p_df) = upload_indices(g, lane, &layout)?;
         let mut p_src: u64 = src;
         let mut p_dst: u64 = dst;
-        let mut p_sf: u64 = buf;
-        let mut p_df: u64 = buf + (n * std::mem::size_of::<u32>()) as u64;
         let mut p_items: u64 = layout.items;
         let mut p_cpp: u32 = layout.chunks_per_page;
         let mut p_wpc: u32 = layout.words_per_chunk;
@@ -227,6 +221,76 @@ impl CudaMover {
         unsafe { g.kernel.launch(layout.grid, self.config.threads_per_block, &lane.stream, &mut params)? };
         Ok(indices)
     }
+}
+
+/// Uploads a layout's page index lists to `lane`'s index buffer, in stream order. Returns the host copy of the
+/// lists, which the transfer keeps until it completes, and where the two lists start on the device.
+fn upload_indices(g: &GpuLanes, lane: &mut Lane, layout: &KernelLayout) -> Result<(Vec<u32>, u64, u64), DeviceError> {
+    let n = layout.src_frames.len();
+    let mut indices = Vec::with_capacity(2 * n);
+    indices.extend_from_slice(&layout.src_frames);
+    indices.extend_from_slice(&layout.dst_frames);
+    let bytes = indices.len() * std::mem::size_of::<u32>();
+    let buf = lane.reserve_indices(bytes)?;
+    // From pinned memory the copy is queued behind the stream's work and the call returns; a list larger than
+    // the staging ring goes from `indices`, which stays alive in the transfer until the stream has passed the
+    // copy (the driver may make the host wait for the stream then).
+    if !lane.staging.upload(&g.ctx, &lane.stream, buf, &indices)? {
+        // SAFETY: `buf` holds at least `bytes`; `indices` outlives the copy (above).
+        unsafe { cu!(cuMemcpyHtoDAsync_v2(buf, indices.as_ptr() as *const c_void, bytes, lane.stream.raw()))? };
+    }
+    Ok((indices, buf, buf + (n * std::mem::size_of::<u32>()) as u64))
+}
+
+/// Threads per block of the codec kernels: 8 warps, each packing or expanding one group at a time.
+const CODEC_THREADS: u32 = 256;
+/// The most blocks a codec launch takes (each loops over the groups left).
+const CODEC_MAX_BLOCKS: u64 = 1024;
+
+/// Launches the codec kernel for `plan` on `lane`'s stream; returns the index lists the transfer keeps.
+fn launch_codec(
+    g: &GpuLanes,
+    lane: &mut Lane,
+    plan: &Plan,
+    coding: Coding,
+    src: u64,
+    dst: u64,
+) -> Result<Vec<u32>, DeviceError> {
+    let layout = plan.kernel_layout(1);
+    let (indices, mut p_sf, mut p_df) = upload_indices(g, lane, &layout)?;
+    let l = coding.lossy();
+    let mut p_src = src;
+    let mut p_dst = dst;
+    let mut p_page: u64 = plan.page_size();
+    let mut p_groups: u64 = plan.pages() as u64 * (plan.page_size() / (LOSSY_GROUP * l.element.bytes()) as u64);
+    let mut p_elem: u32 = match l.element {
+        Element::Bf16 => 0,
+        Element::F32 => 1,
+    };
+    let mut p_code: u32 = match l.code {
+        LossyCode::Fp8E4m3 => 0,
+        LossyCode::Int8 => 1,
+    };
+    let mut params: [*mut c_void; 8] = [
+        &mut p_src as *mut u64 as *mut c_void,
+        &mut p_dst as *mut u64 as *mut c_void,
+        &mut p_sf as *mut u64 as *mut c_void,
+        &mut p_df as *mut u64 as *mut c_void,
+        &mut p_page as *mut u64 as *mut c_void,
+        &mut p_groups as *mut u64 as *mut c_void,
+        &mut p_elem as *mut u32 as *mut c_void,
+        &mut p_code as *mut u32 as *mut c_void,
+    ];
+    let grid = p_groups.div_ceil(u64::from(CODEC_THREADS / 32)).clamp(1, CODEC_MAX_BLOCKS) as u32;
+    let kernel = match coding {
+        Coding::Pack(_) => &g.pack,
+        Coding::Unpack(_) => &g.unpack,
+    };
+    // SAFETY: the parameters match `vf_lossy_pack` / `vf_lossy_unpack(const u8*, u8*, const u32*, const u32*,
+    // u64, u64, u32, u32)`; every frame is inside its arena (the plan was checked), the pages hold whole groups
+    // (`prepare_coded`), and the arenas are kept alive by the transfer.
+    unsafe { kernel.launch(grid, CODEC_THREADS, &lane.stream, &mut params)? };
+    Ok(indices)
 }
 
 fn loc_hint(l: Location) -> sys::CUmemLocation {
@@ -255,6 +319,35 @@ impl Mover for CudaMover {
         engine: EngineChoice,
     ) -> Result<Transfer, MoveError> {
         let (plan, exec) = prepare(src.as_ref(), dst.as_ref(), batch, engine, &self.config, is_cuda_arena)?;
+        self.queue(src, dst, &plan, exec, None)
+    }
+
+    fn submit_coded(
+        &self,
+        src: &Arc<dyn Arena>,
+        dst: &Arc<dyn Arena>,
+        batch: &PageBatch,
+        coding: Coding,
+    ) -> Result<Transfer, MoveError> {
+        let (plan, exec) = prepare_coded(src.as_ref(), dst.as_ref(), batch, coding, &self.config, is_cuda_arena)?;
+        self.queue(src, dst, &plan, exec, Some(coding))
+    }
+
+    fn config(&self) -> &MoverConfig {
+        &self.config
+    }
+}
+
+impl CudaMover {
+    /// Queues a checked plan on its execution's lane: copied by its engine, or coded by the codec kernels.
+    fn queue(
+        &self,
+        src: &Arc<dyn Arena>,
+        dst: &Arc<dyn Arena>,
+        plan: &Plan,
+        exec: Execution,
+        coding: Option<Coding>,
+    ) -> Result<Transfer, MoveError> {
         // Both ends reachable by the GPUs (a local client's host tier is registered at its first move).
         src.prepare_for_devices()?;
         dst.prepare_for_devices()?;
@@ -268,11 +361,14 @@ impl Mover for CudaMover {
         start.record(&lane.stream)?;
         let mut indices = Vec::new();
         if plan.pages() > 0 {
-            match exec.engine {
-                Engine::CopyEngine => {
+            match (coding, exec.engine) {
+                (Some(c), _) => {
+                    indices = launch_codec(g, &mut lane, &plan, c, src.device_ptr(), dst.device_ptr())?;
+                }
+                (None, Engine::CopyEngine) => {
                     self.copy_runs(&lane, &plan, src.device_ptr(), dst.device_ptr(), src.location(), dst.location())?
                 }
-                Engine::SmKernel => {
+                (None, Engine::SmKernel) => {
                     indices =
                         self.launch_kernel(g, &mut lane, &plan, exec.blocks, src.device_ptr(), dst.device_ptr())?
                 }
@@ -282,11 +378,7 @@ impl Mover for CudaMover {
         drop(lane);
         let pending =
             CudaPending { start, end, _arenas: [Arc::clone(src), Arc::clone(dst)], _indices: indices, done: false };
-        Ok(Transfer::new(Box::new(pending), exec, &plan))
-    }
-
-    fn config(&self) -> &MoverConfig {
-        &self.config
+        Ok(Transfer::new(Box::new(pending), exec, plan))
     }
 }
 

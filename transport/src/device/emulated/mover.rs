@@ -1,4 +1,4 @@
-//! The emulated mover: one worker thread per queue, copying with `memcpy`.
+//! The emulated mover: one worker thread per queue, copying with `memcpy` (and packing with the CPU's lossy codec).
 
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -11,7 +11,8 @@ use crate::device::arena::Arena;
 use crate::device::batch::{KernelLayout, PageBatch, Plan};
 use crate::device::engine::{Engine, EngineChoice};
 use crate::device::error::{DeviceError, MoveError};
-use crate::device::mover::{prepare, Mover, MoverConfig, Pending, Transfer, Way};
+use crate::device::lossy;
+use crate::device::mover::{prepare, prepare_coded, Coding, Execution, Mover, MoverConfig, Pending, Transfer, Way};
 use vfabric_allocator::Location;
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -106,18 +107,50 @@ fn run_kernel(src: &EmulatedArena, dst: &EmulatedArena, page: u64, layout: &Kern
     }
 }
 
+/// Packs or expands each page of the plan, as `vf_lossy_pack` / `vf_lossy_unpack` would.
+fn run_codec(src: &EmulatedArena, dst: &EmulatedArena, plan: &Plan, coding: Coding) {
+    let layout = plan.kernel_layout(1);
+    let page = plan.page_size() as usize;
+    let (Some(s), Some(d)) = (src.host_ptr(), dst.host_ptr()) else { return };
+    for (&sf, &df) in layout.src_frames.iter().zip(&layout.dst_frames) {
+        // SAFETY: the plan was checked against both arenas' lengths, a batch names each destination frame once,
+        // and a batch within one arena never reads a frame it writes: the two pages do not overlap.
+        let (from, to) = unsafe {
+            (
+                std::slice::from_raw_parts(s.add(sf as usize * page), page),
+                std::slice::from_raw_parts_mut(d.add(df as usize * page), page),
+            )
+        };
+        match coding {
+            Coding::Pack(l) => lossy::pack(l, from, to),
+            Coding::Unpack(l) => lossy::unpack(l, from, to),
+        }
+    }
+}
+
 type Slot = Arc<(Mutex<Option<Result<Duration, MoveError>>>, Condvar)>;
 
-impl Mover for EmulatedMover {
-    fn submit(
+/// What a queued batch does.
+#[derive(Clone, Copy)]
+enum Work {
+    /// Copies, with this engine.
+    Copy(Engine),
+    /// Packs or expands.
+    Code(Coding),
+}
+
+const OURS: fn(&dyn Arena) -> bool = |a| a.as_any().is::<EmulatedArena>();
+
+impl EmulatedMover {
+    /// Queues `plan` on its execution's worker.
+    fn queue(
         &self,
         src: &Arc<dyn Arena>,
         dst: &Arc<dyn Arena>,
-        batch: &PageBatch,
-        engine: EngineChoice,
+        plan: Plan,
+        exec: Execution,
+        work: Work,
     ) -> Result<Transfer, MoveError> {
-        let ours: fn(&dyn Arena) -> bool = |a| a.as_any().is::<EmulatedArena>();
-        let (plan, exec) = prepare(src.as_ref(), dst.as_ref(), batch, engine, &self.config, ours)?;
         let worker = self
             .workers
             .get(&(exec.gpu, exec.way))
@@ -133,9 +166,12 @@ impl Mover for EmulatedMover {
                     (Some(a), Some(b)) => (a, b),
                     _ => return,
                 };
-            match exec.engine {
-                Engine::CopyEngine => run_copy_engine(sa, da, &job_plan),
-                Engine::SmKernel => run_kernel(sa, da, job_plan.page_size(), &job_plan.kernel_layout(blocks)),
+            match work {
+                Work::Copy(Engine::CopyEngine) => run_copy_engine(sa, da, &job_plan),
+                Work::Copy(Engine::SmKernel) => {
+                    run_kernel(sa, da, job_plan.page_size(), &job_plan.kernel_layout(blocks))
+                }
+                Work::Code(c) => run_codec(sa, da, &job_plan, c),
             }
             let (m, cv) = &*job_slot;
             // The queue is busy for as long as the link would be (the next batch on it waits, as on a stream).
@@ -150,6 +186,30 @@ impl Mover for EmulatedMover {
             return Err(MoveError::WorkerGone);
         }
         Ok(Transfer::new(Box::new(EmulatedPending { slot, done: false }), exec, &plan))
+    }
+}
+
+impl Mover for EmulatedMover {
+    fn submit(
+        &self,
+        src: &Arc<dyn Arena>,
+        dst: &Arc<dyn Arena>,
+        batch: &PageBatch,
+        engine: EngineChoice,
+    ) -> Result<Transfer, MoveError> {
+        let (plan, exec) = prepare(src.as_ref(), dst.as_ref(), batch, engine, &self.config, OURS)?;
+        self.queue(src, dst, plan, exec, Work::Copy(exec.engine))
+    }
+
+    fn submit_coded(
+        &self,
+        src: &Arc<dyn Arena>,
+        dst: &Arc<dyn Arena>,
+        batch: &PageBatch,
+        coding: Coding,
+    ) -> Result<Transfer, MoveError> {
+        let (plan, exec) = prepare_coded(src.as_ref(), dst.as_ref(), batch, coding, &self.config, OURS)?;
+        self.queue(src, dst, plan, exec, Work::Code(coding))
     }
 
     fn config(&self) -> &MoverConfig {

@@ -1,0 +1,255 @@
+//! The lossy page format on the CPU: what `kernels/page_codec.cu` does on the GPU, operation for operation, so
+//! that both give the same bytes. The emulated device packs with it, the fabric expands a packed page with it
+//! when a caller reads one that sits in host memory or on the storage tier, and the tests hold the GPU to it.
+//!
+//! A packed page of n values is `[n one-byte codes][n / 256 fp32 scales]` (little-endian), from the start of
+//! its frame. A group's scale is its largest magnitude over the code's largest value; each value is multiplied
+//! by the inverse and rounded to nearest, ties to even (e4m3 saturating at 448; int8 clamped to ±127). Expanding
+//! multiplies each code by its group's scale and rounds to the page's element type.
+
+use vfabric_allocator::{Element, Lossy, LossyCode, LOSSY_GROUP};
+
+/// bf16 bits as fp32.
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// fp32 to bf16 bits, rounded to nearest even; NaN stays a quiet NaN.
+pub fn f32_to_bf16(f: f32) -> u16 {
+    let u = f.to_bits();
+    if u & 0x7fff_ffff > 0x7f80_0000 {
+        return ((u >> 16) | 0x40) as u16;
+    }
+    (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+/// fp32 to fp8 e4m3 (no infinities; 0x7f is NaN), rounded to nearest even, saturating at ±448: PTX's
+/// `cvt.rn.satfinite.e4m3x2.f32`.
+pub fn encode_e4m3(q: f32) -> u8 {
+    if q.is_nan() {
+        return 0x7f;
+    }
+    let sign = if q.is_sign_negative() { 0x80 } else { 0 };
+    let a = q.abs();
+    if a >= 448.0 {
+        return sign | 0x7e;
+    }
+    let code = if a < 2f32.powi(-6) {
+        // Subnormals: steps of 2^-9; 8 steps is the smallest normal, whose code is 8 as well.
+        (a * 512.0).round_ties_even() as u8
+    } else {
+        let e = ((a.to_bits() >> 23) as i32) - 127;
+        let m = ((a / 2f32.powi(e) - 1.0) * 8.0).round_ties_even() as i32;
+        let (e, m) = if m == 8 { (e + 1, 0) } else { (e, m) };
+        (((e + 7) << 3) | m).min(0x7e) as u8
+    };
+    sign | code
+}
+
+/// fp8 e4m3 to fp32 (exact).
+pub fn decode_e4m3(c: u8) -> f32 {
+    let sign = if c & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = (i32::from((c >> 3) & 0xf), f32::from(c & 7));
+    if c & 0x7f == 0x7f {
+        return f32::NAN;
+    }
+    if e == 0 {
+        return sign * m * 2f32.powi(-9);
+    }
+    sign * (1.0 + m / 8.0) * 2f32.powi(e - 7)
+}
+
+fn encode(q: f32, code: LossyCode) -> u8 {
+    match code {
+        LossyCode::Fp8E4m3 => encode_e4m3(q),
+        LossyCode::Int8 => q.round_ties_even().max(-127.0).min(127.0) as i8 as u8,
+    }
+}
+
+fn decode(c: u8, code: LossyCode) -> f32 {
+    match code {
+        LossyCode::Fp8E4m3 => decode_e4m3(c),
+        LossyCode::Int8 => f32::from(c as i8),
+    }
+}
+
+/// Value `i` of a page of `element`s.
+pub fn value(page: &[u8], i: usize, element: Element) -> f32 {
+    match element {
+        Element::Bf16 => bf16_to_f32(u16::from_le_bytes([page[2 * i], page[2 * i + 1]])),
+        Element::F32 => f32::from_le_bytes(page[4 * i..4 * i + 4].try_into().unwrap_or_default()),
+    }
+}
+
+fn set_value(page: &mut [u8], i: usize, element: Element, v: f32) {
+    match element {
+        Element::Bf16 => page[2 * i..2 * i + 2].copy_from_slice(&f32_to_bf16(v).to_le_bytes()),
+        Element::F32 => page[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
+    }
+}
+
+/// Packs `page` into `out` (at least [`Lossy::packed_len`] bytes; the rest is left alone). `page`'s length must
+/// hold whole groups ([`Lossy::fits`]); a partial last group is not packed.
+pub fn pack(lossy: Lossy, page: &[u8], out: &mut [u8]) {
+    let n = page.len() / lossy.element.bytes();
+    let top = lossy.top();
+    for g in 0..n / LOSSY_GROUP {
+        let at = g * LOSSY_GROUP;
+        // `max` skips NaN as the kernel's `fmaxf` does.
+        let m = (at..at + LOSSY_GROUP).fold(0f32, |m, i| m.max(value(page, i, lossy.element).abs()));
+        let inv = if m > 0.0 { top / m } else { 0.0 };
+        for i in at..at + LOSSY_GROUP {
+            out[i] = encode(value(page, i, lossy.element) * inv, lossy.code);
+        }
+        out[n + 4 * g..n + 4 * g + 4].copy_from_slice(&(m / top).to_le_bytes());
+    }
+}
+
+/// Expands `packed` (as [`pack`] leaves it) into `page`.
+pub fn unpack(lossy: Lossy, packed: &[u8], page: &mut [u8]) {
+    let n = page.len() / lossy.element.bytes();
+    for g in 0..n / LOSSY_GROUP {
+        let scale = f32::from_le_bytes(packed[n + 4 * g..n + 4 * g + 4].try_into().unwrap_or_default());
+        for i in g * LOSSY_GROUP..(g + 1) * LOSSY_GROUP {
+            set_value(page, i, lossy.element, decode(packed[i], lossy.code) * scale);
+        }
+    }
+}
+
+/// The largest value by which `back` differs from `page` over its declared error bound (at most 1.0 when the
+/// bound holds for every value), and the values compared. Both are pages of `lossy.element`s.
+pub fn worst_error(lossy: Lossy, page: &[u8], back: &[u8]) -> (f64, usize) {
+    let n = page.len().min(back.len()) / lossy.element.bytes();
+    let mut worst = 0f64;
+    for g in 0..n / LOSSY_GROUP {
+        let at = g * LOSSY_GROUP;
+        let m = (at..at + LOSSY_GROUP).fold(0f32, |m, i| m.max(value(page, i, lossy.element).abs()));
+        for i in at..at + LOSSY_GROUP {
+            let (x, y) = (value(page, i, lossy.element), value(back, i, lossy.element));
+            let err = f64::from((x - y).abs());
+            let bound = f64::from(lossy.error_bound(x, m));
+            let r = if bound > 0.0 {
+                err / bound
+            } else if err == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
+        }
+    }
+    (worst, n - n % LOSSY_GROUP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vfabric_allocator::Compression;
+
+    const LOSSY: [Compression; 4] =
+        [Compression::Fp8Bf16, Compression::Fp8F32, Compression::Int8Bf16, Compression::Int8F32];
+
+    #[test]
+    fn e4m3_codes_round_trip_and_round_to_nearest_even() {
+        let mut finite = Vec::new();
+        for c in 0..=255u8 {
+            let v = decode_e4m3(c);
+            if c & 0x7f == 0x7f {
+                assert!(v.is_nan());
+                continue;
+            }
+            assert_eq!(encode_e4m3(v), c, "code {c:#x} ({v})");
+            if c < 0x80 {
+                finite.push(v);
+            }
+        }
+        assert_eq!(finite.last(), Some(&448.0));
+        for w in finite.windows(2) {
+            let (lo, hi) = (w[0], w[1]);
+            let mid = (lo + hi) / 2.0;
+            let even = if encode_e4m3(lo) % 2 == 0 { lo } else { hi };
+            assert_eq!(decode_e4m3(encode_e4m3(mid)), even, "tie between {lo} and {hi}");
+            assert_eq!(decode_e4m3(encode_e4m3(lo + (hi - lo) * 0.4)), lo);
+            assert_eq!(decode_e4m3(encode_e4m3(lo + (hi - lo) * 0.6)), hi);
+            assert_eq!(decode_e4m3(encode_e4m3(-mid)), -even);
+        }
+        assert_eq!(encode_e4m3(1e9), 0x7e);
+        assert_eq!(encode_e4m3(460.0), 0x7e, "saturates instead of rounding past 448");
+        assert_eq!(encode_e4m3(f32::NEG_INFINITY), 0xfe);
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80, "tie to even (down)");
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82, "tie to even (up)");
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8001)), 0x3f81);
+        assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+        assert_eq!(bf16_to_f32(0xc040), -3.0);
+    }
+
+    fn page_of(element: Element, n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        let mut page = vec![0u8; n * element.bytes()];
+        for i in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Magnitudes over eight decades, so groups hold values far below their largest.
+            let mag = 10f32.powi((x % 8) as i32 - 6);
+            let v = mag * (((x >> 12) % 2001) as f32 / 1000.0 - 1.0);
+            set_value(&mut page, i, element, if i % 1000 == 7 { 0.0 } else { v });
+        }
+        page
+    }
+
+    #[test]
+    fn packed_pages_expand_within_the_declared_bound() {
+        for c in LOSSY {
+            let l = c.lossy().unwrap();
+            let page = page_of(l.element, 64 * LOSSY_GROUP, 11);
+            let mut packed = vec![0u8; l.packed_len(page.len() as u64) as usize];
+            pack(l, &page, &mut packed);
+            let mut back = vec![0u8; page.len()];
+            unpack(l, &packed, &mut back);
+            let (worst, n) = worst_error(l, &page, &back);
+            assert_eq!(n, 64 * LOSSY_GROUP);
+            assert!(worst <= 1.0, "{c}: an error {worst}x its bound");
+            // The bound is not loose: the worst value uses a good part of it.
+            assert!(worst > 0.2, "{c}: worst {worst}");
+            // A change the bound does not allow is caught.
+            let mut off = back.clone();
+            set_value(&mut off, 5, l.element, value(&back, 5, l.element) * 1.5 + 1.0);
+            assert!(worst_error(l, &page, &off).0 > 1.0, "{c}");
+        }
+    }
+
+    #[test]
+    fn zero_groups_pack_to_zeros_and_expand_to_zeros() {
+        for c in LOSSY {
+            let l = c.lossy().unwrap();
+            let page = vec![0u8; 4 * LOSSY_GROUP * l.element.bytes()];
+            let mut packed = vec![0xabu8; l.packed_len(page.len() as u64) as usize];
+            pack(l, &page, &mut packed);
+            assert!(packed.iter().all(|&b| b == 0), "{c}");
+            let mut back = vec![0xffu8; page.len()];
+            unpack(l, &packed, &mut back);
+            assert_eq!(back, page, "{c}");
+        }
+    }
+
+    #[test]
+    fn a_groups_largest_value_comes_back_nearly_exact() {
+        let l = Compression::Int8F32.lossy().unwrap();
+        let mut page = vec![0u8; LOSSY_GROUP * 4];
+        set_value(&mut page, 3, Element::F32, -7.25);
+        set_value(&mut page, 4, Element::F32, 0.01);
+        let mut packed = vec![0u8; l.packed_len(page.len() as u64) as usize];
+        pack(l, &page, &mut packed);
+        assert_eq!(packed[3] as i8, -127);
+        let mut back = vec![0u8; page.len()];
+        unpack(l, &packed, &mut back);
+        assert!((value(&back, 3, Element::F32) + 7.25).abs() < 1e-5);
+        assert_eq!(value(&back, 4, Element::F32), 0.0, "below half a step");
+    }
+}
