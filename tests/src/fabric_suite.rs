@@ -8,11 +8,8 @@ use vfabric::{ClusterConfig, Compression, Fabric, FabricError, Lease, LeasePtr, 
 use vfabric_allocator::{TenantId, Tier};
 use vfabric_transport::{EngineChoice, Location};
 
+use crate::fabric_rig::{fabric, frames_of, gpus, read_through_lease, with_storage};
 use crate::pattern;
-
-pub(crate) fn fabric(cfg: &ClusterConfig) -> Fabric {
-    Fabric::embedded(cfg).unwrap_or_else(|e| panic!("starting the fabric: {e}"))
-}
 
 /// Where the storage checks put their tier's file: `VFABRIC_TEST_DIR` when set, else the build's scratch folder
 /// (`built`, cargo's `CARGO_TARGET_TMPDIR`) where it exists, else the system's temporary folder: the GPU machine
@@ -27,14 +24,6 @@ pub fn scratch_dir(built: &str) -> std::path::PathBuf {
     } else {
         std::env::temp_dir()
     }
-}
-
-pub(crate) fn gpus(f: &Fabric) -> Vec<Location> {
-    f.devices().into_iter().filter(|l| matches!(l, Location::Gpu(_))).collect()
-}
-
-pub(crate) fn frames_of(f: &Fabric, loc: Location) -> u64 {
-    f.stats().directory.devices.iter().find(|d| d.location == loc).map_or(0, |d| u64::from(d.frames))
 }
 
 fn write_pattern(f: &Fabric, r: &Region, seed: u64) {
@@ -53,38 +42,6 @@ fn check_region(f: &Fabric, r: &Region, seed: u64, what: &str) {
     if let Some(at) = pattern::first_mismatch(seed, 0, &buf) {
         panic!("{what}: byte {at} of the region differs");
     }
-}
-
-/// Reads the device copies under a lease, through its pointers: a device-to-host copy from each pointer.
-pub(crate) fn read_through_lease(f: &Fabric, lease: &Lease) -> Vec<u8> {
-    let ps = f.page_size();
-    let ptrs: Vec<u64> = match lease.ptr() {
-        LeasePtr::Contiguous { ptr, len } => (0..len / ps).map(|i| ptr + i * ps).collect(),
-        LeasePtr::Pages(v) => v.clone(),
-    };
-    let mut out = vec![0u8; ptrs.len() * ps as usize];
-    for (i, p) in ptrs.iter().enumerate() {
-        let out = &mut out[i * ps as usize..(i + 1) * ps as usize];
-        f.read_device(lease.device(), *p, out).expect("read through the lease");
-    }
-    out
-}
-
-/// `cfg` with GPU budgets of 16 pages, host memory of 8 pages and a storage tier of `slots` pages in the file `path` (a
-/// filesystem with O_DIRECT), and that path.
-pub(crate) fn with_storage(
-    cfg: &ClusterConfig,
-    path: &std::path::Path,
-    slots: u64,
-) -> (ClusterConfig, std::path::PathBuf) {
-    let mut cfg = cfg.clone();
-    let ps = cfg.memory.page_size.bytes();
-    // A GPU budget of the emulated suite's size on every device layer: the tier's slots are counted for it.
-    cfg.memory.gpu_budget = Some(vfabric::ByteSize(16 * ps));
-    cfg.memory.host_arena = vfabric::ByteSize(8 * ps);
-    let size = vfabric::ByteSize(slots * ps);
-    cfg.storage = Some(vfabric::config::StorageSection { path: path.to_owned(), size, depth: 16 });
-    (cfg, path.to_owned())
 }
 
 /// A region larger than a GPU is written (the GPU fills up and pages go to host memory), read back, acquired

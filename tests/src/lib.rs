@@ -4,6 +4,7 @@
 //! `gpu` feature and run on the GPU machine by `scripts/device-run.sh`).
 
 pub mod device_suite;
+pub mod fabric_rig;
 pub mod fabric_suite;
 pub mod loopback;
 pub mod lossy_suite;

@@ -9,7 +9,7 @@ use vfabric_transport::device::lossy;
 use vfabric_transport::{Arena, Coding, DeviceLayer, Location, MoveError, MoverConfig, PageBatch, PageMove};
 
 use crate::device_suite::{arena, Scale};
-use crate::fabric_suite::{fabric, frames_of, gpus, read_through_lease, with_storage};
+use crate::fabric_rig::{fabric, frames_of, gpus, read_through_lease, with_storage};
 
 /// Every lossy compression.
 pub const LOSSY: [Compression; 4] =

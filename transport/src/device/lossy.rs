@@ -59,6 +59,8 @@ pub fn decode_e4m3(c: u8) -> f32 {
     sign * (1.0 + m / 8.0) * 2f32.powi(e - 7)
 }
 
+// `max` then `min`, not `clamp`: NaN becomes -127 as with the kernel's `fmaxf`, where `clamp` keeps it NaN.
+#[allow(clippy::manual_clamp)]
 fn encode(q: f32, code: LossyCode) -> u8 {
     match code {
         LossyCode::Fp8E4m3 => encode_e4m3(q),
@@ -98,8 +100,8 @@ pub fn pack(lossy: Lossy, page: &[u8], out: &mut [u8]) {
         // `max` skips NaN as the kernel's `fmaxf` does.
         let m = (at..at + LOSSY_GROUP).fold(0f32, |m, i| m.max(value(page, i, lossy.element).abs()));
         let inv = if m > 0.0 { top / m } else { 0.0 };
-        for i in at..at + LOSSY_GROUP {
-            out[i] = encode(value(page, i, lossy.element) * inv, lossy.code);
+        for (i, o) in out[at..at + LOSSY_GROUP].iter_mut().enumerate() {
+            *o = encode(value(page, at + i, lossy.element) * inv, lossy.code);
         }
         out[n + 4 * g..n + 4 * g + 4].copy_from_slice(&(m / top).to_le_bytes());
     }
@@ -110,8 +112,9 @@ pub fn unpack(lossy: Lossy, packed: &[u8], page: &mut [u8]) {
     let n = page.len() / lossy.element.bytes();
     for g in 0..n / LOSSY_GROUP {
         let scale = f32::from_le_bytes(packed[n + 4 * g..n + 4 * g + 4].try_into().unwrap_or_default());
-        for i in g * LOSSY_GROUP..(g + 1) * LOSSY_GROUP {
-            set_value(page, i, lossy.element, decode(packed[i], lossy.code) * scale);
+        let at = g * LOSSY_GROUP;
+        for (i, &c) in packed[at..at + LOSSY_GROUP].iter().enumerate() {
+            set_value(page, at + i, lossy.element, decode(c, lossy.code) * scale);
         }
     }
 }

@@ -363,14 +363,13 @@ impl CudaMover {
         if plan.pages() > 0 {
             match (coding, exec.engine) {
                 (Some(c), _) => {
-                    indices = launch_codec(g, &mut lane, &plan, c, src.device_ptr(), dst.device_ptr())?;
+                    indices = launch_codec(g, &mut lane, plan, c, src.device_ptr(), dst.device_ptr())?;
                 }
                 (None, Engine::CopyEngine) => {
-                    self.copy_runs(&lane, &plan, src.device_ptr(), dst.device_ptr(), src.location(), dst.location())?
+                    self.copy_runs(&lane, plan, src.device_ptr(), dst.device_ptr(), src.location(), dst.location())?
                 }
                 (None, Engine::SmKernel) => {
-                    indices =
-                        self.launch_kernel(g, &mut lane, &plan, exec.blocks, src.device_ptr(), dst.device_ptr())?
+                    indices = self.launch_kernel(g, &mut lane, plan, exec.blocks, src.device_ptr(), dst.device_ptr())?
                 }
             }
         }
