@@ -228,6 +228,24 @@ mod tests {
     }
 
     #[test]
+    fn packing_expanded_values_again_gives_the_same_codes() {
+        for c in LOSSY {
+            let l = c.lossy().unwrap();
+            let page = page_of(l.element, 64 * LOSSY_GROUP, 23);
+            let n = l.packed_len(page.len() as u64) as usize;
+            let (mut once, mut twice) = (vec![0u8; n], vec![0u8; n]);
+            pack(l, &page, &mut once);
+            let mut back = vec![0u8; page.len()];
+            unpack(l, &once, &mut back);
+            pack(l, &back, &mut twice);
+            assert_eq!(once[..n - 4 * 64], twice[..n - 4 * 64], "{c}: the codes");
+            let mut again = vec![0u8; page.len()];
+            unpack(l, &twice, &mut again);
+            assert_eq!(again, back, "{c}: the values");
+        }
+    }
+
+    #[test]
     fn zero_groups_pack_to_zeros_and_expand_to_zeros() {
         for c in LOSSY {
             let l = c.lossy().unwrap();

@@ -216,7 +216,7 @@ impl StorageFile {
         }
         // SAFETY: the pages are borrowed until this returns, and the staging is held by the lock; a write only
         // reads them.
-        let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Write, &requests)? };
+        let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Write, &requests, |_| {})? };
         let mut table = self.lock_held();
         let mut first = None;
         for ((r, h), res) in requests.iter().zip(held).zip(results) {
@@ -259,25 +259,44 @@ impl StorageFile {
                 _ => {}
             }
         }
-        // SAFETY: the buffers are borrowed mutably until this returns, and the staging is held by the lock.
-        let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Read, &requests)? };
-        for (k, (((slot, buf), h), res)) in pages.iter_mut().zip(held).zip(results).enumerate() {
-            res?;
-            let mut whole = &buf[..];
-            match (h.packed, staging.as_deref()) {
-                (Some((n, c)), _) if c.is_lossy() => whole = &buf[..n as usize],
+        // Each page is checked as it arrives, while the ring reads the next ones.
+        let mut verdicts: Vec<Option<Result<(), StorageError>>> = (0..pages.len()).map(|_| None).collect();
+        // Raw: the ring writes into the staging while pages already read are checked.
+        let staging = staging.map(|s| s.as_ptr());
+        let check = |k: usize, page: &mut [u8]| -> Result<(), StorageError> {
+            let (slot, h) = (requests[k].slot, held[k]);
+            let whole: &[u8] = match (h.packed, staging) {
+                (Some((n, c)), _) if c.is_lossy() => &page[..n as usize],
                 (Some((n, codec)), Some(staging)) => {
-                    if !unpack(codec, &staging[k * ps..k * ps + n as usize], buf) {
-                        return Err(StorageError::Undecodable { slot: *slot });
+                    // SAFETY: page k's place in the staging, which its request (completed) read into.
+                    let packed = unsafe { std::slice::from_raw_parts(staging.add(k * ps), n as usize) };
+                    if !unpack(codec, packed, page) {
+                        return Err(StorageError::Undecodable { slot });
                     }
-                    whole = &buf[..];
+                    page
                 }
-                _ => {}
-            }
+                _ => page,
+            };
             let found = xxh3_64(whole);
             if found != h.sum {
-                return Err(StorageError::Corrupt { slot: *slot, expected: h.sum, found });
+                return Err(StorageError::Corrupt { slot, expected: h.sum, found });
             }
+            Ok(())
+        };
+        let bufs: Vec<(*mut u8, usize)> = pages.iter_mut().map(|(_, b)| (b.as_mut_ptr(), b.len())).collect();
+        // SAFETY: the buffers are borrowed mutably until this returns, and the staging is held by the lock. The
+        // check of page k writes only page k's buffer, which no request in flight uses: its own request read
+        // into it (and has completed) or into the staging.
+        let results = unsafe {
+            ring.run(self.file.as_raw_fd(), Op::Read, &requests, |k| {
+                let page = std::slice::from_raw_parts_mut(bufs[k].0, bufs[k].1);
+                verdicts[k] = Some(check(k, page));
+            })?
+        };
+        for ((res, verdict), r) in results.into_iter().zip(verdicts).zip(&requests) {
+            res?;
+            // A request that completed in full was checked.
+            verdict.unwrap_or(Err(StorageError::Short { slot: r.slot, op: "read", got: 0, want: u64::from(r.len) }))?;
         }
         Ok(())
     }

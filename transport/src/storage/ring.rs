@@ -49,37 +49,28 @@ impl Ring {
     /// request does not stop the others: their pages may still be good), or the ring's own failure (after
     /// every request it queued has completed, so no buffer is touched once this returns).
     ///
+    /// `done(i)` runs for each request `i` that completed in full, once the requests that can take its place
+    /// are on their way: work on a finished page (checking its checksum) overlaps the device's work on the
+    /// next ones instead of waiting for the whole batch.
+    ///
     /// # Safety
-    /// Every request's buffer must stay valid, and for reads writable, until this returns.
+    /// Every request's buffer must stay valid, and for reads writable, until this returns; `done(i)` may read
+    /// request `i`'s buffer, not write another's.
     pub(super) unsafe fn run(
         &mut self,
         fd: RawFd,
         op: Op,
         requests: &[Request],
+        mut done: impl FnMut(usize),
     ) -> Result<Vec<Result<(), StorageError>>, StorageError> {
         let mut outcome: Vec<Option<i32>> = vec![None; requests.len()];
-        let (mut queued, mut done, mut in_flight) = (0usize, 0usize, 0usize);
+        let (mut queued, mut completed, mut in_flight) = (0usize, 0usize, 0usize);
         let mut failure = None;
-        while done < requests.len() {
-            while failure.is_none() && queued < requests.len() && in_flight < self.depth {
-                let r = &requests[queued];
-                let entry = match op {
-                    Op::Read => opcode::Read::new(types::Fd(fd), r.ptr, r.len).offset(r.offset).build(),
-                    Op::Write => opcode::Write::new(types::Fd(fd), r.ptr as *const u8, r.len).offset(r.offset).build(),
-                }
-                .user_data(queued as u64);
-                // SAFETY: the caller keeps the buffers valid until this returns, and this returns only once
-                // every queued request has completed; at most `depth` are queued or in flight, the ring's size.
-                if unsafe { self.ring.submission().push(&entry) }.is_err() {
-                    failure = Some(StorageError::Ring {
-                        what: "queueing a request",
-                        source: std::io::Error::other("submission queue full"),
-                    });
-                    break;
-                }
-                queued += 1;
-                in_flight += 1;
-            }
+        let mut finished = Vec::with_capacity(self.depth);
+        while completed < requests.len() {
+            // SAFETY: as this function's (the caller keeps the buffers valid until it returns).
+            let pushed = unsafe { self.queue(fd, op, requests, &mut queued, in_flight, &mut failure) };
+            in_flight += pushed;
             if failure.is_some() && in_flight == 0 {
                 break;
             }
@@ -97,11 +88,31 @@ impl Ring {
                 }
             }
             for cqe in self.ring.completion() {
-                if let Some(slot) = outcome.get_mut(cqe.user_data() as usize) {
+                let i = cqe.user_data() as usize;
+                if let Some(slot) = outcome.get_mut(i) {
                     if slot.replace(cqe.result()).is_none() {
-                        done += 1;
+                        completed += 1;
                         in_flight -= 1;
+                        if cqe.result() >= 0 && cqe.result() as u32 == requests[i].len {
+                            finished.push(i);
+                        }
                     }
+                }
+            }
+            if !finished.is_empty() {
+                // Refill the ring before the work on the finished pages, so the device has it meanwhile.
+                // SAFETY: as above.
+                let pushed = unsafe { self.queue(fd, op, requests, &mut queued, in_flight, &mut failure) };
+                in_flight += pushed;
+                if pushed > 0 {
+                    if let Err(e) = self.ring.submit() {
+                        if !retry(&e) {
+                            failure.get_or_insert(StorageError::Ring { what: "submitting requests", source: e });
+                        }
+                    }
+                }
+                for i in finished.drain(..) {
+                    done(i);
                 }
             }
             if failure.is_some() && in_flight == 0 {
@@ -129,6 +140,43 @@ impl Ring {
                 }
             })
             .collect())
+    }
+
+    /// Puts requests from `queued` on the submission queue while fewer than `depth` are in flight (and nothing
+    /// failed); returns how many went in.
+    ///
+    /// # Safety
+    /// As [`Ring::run`]'s: the buffers stay valid until every queued request has completed.
+    unsafe fn queue(
+        &mut self,
+        fd: RawFd,
+        op: Op,
+        requests: &[Request],
+        queued: &mut usize,
+        in_flight: usize,
+        failure: &mut Option<StorageError>,
+    ) -> usize {
+        let mut pushed = 0;
+        while failure.is_none() && *queued < requests.len() && in_flight + pushed < self.depth {
+            let r = &requests[*queued];
+            let entry = match op {
+                Op::Read => opcode::Read::new(types::Fd(fd), r.ptr, r.len).offset(r.offset).build(),
+                Op::Write => opcode::Write::new(types::Fd(fd), r.ptr as *const u8, r.len).offset(r.offset).build(),
+            }
+            .user_data(*queued as u64);
+            // SAFETY: the caller keeps the buffers valid until every queued request has completed; at most
+            // `depth` are queued or in flight, the ring's size.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                *failure = Some(StorageError::Ring {
+                    what: "queueing a request",
+                    source: std::io::Error::other("submission queue full"),
+                });
+                break;
+            }
+            *queued += 1;
+            pushed += 1;
+        }
+        pushed
     }
 }
 
