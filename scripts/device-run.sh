@@ -15,6 +15,9 @@
 #   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests procs python info demo torch nccl migrate
 #                        pager status sweep local trace storage lossy tiers train remote
 #   VFABRIC_LOSSY_NAME   name of vfabric-bench lossy's result files (default: lossy-h200x1)
+#   VFABRIC_STORAGE_SIZE, VFABRIC_STORAGE_NAME, VFABRIC_STORAGE_ARGS   the storage step's file size (default
+#                        16GiB), result name (default storage-h200x1) and extra arguments (e.g. --callers 4)
+#   VFABRIC_TENSORS      0: the storage and lossy steps skip the trained tensors (no training run)
 #   VFABRIC_PIN_GIB      size of the pin step's host memory files (default 8)
 #   VFABRIC_PYTEST      what the python step's pytest runs (default: python/tests)
 #   VFABRIC_SWEEP_PAIRS, VFABRIC_SWEEP_ARGS, VFABRIC_SWEEP_NAME   the sweep step's pairs, extra arguments (e.g.
@@ -155,16 +158,18 @@ step trace traces
 # and a block of the small model after a few steps).
 # A few steps of the small model (resident) leave a block's real tensors to compress, once a call.
 trained_tensors() {
+    [ "${VFABRIC_TENSORS:-1}" = 0 ] && return 0
     [ -d "$W/tensors" ] || python3 bench/scripts/train_offload.py --mode resident --layers 20 --d 2048 --heads 16 \
         --vocab 32768 --seq 2048 --batch 8 --steps 6 --warmup 2 --tag tensors --dump-tensors "$W/tensors" \
         > "$W/tensors.log" 2>&1 || echo "no tensors from training (see tensors.log)" >&2
     [ -d "$W/tensors" ] && echo "--tensors $W/tensors"
 }
 storage() {
-    local tensors
+    local tensors extra
     read -ra tensors <<< "$(trained_tensors)"
+    read -ra extra <<< "${VFABRIC_STORAGE_ARGS:-}"
     "$B/vfabric-bench" storage --dir "$W/storage" --size "${VFABRIC_STORAGE_SIZE:-16GiB}" --depth 8,32,128 \
-        --fio "$B/fio" "${tensors[@]}" --out "$OUT" --name "${VFABRIC_STORAGE_NAME:-storage-h200x1}"
+        --fio "$B/fio" "${tensors[@]}" --out "$OUT" --name "${VFABRIC_STORAGE_NAME:-storage-h200x1}" "${extra[@]}"
 }
 step storage storage
 # The lossy codecs on the GPU (packed into host memory, expanded back) beside plain copies, on synthetic and
