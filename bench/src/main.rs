@@ -15,6 +15,7 @@ mod rig;
 mod stats;
 mod status;
 mod storage;
+mod storage_gpu;
 mod sweep;
 mod sweep_cases;
 mod sweep_cluster;

@@ -17,6 +17,7 @@ use vfabric_transport::storage::{AlignedBuffer, Compression, StorageFile, Storag
 
 use crate::compression::{self, CodecRow};
 use crate::report;
+use crate::storage_gpu::{self, GpuRow};
 
 /// Options of `vfabric-bench storage`.
 #[derive(Args, Debug, Clone)]
@@ -47,6 +48,10 @@ pub struct StorageArgs {
     /// A folder of raw tensors (one per file) to measure compression on, beside the synthetic ones.
     #[arg(long)]
     pub tensors: Option<PathBuf>,
+    /// Also read the file's pages on to GPU 0 at the deepest depth (through host memory, and straight on as each
+    /// page arrives), beside the tier's reads into host memory (the emulated device where there is no GPU).
+    #[arg(long)]
+    pub to_gpu: bool,
     /// Bytes of each kind of data the compression figures use.
     #[arg(long, default_value = "256MiB")]
     pub codec_sample: ByteSize,
@@ -256,6 +261,13 @@ pub fn run(args: &StorageArgs, command_line: &str) -> Result<(), String> {
         io.extend(tier_passes(args, &path, deepest, "sparse", c)?);
     }
 
+    let to_gpu = if args.to_gpu {
+        eprintln!("depth {deepest}: the tier's pages to host memory, then on to the GPU two ways");
+        Some(storage_gpu::passes(args, &path, deepest)?)
+    } else {
+        None
+    };
+
     let sample = args.codec_sample.bytes() as usize;
     let mut codec: Vec<CodecRow> = Vec::new();
     for (i, kind) in compression::SYNTHETIC.iter().enumerate() {
@@ -275,11 +287,15 @@ pub fn run(args: &StorageArgs, command_line: &str) -> Result<(), String> {
     }
 
     let (date, stamp) = report::now_stamps();
-    let md = markdown(args, command_line, &date, &io, &codec);
+    let mut md = markdown(args, command_line, &date, &io, &codec);
+    if let Some((device, rows)) = &to_gpu {
+        gpu_markdown(&mut md, device, rows);
+    }
     let name = args.name.clone().unwrap_or_else(|| format!("storage-{stamp}"));
     let doc = json!({
         "benchmark": "storage", "date": date, "command": command_line, "dir": args.dir,
         "size": args.size.bytes(), "page_size": ps, "batch": args.batch, "io": io, "compression": codec,
+        "to_gpu": to_gpu.as_ref().map(|(_, rows)| rows),
     });
     let (j, m) = report::write(&args.out, &name, &doc, &md).map_err(|e| format!("writing results: {e}"))?;
     println!("{md}");
@@ -338,4 +354,13 @@ fn markdown(args: &StorageArgs, command_line: &str, date: &str, io: &[IoRow], co
         );
     }
     md
+}
+
+fn gpu_markdown(md: &mut String, device: &str, rows: &[GpuRow]) {
+    let _ = writeln!(md, "\n## On to a GPU ({device})\n");
+    let _ = writeln!(md, "| way | depth | GB/s | / to host memory |");
+    let _ = writeln!(md, "|---|---|---|---|");
+    for r in rows {
+        let _ = writeln!(md, "| {} | {} | {:.2} | {:.2} |", r.way, r.depth, r.gb_s, r.vs_host);
+    }
 }

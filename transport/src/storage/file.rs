@@ -232,6 +232,17 @@ impl StorageFile {
     /// recorded: a page that comes back different or short, or packed bytes that do not unpack to a page, is
     /// an error naming its slot, never wrong bytes taken for right ones.
     pub fn read(&self, pages: &mut [(u64, &mut [u8])]) -> Result<(), StorageError> {
+        self.read_each(pages, |_| {})
+    }
+
+    /// [`StorageFile::read`], calling `arrived(k)` as soon as page `k` has arrived and passed its checks, while
+    /// the ring reads the next ones: a caller can start moving it on (to a GPU) before the batch is done. A page
+    /// that fails its checks is not announced, and the call returns its error.
+    pub fn read_each(
+        &self,
+        pages: &mut [(u64, &mut [u8])],
+        mut arrived: impl FnMut(usize),
+    ) -> Result<(), StorageError> {
         let ps = self.page_size as usize;
         let mut requests = Vec::with_capacity(pages.len());
         let mut held = Vec::with_capacity(pages.len());
@@ -290,7 +301,11 @@ impl StorageFile {
         let results = unsafe {
             ring.run(self.file.as_raw_fd(), Op::Read, &requests, |k| {
                 let page = std::slice::from_raw_parts_mut(bufs[k].0, bufs[k].1);
-                verdicts[k] = Some(check(k, page));
+                let verdict = check(k, page);
+                if verdict.is_ok() {
+                    arrived(k);
+                }
+                verdicts[k] = Some(verdict);
             })?
         };
         for ((res, verdict), r) in results.into_iter().zip(verdicts).zip(&requests) {
