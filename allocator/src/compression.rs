@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 /// - Lossy (`Fp8*`, `Int8*`): the region declares its pages an array of bf16 or fp32 values. A page leaving the
 ///   GPU is packed there by a kernel into one-byte codes with one fp32 scale per group of
 ///   [`LOSSY_GROUP`] values, and stays packed in host memory and on the storage tier; it is expanded on its way
-///   back to a GPU. Values change: [`Lossy::error_bound`] says by how much at most.
+///   back to a GPU. Values change: [`Lossy::error_bound`] says by how much at most. Such a region is leased
+///   only on its home node's GPUs (a lease in host memory would see codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum Compression {
     /// Pages are stored as they are.
@@ -52,6 +53,10 @@ pub const COMPRESSIONS: [Compression; 7] = [
 
 /// Values per scale in a lossy page.
 pub const LOSSY_GROUP: usize = 256;
+
+/// A group whose largest magnitude is at most this (2^-100) is stored as zeros: scaling values that small to
+/// the codes' range would overflow fp32.
+pub const LOSSY_TINY: f32 = f32::from_bits(0x0d80_0000);
 
 /// The one-byte codes of a lossy compression.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,12 +115,19 @@ impl Lossy {
         n + 4 * n.div_ceil(LOSSY_GROUP as u64)
     }
 
-    /// The most a value `x` of a group whose largest magnitude is `group_max` may change through packing and
-    /// expanding (rounding to the element type on the way back included): for fp8, half a step of e4m3 (1/16 of
-    /// the value) or, below e4m3's normal range, half its smallest step (`group_max` / 448 x 2^-10); for int8,
-    /// half a step (`group_max` / 254). Values that are not finite are not kept (a group holding one expands to
-    /// NaN).
+    /// The most a value `x` of a group whose largest magnitude is `group_max` may change through one packing
+    /// and expanding (rounding to the element type on the way back included): for fp8, half a step of e4m3
+    /// (1/16 of the value) or, below e4m3's normal range, half its smallest step (`group_max` / 448 x 2^-10);
+    /// for int8, half a step (`group_max` / 254); a group whose largest magnitude is at most [`LOSSY_TINY`]
+    /// comes back as zeros. A host write into part of a group packs the group's other values once more, with
+    /// the group's new scale: their error can reach this bound again.
+    ///
+    /// Values that are not finite are not kept: with fp8 a NaN stays NaN, with int8 it comes back as the
+    /// group's largest negative value; an infinity makes the rest of its group NaN.
     pub fn error_bound(self, x: f32, group_max: f32) -> f32 {
+        if group_max <= LOSSY_TINY {
+            return group_max;
+        }
         let scale = group_max / self.top();
         // Rounding the expanded value to bf16 adds half of bf16's step (2^-8 of the value); fp32 adds nothing
         // worth naming, but float rounding of the scale itself adds a few of fp32's steps.

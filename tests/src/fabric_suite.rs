@@ -201,6 +201,9 @@ pub fn storage_tier_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path)
         off = end;
     }
     assert!(f.traffic().from_storage > 0, "stored pages came back: {:?}", f.traffic());
+    // Host writes over pages owned by their stored copy with replicas above it (a GPU's, host memory's) land.
+    write_pattern(&f, &r, 53);
+    check_region(&f, &r, 53, "after writing over pages with copies on several tiers");
     // Every slot's bytes change on disk: the pages still on storage cannot be read as data.
     let file = std::fs::OpenOptions::new().write(true).open(&path).expect("the tier's file");
     for slot in 0..64u64 {

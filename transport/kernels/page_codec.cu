@@ -2,8 +2,8 @@
 // of 256 elements, and expanded back.
 //
 // A packed page of n elements is [n one-byte codes][n / 256 fp32 scales], from the start of its frame. The scale
-// of a group is its largest magnitude over the code's largest value (448 for e4m3, 127 for int8); a group of
-// zeros has scale 0 and codes 0. Values are multiplied by 448 / max (127 / max) and rounded to nearest, ties to
+// of a group is its largest magnitude over the code's largest value (448 for e4m3, 127 for int8); a group whose
+// largest magnitude is at most 2^-100 (zeros among them) has scale 0 and codes 0. Values are multiplied by 448 / max (127 / max) and rounded to nearest, ties to
 // even (e4m3: saturating; int8: clamped to [-127, 127]); expanding multiplies the code by the scale and rounds to
 // the page's element type (bf16: to nearest even). The CPU reference (`transport/src/device/lossy.rs`) makes the
 // same operations in the same order, so both give the same bytes.
@@ -117,12 +117,14 @@ vf_lossy_pack(const unsigned char* __restrict__ src, unsigned char* __restrict__
         for (int k = 0; k < PER_LANE; ++k) m = fmaxf(m, fabsf(v[k]));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float inv = m > 0.0f ? top / m : 0.0f;
+        // A group at most 2^-100 (LOSSY_TINY) is zeros: `top / m` would overflow.
+        const bool tiny = !(m > __int_as_float(0x0d800000));
+        const float inv = tiny ? 0.0f : top / m;
         u64 packed = 0;
 #pragma unroll
         for (int k = 0; k < PER_LANE; ++k) packed |= (u64)encode(v[k] * inv, code) << (8 * k);
         *reinterpret_cast<u64*>(d + e) = packed;
-        if (lane == 0) reinterpret_cast<float*>(d + n)[gi] = m / top;
+        if (lane == 0) reinterpret_cast<float*>(d + n)[gi] = tiny ? 0.0f : m / top;
     }
 }
 

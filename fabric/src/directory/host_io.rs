@@ -124,11 +124,15 @@ impl Directory {
         let mut targets = Vec::with_capacity(n as usize);
         for i in first..first + n {
             let page = PageRef { slot, page: i };
-            // A page brought up from the storage tier above takes the write in host memory: its copy there
-            // becomes the owner, and the stored one goes with the other copies.
+            // A page owned by its copy on the storage tier takes the write in another copy (the one brought up
+            // to host memory above, else a GPU's replica): that copy becomes the owner, and the stored one goes
+            // with the other copies.
             if self.storage.is_some() && self.page(page).owner().map(|c| c.dev) == self.storage {
-                let host = self.host;
-                self.page_mut(page).promote(host);
+                let e = self.page(page);
+                let up = e.copy_on(self.host).or_else(|| e.sharers().first().copied());
+                if let Some(c) = up {
+                    self.page_mut(page).promote(c.dev);
+                }
             }
             let sharers = self.page_mut(page).take_sharers();
             for c in sharers {

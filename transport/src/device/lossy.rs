@@ -3,11 +3,12 @@
 //! when a caller reads one that sits in host memory or on the storage tier, and the tests hold the GPU to it.
 //!
 //! A packed page of n values is `[n one-byte codes][n / 256 fp32 scales]` (little-endian), from the start of
-//! its frame. A group's scale is its largest magnitude over the code's largest value; each value is multiplied
-//! by the inverse and rounded to nearest, ties to even (e4m3 saturating at 448; int8 clamped to ±127). Expanding
-//! multiplies each code by its group's scale and rounds to the page's element type.
+//! its frame. A group's scale is its largest magnitude over the code's largest value (0 for a group at most
+//! `LOSSY_TINY`, stored as zeros); each value is multiplied by the inverse and rounded to nearest, ties to even
+//! (e4m3 saturating at 448; int8 clamped to ±127). Expanding multiplies each code by its group's scale and
+//! rounds to the page's element type. NaN results are the GPU's one NaN (0x7fffffff), so NaN's bits match too.
 
-use vfabric_allocator::{Element, Lossy, LossyCode, LOSSY_GROUP};
+use vfabric_allocator::{Element, Lossy, LossyCode, LOSSY_GROUP, LOSSY_TINY};
 
 /// bf16 bits as fp32.
 pub fn bf16_to_f32(b: u16) -> f32 {
@@ -99,11 +100,12 @@ pub fn pack(lossy: Lossy, page: &[u8], out: &mut [u8]) {
         let at = g * LOSSY_GROUP;
         // `max` skips NaN as the kernel's `fmaxf` does.
         let m = (at..at + LOSSY_GROUP).fold(0f32, |m, i| m.max(value(page, i, lossy.element).abs()));
-        let inv = if m > 0.0 { top / m } else { 0.0 };
+        // A tiny group is zeros: `top / m` would overflow.
+        let (inv, scale) = if m > LOSSY_TINY { (top / m, m / top) } else { (0.0, 0.0) };
         for (i, o) in out[at..at + LOSSY_GROUP].iter_mut().enumerate() {
             *o = encode(value(page, at + i, lossy.element) * inv, lossy.code);
         }
-        out[n + 4 * g..n + 4 * g + 4].copy_from_slice(&(m / top).to_le_bytes());
+        out[n + 4 * g..n + 4 * g + 4].copy_from_slice(&scale.to_le_bytes());
     }
 }
 
@@ -114,7 +116,9 @@ pub fn unpack(lossy: Lossy, packed: &[u8], page: &mut [u8]) {
         let scale = f32::from_le_bytes(packed[n + 4 * g..n + 4 * g + 4].try_into().unwrap_or_default());
         let at = g * LOSSY_GROUP;
         for (i, &c) in packed[at..at + LOSSY_GROUP].iter().enumerate() {
-            set_value(page, at + i, lossy.element, decode(c, lossy.code) * scale);
+            let v = decode(c, lossy.code) * scale;
+            // A GPU's arithmetic gives one NaN, 0x7fffffff: so does this.
+            set_value(page, at + i, lossy.element, if v.is_nan() { f32::from_bits(0x7fff_ffff) } else { v });
         }
     }
 }
@@ -256,6 +260,30 @@ mod tests {
             let mut back = vec![0xffu8; page.len()];
             unpack(l, &packed, &mut back);
             assert_eq!(back, page, "{c}");
+        }
+    }
+
+    #[test]
+    fn tiny_groups_come_back_as_zeros_not_nan() {
+        for c in LOSSY {
+            let l = c.lossy().unwrap();
+            let mut page = vec![0u8; 2 * LOSSY_GROUP * l.element.bytes()];
+            // A group of values around 1e-37 (Adam's moments of a row that is never used decay there)...
+            for (i, v) in [0.0, 3e-38, -5e-38, 1e-37].iter().enumerate() {
+                set_value(&mut page, i, l.element, *v);
+            }
+            // ...and one just above the threshold, whose inverse scale is still finite.
+            set_value(&mut page, LOSSY_GROUP, l.element, 1e-30);
+            set_value(&mut page, LOSSY_GROUP + 1, l.element, -3e-31);
+            let mut packed = vec![0u8; l.packed_len(page.len() as u64) as usize];
+            pack(l, &page, &mut packed);
+            let mut back = vec![0xffu8; page.len()];
+            unpack(l, &packed, &mut back);
+            for i in 0..2 * LOSSY_GROUP {
+                assert!(value(&back, i, l.element).is_finite(), "{c}: value {i}");
+            }
+            let (worst, _) = worst_error(l, &page, &back);
+            assert!(worst <= 1.0, "{c}: {worst}");
         }
     }
 

@@ -107,11 +107,12 @@ fn run_kernel(src: &EmulatedArena, dst: &EmulatedArena, page: u64, layout: &Kern
     }
 }
 
-/// Packs or expands each page of the plan, as `vf_lossy_pack` / `vf_lossy_unpack` would.
-fn run_codec(src: &EmulatedArena, dst: &EmulatedArena, plan: &Plan, coding: Coding) {
+/// Packs or expands each page of the plan, as `vf_lossy_pack` / `vf_lossy_unpack` would; false when an arena
+/// has no host address (every emulated arena has one).
+fn run_codec(src: &EmulatedArena, dst: &EmulatedArena, plan: &Plan, coding: Coding) -> bool {
     let layout = plan.kernel_layout(1);
     let page = plan.page_size() as usize;
-    let (Some(s), Some(d)) = (src.host_ptr(), dst.host_ptr()) else { return };
+    let (Some(s), Some(d)) = (src.host_ptr(), dst.host_ptr()) else { return false };
     for (&sf, &df) in layout.src_frames.iter().zip(&layout.dst_frames) {
         // SAFETY: the plan was checked against both arenas' lengths, a batch names each destination frame once,
         // and a batch within one arena never reads a frame it writes: the two pages do not overlap.
@@ -126,6 +127,7 @@ fn run_codec(src: &EmulatedArena, dst: &EmulatedArena, plan: &Plan, coding: Codi
             Coding::Unpack(l) => lossy::unpack(l, from, to),
         }
     }
+    true
 }
 
 type Slot = Arc<(Mutex<Option<Result<Duration, MoveError>>>, Condvar)>;
@@ -171,7 +173,15 @@ impl EmulatedMover {
                 Work::Copy(Engine::SmKernel) => {
                     run_kernel(sa, da, job_plan.page_size(), &job_plan.kernel_layout(blocks))
                 }
-                Work::Code(c) => run_codec(sa, da, &job_plan, c),
+                Work::Code(c) => {
+                    if !run_codec(sa, da, &job_plan, c) {
+                        let (m, cv) = &*job_slot;
+                        let gone = DeviceError::InvalidArgument("an emulated arena without a host address".into());
+                        *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(gone.into()));
+                        cv.notify_all();
+                        return;
+                    }
+                }
             }
             let (m, cv) = &*job_slot;
             // The queue is busy for as long as the link would be (the next batch on it waits, as on a stream).
