@@ -263,7 +263,7 @@ pub fn run(args: &StorageArgs, command_line: &str) -> Result<(), String> {
 
     let to_gpu = if args.to_gpu {
         eprintln!("depth {deepest}: the tier's pages to host memory, then on to the GPU two ways");
-        Some(storage_gpu::passes(args, &path, deepest)?)
+        Some(storage_gpu::passes(&path, args.size.bytes(), ps, args.batch, deepest)?)
     } else {
         None
     };

@@ -12,7 +12,6 @@ use vfabric_transport::storage::{AlignedBuffer, Compression, StorageFile, Storag
 use vfabric_transport::{open, Arena, ArenaSpec, Backend, EngineChoice, Location, MoverConfig, OpenOptions, PageBatch};
 
 use crate::compression;
-use crate::storage::StorageArgs;
 
 /// One way of reading the file's pages, all of them in order.
 #[derive(Debug, Clone, Serialize)]
@@ -29,12 +28,11 @@ pub struct GpuRow {
     pub vs_host: f64,
 }
 
-/// The three passes over a file of `args.size` at `depth`, one caller, `args.batch` pages a call. The device
-/// layer is the machine's GPU, else the emulated one (saying so).
-pub fn passes(args: &StorageArgs, path: &Path, depth: u32) -> Result<(String, Vec<GpuRow>), String> {
-    let ps = args.page_size.bytes();
-    let slots = args.size.bytes() / ps;
-    let batch = args.batch.clamp(1, slots.max(1));
+/// The three passes over a file of `size` bytes at `path`, pages of `ps`, at `depth`, one caller, `batch` pages
+/// a call. The device layer is the machine's GPU, else the emulated one (saying so).
+pub fn passes(path: &Path, size: u64, ps: u64, batch: u64, depth: u32) -> Result<(String, Vec<GpuRow>), String> {
+    let slots = size / ps;
+    let batch = batch.clamp(1, slots.max(1));
     let opened = open(&OpenOptions {
         backend: Backend::Auto,
         emulated_gpus: 1,
