@@ -301,4 +301,40 @@ mod tests {
         assert!((value(&back, 3, Element::F32) + 7.25).abs() < 1e-5);
         assert_eq!(value(&back, 4, Element::F32), 0.0, "below half a step");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Any finite values, from subnormals to fp32's largest, a group of one magnitude or of many: every value
+        /// comes back within its bound, and packing what came back gives the same codes.
+        #[test]
+        fn any_finite_group_keeps_its_bound(
+            bits in proptest::collection::vec(proptest::prelude::any::<u32>(), LOSSY_GROUP),
+            exp in -149i32..128,
+            spread in 0u32..40,
+            code in 0usize..4,
+        ) {
+            let c = LOSSY[code];
+            let l = c.lossy().unwrap();
+            let mut page = vec![0u8; LOSSY_GROUP * l.element.bytes()];
+            for (i, b) in bits.iter().enumerate() {
+                // A random mantissa and sign at a random exponent within `spread` binades of `exp`.
+                let e = (exp - (b % (spread + 1)) as i32).clamp(-149, 127);
+                let m = 1.0 + (b >> 8) as f32 / (1u32 << 24) as f32;
+                let v = if e < -126 { (m * 2f32.powi(e + 24)) * 2f32.powi(-24) } else { m * 2f32.powi(e) };
+                let v = if b & 1 == 1 { -v } else { v };
+                let v = if v.is_finite() { v } else { f32::MAX };
+                set_value(&mut page, i, l.element, v);
+            }
+            let n = l.packed_len(page.len() as u64) as usize;
+            let (mut once, mut twice) = (vec![0u8; n], vec![0u8; n]);
+            pack(l, &page, &mut once);
+            let mut back = vec![0u8; page.len()];
+            unpack(l, &once, &mut back);
+            let (worst, _) = worst_error(l, &page, &back);
+            proptest::prop_assert!(worst <= 1.0, "{}: {}x the bound", c, worst);
+            pack(l, &back, &mut twice);
+            proptest::prop_assert_eq!(&once[..LOSSY_GROUP], &twice[..LOSSY_GROUP]);
+        }
+    }
 }
