@@ -99,7 +99,7 @@ fn clients_that_announce_16_mib_and_stall_cost_only_what_they_sent() {
             hello(&mut s);
             let write = Message::Write { region: WireRegion::from(&region), offset: 0, len: 16 << 20 };
             write_frame_blocking(&mut s, &write, 1 << 20).expect("a write of 16 MiB");
-            let header = ChunkHeader { offset: 0, len: 16 << 20, checksum: 0 };
+            let header = ChunkHeader { offset: 0, len: 16 << 20, checksum: 0, packed: false };
             s.write_all(&header.encode()).expect("a chunk header announcing 16 MiB");
             s.write_all(&[7u8; SENT]).expect("the first bytes of the chunk");
             s

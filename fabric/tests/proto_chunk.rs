@@ -71,7 +71,7 @@ async fn read_chunk(stream: &mut RecvStream, max: u64, buf: &mut Vec<u8>) -> Res
 async fn send_chunks(conn: &Connection, chunks: &[(u64, Vec<u8>)]) {
     let mut stream = conn.open_uni().await.unwrap();
     for (offset, payload) in chunks {
-        send_chunk(&mut stream, *offset, Bytes::copy_from_slice(payload)).await.unwrap();
+        send_chunk(&mut stream, *offset, Bytes::copy_from_slice(payload), false).await.unwrap();
     }
     stream.finish().unwrap();
     let _ = stream.stopped().await;
@@ -113,7 +113,7 @@ async fn chunks_arrive_whole_and_verified() {
 /// One stream: a good chunk, then `header` (whose checksum need not match) and `bad` written raw.
 async fn send_good_then_bad(conn: &Connection, (offset, good): (u64, &[u8]), header: &ChunkHeader, bad: &[u8]) {
     let mut stream = conn.open_uni().await.unwrap();
-    send_chunk(&mut stream, offset, Bytes::copy_from_slice(good)).await.unwrap();
+    send_chunk(&mut stream, offset, Bytes::copy_from_slice(good), false).await.unwrap();
     stream.write_all(&header.encode()).await.unwrap();
     stream.write_all(bad).await.unwrap();
     stream.finish().unwrap();
@@ -191,7 +191,7 @@ async fn a_chunk_longer_than_max_is_refused() {
         let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;
         let send = async {
             let mut stream = dialed.open_uni().await.unwrap();
-            send_chunk(&mut stream, 0, random_bytes(4097, 8).into()).await.unwrap();
+            send_chunk(&mut stream, 0, random_bytes(4097, 8).into(), false).await.unwrap();
             stream.finish().unwrap();
         };
         let receive = async {

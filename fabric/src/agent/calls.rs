@@ -70,7 +70,7 @@ impl Agent {
                 let mut stopped = false;
                 for (i, piece) in payload.chunks(chunk).enumerate() {
                     let bytes = self.shared.buffers.copy_of(piece).into_bytes();
-                    match send_chunk(&mut send, (i * chunk) as u64, bytes).await {
+                    match send_chunk(&mut send, (i * chunk) as u64, bytes, self.packs()).await {
                         Ok(()) => {}
                         // The peer answered before taking the payload (a refusal: the region moved, is out of
                         // bounds, ...) and stopped the stream: its answer says why.

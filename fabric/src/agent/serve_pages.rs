@@ -107,7 +107,7 @@ pub(crate) async fn grant(
                 return Err(());
             }
             let n = piece.as_ref().len() as u64;
-            send_chunk(send, start + at, piece.into_bytes()).await.map_err(|_| ())?;
+            send_chunk(send, start + at, piece.into_bytes(), agent.packs()).await.map_err(|_| ())?;
             at += n;
         }
         Ok(())
@@ -256,7 +256,7 @@ pub(crate) async fn send_read(
             return Ok(());
         }
         let n = piece.as_ref().len() as u64;
-        if send_chunk(send, at, piece.into_bytes()).await.is_err() {
+        if send_chunk(send, at, piece.into_bytes(), agent.packs()).await.is_err() {
             return Ok(());
         }
         at += n;

@@ -169,6 +169,11 @@ impl Agent {
         self.shared.net.max_frame.bytes() as usize
     }
 
+    /// Whether this node packs the page payload it sends (`network.compression = "lz4"`).
+    pub(crate) fn packs(&self) -> bool {
+        self.shared.net.compression == vfabric_allocator::Compression::Lz4
+    }
+
     /// Whether `node` is this node.
     pub(crate) fn is_me(&self, node: u16) -> bool {
         node == self.shared.node

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vfabric_allocator::{Fit, PageSize};
+use vfabric_allocator::{Compression, Fit, PageSize};
 use vfabric_transport::{Backend, MoverConfig};
 
 use crate::units::ByteSize;
@@ -252,6 +252,11 @@ pub struct NetworkSection {
     pub dead_after_ms: u64,
     /// Bytes of page payload per checksummed chunk on the wire.
     pub chunk: ByteSize,
+    /// How this node packs the page payload it sends to other nodes: `"none"` (the default) or `"lz4"`, which
+    /// sends a chunk packed when its first 4 KiB shrink and the whole shrinks by an eighth (zeroed buffers,
+    /// masks, padding; dense floating point goes as it is, for the cost of compressing 4 KiB). Every node takes
+    /// packed chunks whatever its own setting.
+    pub compression: Compression,
     /// Largest control frame accepted, in bytes.
     pub max_frame: ByteSize,
     /// QUIC flow-control window of one stream (one call), bytes.
@@ -313,6 +318,7 @@ impl Default for NetworkSection {
             heartbeat_ms: 250,
             dead_after_ms: 2000,
             chunk: ByteSize(1 << 20),
+            compression: Compression::None,
             max_frame: ByteSize(1 << 20),
             replica_cache: ByteSize(256 << 20),
             stream_window: ByteSize(8 << 20),
@@ -494,6 +500,13 @@ impl ClusterConfig {
                     self.nodes.len()
                 )));
             }
+        }
+        if !matches!(self.network.compression, Compression::None | Compression::Lz4) {
+            return Err(bad(format!(
+                "network.compression is {}: the wire takes \"none\" or \"lz4\" (zstd is slower than the network; \
+                 a lossy region's values are chosen per region)",
+                self.network.compression
+            )));
         }
         let replicas = self.network.replicas;
         if replicas == 0 || replicas > MAX_REPLICAS {

@@ -98,3 +98,16 @@ fn bad_configs_are_reported() {
     let ok = ClusterConfig::from_toml(base, "t").expect("defaults");
     assert_eq!(ok.memory.gpu_arena_bytes(100 << 30), 80 << 30);
 }
+
+#[test]
+fn the_wire_packs_with_lz4_or_not_at_all() {
+    let with = |c: &str| format!("[cluster]\nname = \"x\"\n[network]\ncompression = \"{c}\"\n[[node]]\nname = \"a\"\n");
+    let lz4 = ClusterConfig::from_toml(&with("lz4"), "t").expect("lz4");
+    assert_eq!(lz4.network.compression, Compression::Lz4);
+    assert_eq!(ClusterConfig::embedded_local().network.compression, Compression::None, "off by default");
+    for refused in ["zstd", "fp8-bf16"] {
+        let err = ClusterConfig::from_toml(&with(refused), "t").map(|_| ()).expect_err(refused).to_string();
+        assert!(err.contains("network.compression") && err.contains("lz4"), "{refused}: {err}");
+    }
+    assert!(ClusterConfig::from_toml(&with("zip"), "t").is_err());
+}

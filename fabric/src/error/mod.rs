@@ -212,6 +212,8 @@ impl From<ChunkError> for FabricError {
             ChunkError::Outside { .. }
             | ChunkError::TooLarge { .. }
             | ChunkError::OutOfOrder { .. }
+            | ChunkError::Undecodable { .. }
+            | ChunkError::Packed(_)
             | ChunkError::Short { .. } => FabricError::Protocol(ProtocolError::Chunk(e)),
             ChunkError::Io(_) | ChunkError::Stopped | ChunkError::Truncated { .. } => {
                 FabricError::Network(NetworkError::Stream(e))

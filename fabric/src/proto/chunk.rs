@@ -6,8 +6,14 @@
 //! checked on arrival, so a page that changed on the way is never written into an arena:
 //!
 //! ```text
-//! | offset: u64 BE | len: u32 BE | xxh3-64 of payload: u64 BE | payload: len bytes |
+//! | offset: u64 BE | packed: 1 bit, len: 31 bits BE | xxh3-64 of payload: u64 BE | payload: len bytes |
 //! ```
+//!
+//! A packed chunk's payload is `| raw length: u32 BE | LZ4 block |` ([`pack_chunk`]): a sender that compresses
+//! (`network.compression`) packs a chunk whose first 4 KiB shrink and whose whole shrinks by an eighth, and
+//! sends the others as they are. Its checksum covers the bytes on the wire; unpacking must give exactly the raw
+//! length, which counts against the payload as a raw chunk's length does (so a peer cannot make the receiver
+//! take more than the payload it agreed to).
 //!
 //! Receivers take chunks through [`ChunkRead`]: [`StreamChunks`] over any tokio `AsyncRead` (a staging buffer
 //! per chunk), and `proto::quic::QuicChunks` over a quinn stream (the payload stays in quinn's receive buffers
@@ -17,8 +23,14 @@
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// offset (u64 BE), length (u32 BE), xxh3-64 of the payload (u64 BE)
+/// offset (u64 BE), packed flag and length (u32 BE), xxh3-64 of the payload (u64 BE)
 pub const CHUNK_HEADER_LEN: usize = 20;
+
+/// The largest payload a header describes (its length has 31 bits; the top one says packed).
+pub const MAX_CHUNK_LEN: u32 = u32::MAX >> 1;
+
+/// The header bit of a packed chunk.
+const PACKED: u32 = 1 << 31;
 
 /// The header in front of every chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,22 +41,31 @@ pub struct ChunkHeader {
     pub len: u32,
     /// The xxh3-64 of the payload.
     pub checksum: u64,
+    /// Whether the payload is packed ([`pack_chunk`]).
+    pub packed: bool,
 }
 
 impl ChunkHeader {
     /// The header for `payload` at `offset`.
     ///
-    /// A header describes at most `u32::MAX` bytes; for a longer payload `len` saturates at `u32::MAX` and the
+    /// A header describes at most [`MAX_CHUNK_LEN`] bytes; for a longer payload `len` saturates there and the
     /// header matches no payload ([`write_chunk`] refuses such payloads).
     pub fn for_payload(offset: u64, payload: &[u8]) -> ChunkHeader {
-        ChunkHeader { offset, len: u32::try_from(payload.len()).unwrap_or(u32::MAX), checksum: xxh3_64(payload) }
+        let len = u32::try_from(payload.len()).unwrap_or(u32::MAX).min(MAX_CHUNK_LEN);
+        ChunkHeader { offset, len, checksum: xxh3_64(payload), packed: false }
+    }
+
+    /// The header for a packed payload ([`pack_chunk`]'s) at `offset`.
+    pub fn for_packed(offset: u64, packed: &[u8]) -> ChunkHeader {
+        ChunkHeader { packed: true, ..ChunkHeader::for_payload(offset, packed) }
     }
 
     /// The header's wire form.
     pub fn encode(&self) -> [u8; CHUNK_HEADER_LEN] {
         let mut b = [0u8; CHUNK_HEADER_LEN];
         b[0..8].copy_from_slice(&self.offset.to_be_bytes());
-        b[8..12].copy_from_slice(&self.len.to_be_bytes());
+        let len = (self.len & MAX_CHUNK_LEN) | if self.packed { PACKED } else { 0 };
+        b[8..12].copy_from_slice(&len.to_be_bytes());
         b[12..20].copy_from_slice(&self.checksum.to_be_bytes());
         b
     }
@@ -52,7 +73,8 @@ impl ChunkHeader {
     /// A header from its wire form. Every 20 bytes decode; the checksum is what catches a wrong one.
     pub fn decode(b: &[u8; CHUNK_HEADER_LEN]) -> ChunkHeader {
         let word = |r: std::ops::Range<usize>| b[r].iter().fold(0u64, |v, &x| v << 8 | u64::from(x));
-        ChunkHeader { offset: word(0..8), len: word(8..12) as u32, checksum: word(12..20) }
+        let len = word(8..12) as u32;
+        ChunkHeader { offset: word(0..8), len: len & MAX_CHUNK_LEN, checksum: word(12..20), packed: len & PACKED != 0 }
     }
 
     /// Checks the checksum `found` of the payload that arrived for this header.
@@ -121,6 +143,17 @@ pub enum ChunkError {
         /// Where the next chunk had to start.
         expected: u64,
     },
+    /// A packed chunk whose bytes do not unpack to the raw length it names (or that names none).
+    #[error("packed chunk at offset {offset:#x} does not unpack to its {len} bytes")]
+    Undecodable {
+        /// The chunk's offset.
+        offset: u64,
+        /// The raw length it names.
+        len: u64,
+    },
+    /// A packed chunk where only raw ones are taken (a node's Unix socket to its local clients).
+    #[error("packed chunk at offset {0:#x} where chunks are sent as they are")]
+    Packed(u64),
     /// The payload ended before all its bytes arrived.
     #[error("{got} of the payload's {want} bytes arrived")]
     Short {
@@ -143,9 +176,41 @@ pub async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, offset: u64, payload:
 /// Refuses a payload a header cannot describe.
 pub(crate) fn check_len(len: usize) -> Result<(), ChunkError> {
     match u32::try_from(len) {
-        Ok(_) => Ok(()),
-        Err(_) => Err(ChunkError::TooLarge { len: len as u64, max: u64::from(u32::MAX) }),
+        Ok(n) if n <= MAX_CHUNK_LEN => Ok(()),
+        _ => Err(ChunkError::TooLarge { len: len as u64, max: u64::from(MAX_CHUNK_LEN) }),
     }
+}
+
+/// How much of a chunk is compressed first to tell whether the rest is worth it.
+const PROBE: usize = 4096;
+
+/// `payload` packed for the wire (`| raw length: u32 BE | LZ4 block |`), when that saves an eighth of it: its
+/// first 4 KiB are tried first, so dense data (bf16 weights, fp32 states) costs one small compression.
+pub fn pack_chunk(payload: &[u8]) -> Option<Vec<u8>> {
+    let raw = u32::try_from(payload.len()).ok().filter(|&n| n <= MAX_CHUNK_LEN)?;
+    if payload.len() >= 4 * PROBE && lz4_flex::block::compress(&payload[..PROBE]).len() * 8 > PROBE * 7 {
+        return None;
+    }
+    let mut out = vec![0u8; 4 + lz4_flex::block::get_maximum_output_size(payload.len())];
+    out[..4].copy_from_slice(&raw.to_be_bytes());
+    let n = lz4_flex::block::compress_into(payload, &mut out[4..]).ok()?;
+    out.truncate(4 + n);
+    (out.len() * 8 <= payload.len() * 7).then_some(out)
+}
+
+/// The raw length a packed payload names (its first 4 bytes gathered from `pieces`).
+fn raw_len(pieces: &[&[u8]]) -> Option<u32> {
+    let mut b = [0u8; 4];
+    let mut got = 0;
+    for p in pieces {
+        let take = (4 - got).min(p.len());
+        b[got..got + take].copy_from_slice(&p[..take]);
+        got += take;
+        if got == 4 {
+            return Some(u32::from_be_bytes(b));
+        }
+    }
+    None
 }
 
 /// Reads the next chunk's header; `Ok(None)` at a clean end of stream before one. The payload follows.
@@ -258,8 +323,16 @@ impl Payload {
     /// arrived; [`ChunkError::Outside`] or [`ChunkError::TooLarge`] for one that does not belong, and
     /// [`ChunkError::OutOfOrder`] for one that does not start where the last ended (so that every byte of a
     /// complete payload arrived exactly once).
+    /// A packed chunk is refused here ([`ChunkError::Packed`]): [`receive`] places one by its raw length.
     pub fn place(&mut self, header: &ChunkHeader) -> Result<u64, ChunkError> {
-        let (offset, len) = (header.offset, u64::from(header.len));
+        if header.packed {
+            return Err(ChunkError::Packed(header.offset));
+        }
+        self.place_at(header.offset, u64::from(header.len))
+    }
+
+    /// [`Payload::place`] of `len` bytes at `offset`.
+    fn place_at(&mut self, offset: u64, len: u64) -> Result<u64, ChunkError> {
         if len > self.max_chunk {
             return Err(ChunkError::TooLarge { len, max: self.max_chunk });
         }
@@ -306,11 +379,34 @@ pub async fn receive<S: ChunkRead, E: From<ChunkError>>(
     mut payload: Payload,
     mut put: impl FnMut(u64, &[&[u8]]) -> Result<(), E>,
 ) -> Result<(), E> {
+    let (mut packed, mut unpacked) = (Vec::new(), Vec::new());
     while !payload.is_complete() {
         let Some(header) = src.next_header().await? else { break };
-        let at = payload.place(&header)?;
+        if !header.packed {
+            let at = payload.place(&header)?;
+            let pieces = src.next_payload(&header).await?;
+            put(at, &pieces)?;
+            continue;
+        }
+        // The wire bytes (a packed chunk is never longer than the raw one it stands for, and its length), then
+        // its raw length counted against the payload before anything is unpacked.
+        if u64::from(header.len) > payload.max_chunk + 4 {
+            return Err(ChunkError::TooLarge { len: u64::from(header.len), max: payload.max_chunk + 4 }.into());
+        }
         let pieces = src.next_payload(&header).await?;
-        put(at, &pieces)?;
+        let undecodable = |len| ChunkError::Undecodable { offset: header.offset, len };
+        let raw = raw_len(&pieces).ok_or(undecodable(0))?;
+        let at = payload.place_at(header.offset, u64::from(raw))?;
+        packed.clear();
+        for p in &pieces {
+            packed.extend_from_slice(p);
+        }
+        unpacked.resize(raw as usize, 0);
+        match lz4_flex::block::decompress_into(&packed[4..], &mut unpacked) {
+            Ok(n) if n == raw as usize => {}
+            _ => return Err(undecodable(u64::from(raw)).into()),
+        }
+        put(at, &[&unpacked[..]])?;
     }
     Ok(payload.finish()?)
 }
@@ -322,7 +418,12 @@ mod tests {
 
     #[test]
     fn layout_is_big_endian() {
-        let h = ChunkHeader { offset: 0x0102_0304_0506_0708, len: 0x090a_0b0c, checksum: 0x0d0e_0f10_1112_1314 };
+        let h = ChunkHeader {
+            offset: 0x0102_0304_0506_0708,
+            len: 0x090a_0b0c,
+            checksum: 0x0d0e_0f10_1112_1314,
+            packed: false,
+        };
         let b = h.encode();
         assert_eq!(b, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]);
         assert_eq!(ChunkHeader::decode(&b), h);
@@ -331,7 +432,7 @@ mod tests {
     #[test]
     fn for_payload_checksums_the_payload() {
         let h = ChunkHeader::for_payload(4096, b"page");
-        assert_eq!(h, ChunkHeader { offset: 4096, len: 4, checksum: xxh3_64(b"page") });
+        assert_eq!(h, ChunkHeader { offset: 4096, len: 4, checksum: xxh3_64(b"page"), packed: false });
         assert_ne!(ChunkHeader::for_payload(0, b"pagf").checksum, h.checksum);
         assert_eq!(ChunkHeader::for_payload(0, &[]).len, 0);
     }
@@ -339,7 +440,7 @@ mod tests {
     #[test]
     fn a_payload_takes_only_its_own_chunks() {
         let mut p = Payload::new(100, 64);
-        let h = |offset, len| ChunkHeader { offset, len, checksum: 0 };
+        let h = |offset, len| ChunkHeader { offset, len, checksum: 0, packed: false };
         assert!(matches!(p.place(&h(0, 65)), Err(ChunkError::TooLarge { len: 65, max: 64 })));
         assert!(matches!(p.place(&h(90, 11)), Err(ChunkError::Outside { .. })));
         assert!(matches!(p.place(&h(u64::MAX, 2)), Err(ChunkError::Outside { .. })));
@@ -409,10 +510,81 @@ mod tests {
         });
     }
 
+    #[test]
+    fn packed_chunks_unpack_into_place_beside_raw_ones() {
+        run(async {
+            let (mut a, mut b) = tokio::io::duplex(1 << 20);
+            let mut sparse = vec![0u8; 64 << 10];
+            sparse[100] = 7;
+            sparse[40_000] = 9;
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            let dense: Vec<u8> = (0..64 << 10)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            assert!(pack_chunk(&dense).is_none(), "dense bytes do not shrink: sent as they are");
+            let packed = pack_chunk(&sparse).expect("sparse bytes shrink");
+            assert!(packed.len() < 1024, "{} bytes", packed.len());
+            a.write_all(&ChunkHeader::for_packed(0, &packed).encode()).await.expect("header");
+            a.write_all(&packed).await.expect("payload");
+            write_chunk(&mut a, 64 << 10, &dense).await.expect("raw");
+            let mut back = vec![0u8; 128 << 10];
+            let mut src = StreamChunks::new(&mut b, 64 << 10);
+            receive::<_, ChunkError>(&mut src, Payload::new(128 << 10, 64 << 10), |at, pieces| {
+                copy_pieces(&mut back[at as usize..], pieces);
+                Ok(())
+            })
+            .await
+            .expect("payload");
+            assert!(back[..64 << 10] == sparse[..] && back[64 << 10..] == dense[..]);
+        });
+    }
+
+    /// Sends one packed chunk of `packed` (its checksum right) and receives it into a payload of 64 KiB chunks.
+    fn receive_packed(packed: &[u8]) -> Result<(), ChunkError> {
+        run(async {
+            let (mut a, mut b) = tokio::io::duplex(1 << 20);
+            a.write_all(&ChunkHeader::for_packed(0, packed).encode()).await.expect("header");
+            a.write_all(packed).await.expect("payload");
+            drop(a);
+            let mut src = StreamChunks::new(&mut b, 1 << 20);
+            receive::<_, ChunkError>(&mut src, Payload::new(1 << 20, 64 << 10), |_, _| Ok(())).await
+        })
+    }
+
+    #[test]
+    fn bad_packed_chunks_are_refused_before_they_take_memory() {
+        let good = pack_chunk(&vec![0u8; 64 << 10]).expect("zeros shrink");
+        // More raw bytes than a chunk may hold: refused before anything is unpacked.
+        let mut big = good.clone();
+        big[..4].copy_from_slice(&(1u32 << 30).to_be_bytes());
+        assert!(matches!(receive_packed(&big), Err(ChunkError::TooLarge { .. })));
+        // A raw length the block does not unpack to, bytes that are no LZ4 block, no length at all.
+        let mut short = good.clone();
+        short[..4].copy_from_slice(&(1000u32).to_be_bytes());
+        assert!(matches!(receive_packed(&short), Err(ChunkError::Undecodable { len: 1000, .. })));
+        let mut garbage = good[..4].to_vec();
+        garbage.extend_from_slice(&[0xff; 64]);
+        assert!(matches!(receive_packed(&garbage), Err(ChunkError::Undecodable { .. })));
+        assert!(matches!(receive_packed(&[1, 2]), Err(ChunkError::Undecodable { len: 0, .. })));
+        // Where only raw chunks are taken (a local client's socket), a packed one is refused.
+        let mut p = Payload::new(1 << 20, 64 << 10);
+        assert!(matches!(p.place(&ChunkHeader::for_packed(0, &good)), Err(ChunkError::Packed(0))));
+    }
+
     proptest! {
         #[test]
-        fn encode_decode_round_trip(offset in any::<u64>(), len in any::<u32>(), checksum in any::<u64>()) {
-            let h = ChunkHeader { offset, len, checksum };
+        fn encode_decode_round_trip(
+            offset in any::<u64>(),
+            len in 0..=MAX_CHUNK_LEN,
+            checksum in any::<u64>(),
+            packed in any::<bool>(),
+        ) {
+            let h = ChunkHeader { offset, len, checksum, packed };
             prop_assert_eq!(ChunkHeader::decode(&h.encode()), h);
         }
     }
