@@ -84,6 +84,10 @@ pub struct RemoteArgs {
     /// both agents' Prometheus endpoints served and without, alternating).
     #[arg(long)]
     pub no_metrics_cost: bool,
+    /// Sparse pages (zeros but for a number every 4 KiB, as zeroed buffers and masks are) instead of random
+    /// bytes: what `network.compression = "lz4"` in the configuration packs.
+    #[arg(long)]
+    pub sparse: bool,
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
@@ -306,7 +310,11 @@ async fn measure(
 ) -> Result<(), String> {
     let region = a.alloc(peer, region_bytes, Some(args.home_device)).await.map_err(|e| e.to_string())?;
     {
-        let data = std::sync::Arc::new(vfabric::pattern::bytes(u64::from(mtu) ^ size, 0, size as usize));
+        let data = std::sync::Arc::new(if args.sparse {
+            sparse_bytes(size as usize)
+        } else {
+            vfabric::pattern::bytes(u64::from(mtu) ^ size, 0, size as usize)
+        });
         for &streams in &args.streams {
             for write in [true, false] {
                 eprintln!(
@@ -491,6 +499,12 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let mut md = String::new();
     let _ = writeln!(md, "# vfabric-bench remote, {date}\n");
     let _ = writeln!(md, "- command: `{command_line}`");
+    let _ = writeln!(
+        md,
+        "- pages: {}; network.compression: {}",
+        if args.sparse { "sparse (zeros but for a number every 4 KiB)" } else { "random bytes" },
+        base.network.compression
+    );
     let setup = match (&args.cluster, &args.node, &args.peer) {
         (Some(c), Some(n), Some(p)) => {
             format!(
@@ -631,4 +645,15 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         return Err("some reads came back different from what was written".into());
     }
     Ok(())
+}
+
+/// `len` bytes of zeros but for a number every 4 KiB.
+fn sparse_bytes(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for (i, w) in v.chunks_mut(4096).enumerate() {
+        let n = (i as u64 * 7 + 1).to_le_bytes();
+        let k = n.len().min(w.len());
+        w[..k].copy_from_slice(&n[..k]);
+    }
+    v
 }
