@@ -503,7 +503,11 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         md,
         "- pages: {}; network.compression: {}",
         if args.sparse { "sparse (zeros but for a number every 4 KiB)" } else { "random bytes" },
-        base.network.compression
+        // With --cluster, the cluster's file sets it for both ends.
+        args.cluster
+            .as_ref()
+            .and_then(|p| ClusterConfig::from_file(p).ok())
+            .map_or(base.network.compression, |c| c.network.compression)
     );
     let setup = match (&args.cluster, &args.node, &args.peer) {
         (Some(c), Some(n), Some(p)) => {

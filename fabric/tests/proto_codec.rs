@@ -159,7 +159,8 @@ fn oversized_header_is_refused_before_its_body() {
 #[test]
 fn header_errors_are_typed() {
     let good = frame(&Message::Done);
-    let cases: [(usize, &[u8]); 3] = [(0, b"XFAB"), (4, &[0, 9]), (6, &[0, 1])];
+    let next = (PROTOCOL_VERSION + 1).to_be_bytes();
+    let cases: [(usize, &[u8]); 3] = [(0, b"XFAB"), (4, &next), (6, &[0, 1])];
     for (at, patch) in cases {
         let mut bytes = good.clone();
         bytes[at..at + patch.len()].copy_from_slice(patch);
@@ -167,7 +168,9 @@ fn header_errors_are_typed() {
         d.push(&bytes);
         match (at, d.next_message()) {
             (0, Err(CodecError::BadMagic { found })) => assert_eq!(&found, b"XFAB"),
-            (4, Err(CodecError::UnsupportedVersion { found: 9, supported })) => assert_eq!(supported, PROTOCOL_VERSION),
+            (4, Err(CodecError::UnsupportedVersion { found, supported })) => {
+                assert_eq!((found, supported), (PROTOCOL_VERSION + 1, PROTOCOL_VERSION))
+            }
             (6, Err(CodecError::BadFlags(1))) => {}
             (at, other) => panic!("patch at {at}: unexpected {other:?}"),
         }

@@ -253,7 +253,7 @@ pub struct NetworkSection {
     /// Bytes of page payload per checksummed chunk on the wire.
     pub chunk: ByteSize,
     /// How this node packs the page payload it sends to other nodes: `"none"` (the default) or `"lz4"`, which
-    /// sends a chunk packed when its first 4 KiB shrink and the whole shrinks by an eighth (zeroed buffers,
+    /// sends a chunk packed when it (and first its first 4 KiB) shrinks by an eighth (zeroed buffers,
     /// masks, padding; dense floating point goes as it is, for the cost of compressing 4 KiB). Every node takes
     /// packed chunks whatever its own setting.
     pub compression: Compression,

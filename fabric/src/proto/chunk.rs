@@ -10,10 +10,10 @@
 //! ```
 //!
 //! A packed chunk's payload is `| raw length: u32 BE | LZ4 block |` ([`pack_chunk`]): a sender that compresses
-//! (`network.compression`) packs a chunk whose first 4 KiB shrink and whose whole shrinks by an eighth, and
-//! sends the others as they are. Its checksum covers the bytes on the wire; unpacking must give exactly the raw
-//! length, which counts against the payload as a raw chunk's length does (so a peer cannot make the receiver
-//! take more than the payload it agreed to).
+//! (`network.compression`) packs a chunk that shrinks by an eighth (a chunk of 16 KiB or more only once its
+//! first 4 KiB shrink by an eighth), and sends the others as they are. Its checksum covers the bytes on the
+//! wire; unpacking (checked decoding) must give exactly the raw length, which counts against the payload as a
+//! raw chunk's length does (so a peer cannot make the receiver take more than the payload it agreed to).
 //!
 //! Receivers take chunks through [`ChunkRead`]: [`StreamChunks`] over any tokio `AsyncRead` (a staging buffer
 //! per chunk), and `proto::quic::QuicChunks` over a quinn stream (the payload stays in quinn's receive buffers
@@ -164,8 +164,8 @@ pub enum ChunkError {
     },
 }
 
-/// Writes one checksummed chunk: the header, then `payload`. Payloads longer than `u32::MAX` bytes give
-/// [`ChunkError::TooLarge`] before anything is written.
+/// Writes one checksummed chunk: the header, then `payload` (as it is: local sockets carry no packed chunks).
+/// Payloads longer than [`MAX_CHUNK_LEN`] bytes give [`ChunkError::TooLarge`] before anything is written.
 pub async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, offset: u64, payload: &[u8]) -> Result<(), ChunkError> {
     check_len(payload.len())?;
     w.write_all(&ChunkHeader::for_payload(offset, payload).encode()).await?;
@@ -184,8 +184,9 @@ pub(crate) fn check_len(len: usize) -> Result<(), ChunkError> {
 /// How much of a chunk is compressed first to tell whether the rest is worth it.
 const PROBE: usize = 4096;
 
-/// `payload` packed for the wire (`| raw length: u32 BE | LZ4 block |`), when that saves an eighth of it: its
-/// first 4 KiB are tried first, so dense data (bf16 weights, fp32 states) costs one small compression.
+/// `payload` packed for the wire (`| raw length: u32 BE | LZ4 block |`), when that saves an eighth of it: the
+/// first 4 KiB of a payload of 16 KiB or more must save an eighth first, so dense data (bf16 weights, fp32
+/// states) costs one small compression.
 pub fn pack_chunk(payload: &[u8]) -> Option<Vec<u8>> {
     let raw = u32::try_from(payload.len()).ok().filter(|&n| n <= MAX_CHUNK_LEN)?;
     if payload.len() >= 4 * PROBE && lz4_flex::block::compress(&payload[..PROBE]).len() * 8 > PROBE * 7 {
@@ -195,6 +196,9 @@ pub fn pack_chunk(payload: &[u8]) -> Option<Vec<u8>> {
     out[..4].copy_from_slice(&raw.to_be_bytes());
     let n = lz4_flex::block::compress_into(payload, &mut out[4..]).ok()?;
     out.truncate(4 + n);
+    // The chunk waits in quinn's send buffer until acknowledged: it must hold its packed size, not the
+    // worst case it was packed into.
+    out.shrink_to_fit();
     (out.len() * 8 <= payload.len() * 7).then_some(out)
 }
 
