@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use vfabric::{ClusterConfig, Compression, FabricError, Mode, Placement};
-use vfabric_allocator::{Element, Lossy, LOSSY_GROUP};
+use vfabric_allocator::{Element, Lossy, LOSSY_GROUP, LOSSY_TINY};
 use vfabric_transport::device::lossy;
 use vfabric_transport::{Arena, Coding, DeviceLayer, Location, MoveError, MoverConfig, PageBatch, PageMove};
 
@@ -16,7 +16,9 @@ pub const LOSSY: [Compression; 4] =
     [Compression::Fp8Bf16, Compression::Fp8F32, Compression::Int8Bf16, Compression::Int8F32];
 
 /// `bytes` of `element` values shaped like a model's state: magnitudes over six decades, so that groups hold
-/// values far below their largest, some exact zeros, both signs.
+/// values far below their largest, some exact zeros, both signs; and now and then a group whose values are all
+/// tiny (at most [`LOSSY_TINY`], stored as zeros) or just above it, or subnormal, where a scale's inverse would
+/// overflow.
 pub fn values(element: Element, bytes: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     let mut out = vec![0u8; bytes];
@@ -24,7 +26,12 @@ pub fn values(element: Element, bytes: usize, seed: u64) -> Vec<u8> {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let mag = 10f32.powi((x % 6) as i32 - 4);
+        let mag = match (i / LOSSY_GROUP) % 61 {
+            5 => LOSSY_TINY,
+            7 => LOSSY_TINY * 4.0,
+            9 => 1e-39, // subnormal in fp32 and bf16
+            _ => 10f32.powi((x % 6) as i32 - 4),
+        };
         let f = if i % 997 == 3 { 0.0 } else { mag * (((x >> 12) % 2001) as f32 / 1000.0 - 1.0) };
         match element {
             Element::Bf16 => v.copy_from_slice(&lossy::f32_to_bf16(f).to_le_bytes()),
