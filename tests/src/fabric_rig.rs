@@ -46,3 +46,14 @@ pub fn with_storage(cfg: &ClusterConfig, path: &std::path::Path, slots: u64) -> 
     cfg.storage = Some(vfabric::config::StorageSection { path: path.to_owned(), size, depth: 16 });
     (cfg, path.to_owned())
 }
+
+/// Writes `seed`'s pattern over the whole region from the host, 8 MiB a call.
+pub fn write_pattern(f: &Fabric, r: &vfabric::Region, seed: u64) {
+    let chunk = 8u64 << 20;
+    let mut off = 0;
+    while off < r.len {
+        let n = chunk.min(r.len - off);
+        f.write(r, off, &vfabric::pattern::bytes(seed, off, n as usize)).expect("write");
+        off += n;
+    }
+}

@@ -8,7 +8,7 @@ use vfabric::{ClusterConfig, Compression, Fabric, FabricError, Lease, LeasePtr, 
 use vfabric_allocator::{TenantId, Tier};
 use vfabric_transport::{EngineChoice, Location};
 
-use crate::fabric_rig::{fabric, frames_of, gpus, read_through_lease, with_storage};
+use crate::fabric_rig::{fabric, frames_of, gpus, read_through_lease, with_storage, write_pattern};
 use crate::pattern;
 
 /// Where the storage checks put their tier's file: `VFABRIC_TEST_DIR` when set, else the build's scratch folder
@@ -23,16 +23,6 @@ pub fn scratch_dir(built: &str) -> std::path::PathBuf {
         built.to_path_buf()
     } else {
         std::env::temp_dir()
-    }
-}
-
-fn write_pattern(f: &Fabric, r: &Region, seed: u64) {
-    let chunk = 8u64 << 20;
-    let mut off = 0;
-    while off < r.len {
-        let n = chunk.min(r.len - off);
-        f.write(r, off, &pattern::bytes(seed, off, n as usize)).expect("write");
-        off += n;
     }
 }
 
@@ -511,6 +501,14 @@ macro_rules! fabric_suite_tests {
         #[test]
         fn storage_tier_keeps_every_byte() {
             $crate::fabric_suite::storage_tier_keeps_every_byte(
+                &$config,
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
+        fn walks_over_the_storage_tier_drop_what_they_passed() {
+            $crate::tiers_suite::walks_over_the_storage_tier_drop_what_they_passed(
                 &$config,
                 &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
             );

@@ -57,6 +57,16 @@ impl Directory {
             let listed = d.lru.iter().filter_map(|f| d.users[f as usize].map(|p| (f, p)));
             // Prefetched copies no lease has taken yet go last, each group in its own order.
             let (mut c, fresh): (Vec<_>, Vec<_>) = listed.partition(|&(f, _)| !d.fresh[f as usize]);
+            // In host memory, pages a walk has passed go first (drop-behind): least recently used would take the
+            // pages ahead of it that were here before it started, each written to the storage tier (the only
+            // copy) and read back when the walk reaches it, while the pages behind it are on the storage tier
+            // already and cost nothing to drop. GPUs keep plain recency: their evictions cost link time, not the
+            // drive's, and a training step's backward pass wants the pages its forward pass left behind.
+            if dev == self.host && self.storage.is_some() {
+                let (behind, ahead): (Vec<_>, Vec<_>) = c.into_iter().partition(|&(_, p)| self.walk_passed(p));
+                c = behind;
+                c.extend(ahead);
+            }
             c.extend(fresh);
             c
         };
@@ -77,6 +87,12 @@ impl Directory {
             }
         }
         Ok(stage)
+    }
+
+    /// Whether a walk of `page`'s region in order (two acquires in a row continuing it) has passed the page.
+    fn walk_passed(&self, page: PageRef) -> bool {
+        let stream = self.regions.get(page.slot as usize).and_then(|r| r.as_ref()).and_then(|r| r.stream);
+        stream.is_some_and(|s| s.streak >= 1 && page.page < s.next)
     }
 
     /// Plans emptying the window of `n` frames of `dev` that costs least to empty, for a run of that length on a
