@@ -25,10 +25,22 @@ fn every_message() -> Vec<Message> {
         },
         Message::Hello { cluster: String::new(), node: u16::MAX, protocol: 0, lanes: 0, latency_lane: false },
         Message::Ping { nonce: u64::MAX },
-        Message::Alloc { size: 1 << 30, device: Some(WireLocation::Gpu(7)), replicas: 2, lag_ms: Some(250) },
-        Message::Alloc { size: 0, device: Some(WireLocation::Host), replicas: u8::MAX, lag_ms: Some(0) },
-        Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None },
-        Message::Standby { region, origin: region, replicas: 1, tenant: u32::MAX },
+        Message::Alloc {
+            size: 1 << 30,
+            device: Some(WireLocation::Gpu(7)),
+            replicas: 2,
+            lag_ms: Some(250),
+            compression: 3,
+        },
+        Message::Alloc {
+            size: 0,
+            device: Some(WireLocation::Host),
+            replicas: u8::MAX,
+            lag_ms: Some(0),
+            compression: u8::MAX,
+        },
+        Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None, compression: 0 },
+        Message::Standby { region, origin: region, replicas: 1, tenant: u32::MAX, compression: 6 },
         Message::Replicate { copy: region, seq: u64::MAX, offset: 1 << 20, len: 0 },
         Message::Failover { region },
         Message::OnBehalf { tenant: u32::MAX },
@@ -290,8 +302,14 @@ fn data_message() -> impl Strategy<Value = Message> {
             offset,
             len
         }),
-        (any::<u64>(), proptest::option::of(location()), any::<u8>(), proptest::option::of(any::<u32>()))
-            .prop_map(|(size, device, replicas, lag_ms)| Message::Alloc { size, device, replicas, lag_ms }),
+        (any::<u64>(), proptest::option::of(location()), any::<u8>(), proptest::option::of(any::<u32>()), any::<u8>())
+            .prop_map(|(size, device, replicas, lag_ms, compression)| Message::Alloc {
+                size,
+                device,
+                replicas,
+                lag_ms,
+                compression
+            }),
     ]
 }
 

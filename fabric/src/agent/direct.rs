@@ -2,7 +2,7 @@
 //! or one call (striped over the lanes when long) to the peer. The routed calls of the API and the migrations
 //! (which hold the region's guard already) are built on them.
 
-use vfabric_allocator::Location;
+use vfabric_allocator::{Compression, Location};
 
 use super::calls::ReadInto;
 use super::replication::Replication;
@@ -20,20 +20,25 @@ const MIN_STRIPE: usize = 256 << 10;
 const MOVE_PIECE: u64 = 64 << 20;
 
 impl Agent {
-    /// Allocates a region of `size` bytes on `device` of `node`, kept on `replicas` nodes (`0`: the
-    /// cluster's `network.replicas`).
+    /// Allocates a region of `size` bytes on `device` of `node`, its pages stored as `compression` says, kept
+    /// on `replicas` nodes (`0`: the cluster's `network.replicas`).
     pub(crate) async fn alloc_direct(
         &self,
         node: u16,
         size: u64,
-        device: Option<Location>,
+        (device, compression): (Option<Location>, Compression),
         keep: Replication,
     ) -> Result<Region, FabricError> {
         if self.is_me(node) {
-            return self.alloc_at_home(size, device, keep).await;
+            return self.alloc_at_home(size, (device, compression), keep).await;
         }
-        let msg =
-            Message::Alloc { size, device: device.map(Into::into), replicas: keep.replicas, lag_ms: keep.lag_ms() };
+        let msg = Message::Alloc {
+            size,
+            device: device.map(Into::into),
+            replicas: keep.replicas,
+            lag_ms: keep.lag_ms(),
+            compression: compression.number(),
+        };
         match self.call(node, &msg, &[]).await? {
             Message::Allocated { region } => Ok(Region::from(&region)),
             other => Err(unexpected(node, &other)),

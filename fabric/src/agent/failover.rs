@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use vfabric_allocator::{Location, TenantId};
+use vfabric_allocator::{Compression, Location, TenantId};
 
 use super::acting;
 use super::backups::Standby;
@@ -19,14 +19,14 @@ use crate::proto::quic::QuicChunks;
 
 impl Agent {
     /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions (its users name it `origin`)
-    /// kept on `replicas` nodes, in this node's host memory, under the name of the region's `tenant` (the same
-    /// copy when asked again: the first answer may have been lost).
+    /// kept on `replicas` nodes, in this node's host memory, under the name of the region's `tenant` and stored
+    /// with its `compression` (the same copy when asked again: the first answer may have been lost).
     pub(crate) async fn keep_standby(
         &self,
         peer: u16,
         (region, origin): (&WireRegion, &WireRegion),
         replicas: u8,
-        tenant: u32,
+        (tenant, compression): (u32, Compression),
     ) -> Result<Message, FabricError> {
         let (home, origin) = (Region::from(region), Region::from(origin));
         if home.addr.node().0 != peer {
@@ -62,7 +62,7 @@ impl Agent {
                 )))
             }
         }
-        let placement = Placement { tenant: TenantId(tenant), ..Placement::on(Location::Host) };
+        let placement = Placement { tenant: TenantId(tenant), compression, ..Placement::on(Location::Host) };
         let copy = in_place(|| self.shared.fabric.alloc(home.len, placement))?;
         self.shared.backups.keep(home, origin, copy, replicas);
         Ok(Message::Allocated { region: WireRegion::from(&copy) })

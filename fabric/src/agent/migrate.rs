@@ -108,9 +108,10 @@ impl Agent {
         self.shared.fabric.version(region, 0..1)?;
         // The copy is the region's tenant's, so that its calls are taken where the pages go.
         let tenant = self.shared.fabric.tenant_of(region)?;
-        let fresh =
-            acting::acting_for(Some(tenant), self.alloc_direct(node, region.len, Some(device), Replication::sync(1)))
-                .await?;
+        // Stored as the region is (a lossy region stays lossy where it goes).
+        let compression = self.shared.fabric.compression_of(region)?;
+        let alloc = self.alloc_direct(node, region.len, (Some(device), compression), Replication::sync(1));
+        let fresh = acting::acting_for(Some(tenant), alloc).await?;
         let moved = async {
             self.copy_direct(region, &fresh, region.len).await?;
             in_place(|| self.shared.fabric.free(region))

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use vfabric_allocator::Location;
+use vfabric_allocator::{Compression, Location};
 
 use super::acting;
 use super::backups::{serves_alone, HomeEntry, Standbys};
@@ -66,16 +66,16 @@ enum Failure {
 }
 
 impl Agent {
-    /// Allocates a region of this node kept as `keep` says (defaults from the cluster's `[network]`): with N
-    /// replicas, a standby copy goes to each of the next N - 1 nodes of the cluster's list that answer. Refused, with nothing
+    /// Allocates a region of this node, on `device` if given, its pages stored as `compression` says, kept as
+    /// `keep` says (defaults from the cluster's `[network]`): with N replicas, a standby copy goes to each of the next N - 1 nodes of the cluster's list that answer. Refused, with nothing
     /// left allocated, when no node takes the copy.
     pub(crate) async fn alloc_at_home(
         &self,
         size: u64,
-        device: Option<Location>,
+        (device, compression): (Option<Location>, Compression),
         keep: Replication,
     ) -> Result<Region, FabricError> {
-        self.alloc_placed(size, device.map(Placement::on).unwrap_or_default(), keep).await
+        self.alloc_placed(size, Placement { device, compression, ..Placement::default() }, keep).await
     }
 
     /// [`Agent::alloc_at_home`] with the whole placement (priority, compression, reservation; the tenant is
@@ -156,9 +156,11 @@ impl Agent {
         exclude: &[u16],
     ) -> (Vec<Region>, Vec<String>) {
         let nodes = self.shared.peers.len() as u16;
-        // The copies are the region's tenant's, as the region is.
-        let tenant = match self.shared.fabric.tenant_of(region) {
-            Ok(t) => t,
+        // The copies are the region's tenant's, as the region is, and stored as it is.
+        let placed =
+            self.shared.fabric.tenant_of(region).and_then(|t| Ok((t, self.shared.fabric.compression_of(region)?)));
+        let (tenant, compression) = match placed {
+            Ok(p) => p,
             Err(e) => return (Vec::new(), vec![format!("{region}: {e}")]),
         };
         let (mut copies, mut refusals) = (Vec::new(), Vec::new());
@@ -190,6 +192,7 @@ impl Agent {
                 origin: WireRegion::from(origin),
                 replicas,
                 tenant: tenant.0,
+                compression: compression.number(),
             };
             // The fabric's own call, for a tenant's region as for any: the node makes it.
             match acting::as_node(self.call(node, &msg, &[])).await {

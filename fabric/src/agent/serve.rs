@@ -14,7 +14,7 @@ use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::{FabricError, ProtocolError};
 use crate::fabric::Lease;
 use crate::proto::codec::{read_frame, PROTOCOL_VERSION};
-use crate::proto::convert::refusal;
+use crate::proto::convert::{self, refusal};
 use crate::proto::message::{Message, WireRegion};
 use crate::proto::quic::{answer as finish_with, close as quic_close, CloseCode};
 use tracing::Instrument;
@@ -240,10 +240,13 @@ async fn answer(
     }
     let reply = match msg {
         Message::Ping { nonce } => Ok(Message::Pong { nonce }),
-        Message::Alloc { size, device, replicas, lag_ms } => agent
-            .alloc_at_home(size, device.map(Into::into), Replication { replicas, lag: lag_ms.map(millis) })
-            .await
-            .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
+        Message::Alloc { size, device, replicas, lag_ms, compression } => match convert::compression(compression) {
+            Ok(c) => agent
+                .alloc_at_home(size, (device.map(Into::into), c), Replication { replicas, lag: lag_ms.map(millis) })
+                .await
+                .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
+            Err(e) => Err(e),
+        },
         Message::Free { region } => match home_region(agent, &region) {
             Ok(r) => agent.free_at_home(&r).await.map(|()| Message::Done),
             Err(e) => Err(e),
@@ -272,9 +275,10 @@ async fn answer(
             }
             Err(e) => Err(e),
         },
-        Message::Standby { region, origin, replicas, tenant } => {
-            agent.keep_standby(peer, (&region, &origin), replicas, tenant).await
-        }
+        Message::Standby { region, origin, replicas, tenant, compression } => match convert::compression(compression) {
+            Ok(c) => agent.keep_standby(peer, (&region, &origin), replicas, (tenant, c)).await,
+            Err(e) => Err(e),
+        },
         Message::Replicate { copy, seq, offset, len } => {
             agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
         }

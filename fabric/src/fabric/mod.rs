@@ -440,6 +440,12 @@ impl Fabric {
         Ok(lock(&self.inner.state).dir.region(region)?.placement.tenant)
     }
 
+    /// How a region's pages are stored (what its placement named): a copy of it on another node, a standby or
+    /// the destination of a migration, is stored the same way.
+    pub fn compression_of(&self, region: &Region) -> Result<vfabric_allocator::Compression, FabricError> {
+        Ok(lock(&self.inner.state).dir.region(region)?.placement.compression)
+    }
+
     /// The version of a byte range of a region: it changes whenever a write to one of its pages is released,
     /// so a copy of the range made at one version is current exactly while the version stays the same.
     pub fn version(&self, region: &Region, range: Range<u64>) -> Result<u64, FabricError> {

@@ -1,7 +1,7 @@
 //! Conversions between the fabric's types and their forms on the wire, errors included: what a refusal says
 //! ([`refusal`]) and what an answer means to the caller ([`reply_or_error`]).
 
-use vfabric_allocator::{GlobalAddr, Location};
+use vfabric_allocator::{Compression, GlobalAddr, Location};
 
 use super::message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};
 use crate::directory::{DirectoryError, Mode, RegionHandle};
@@ -24,6 +24,12 @@ impl From<&WireRegion> for RegionHandle {
             page_size: w.page_size,
         }
     }
+}
+
+/// A compression by its number on the wire (`Compression::number`); an unknown one is a bad field.
+pub(crate) fn compression(number: u8) -> Result<Compression, FabricError> {
+    Compression::from_number(number)
+        .ok_or_else(|| ProtocolError::BadField { field: "compression", value: u64::from(number) }.into())
 }
 
 impl From<Location> for WireLocation {
@@ -115,4 +121,23 @@ pub(crate) fn reply_or_error(node: u16, reply: Option<Message>) -> Result<Messag
 /// `node` answered with a message that does not answer the request.
 pub(crate) fn unexpected(node: u16, m: &Message) -> FabricError {
     ProtocolError::Unexpected { node, answer: m.name() }.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compressions_come_by_number_and_an_unknown_one_is_a_bad_field() {
+        for c in vfabric_allocator::COMPRESSIONS {
+            assert_eq!(compression(c.number()).expect("known"), c);
+        }
+        let n = vfabric_allocator::COMPRESSIONS.len() as u8;
+        match compression(n) {
+            Err(FabricError::Protocol(ProtocolError::BadField { field: "compression", value })) => {
+                assert_eq!(value, u64::from(n))
+            }
+            other => panic!("compression {n}: {other:?}"),
+        }
+    }
 }

@@ -151,6 +151,8 @@ pub enum Message {
         /// How far behind its home its standbys may be, in milliseconds (`None`: the cluster's
         /// `network.replica_lag_ms`; `0`: each write reaches them before it returns).
         lag_ms: Option<u32>,
+        /// How its pages are stored (`Compression::number`; 0: as they are).
+        compression: u8,
     },
     /// Frees a region.
     Free {
@@ -420,6 +422,9 @@ pub enum Message {
         replicas: u8,
         /// The region's tenant (0: the operator's): the copy is that tenant's, and so is the region it becomes.
         tenant: u32,
+        /// How the region's pages are stored (`Compression::number`): the copy is stored the same way, and so
+        /// is the region it becomes.
+        compression: u8,
     },
     /// A home's released write, copied to a standby: the payload follows as for [`Message::Write`]. A copy
     /// that took over from its home answers [`Message::Moved`] naming itself; a `len` of 0 only asks that.
@@ -578,7 +583,7 @@ mod tests {
         vec![
             Message::Hello { cluster: "c".into(), node: 1, protocol: 1, lanes: 4, latency_lane: true },
             Message::Ping { nonce: 9 },
-            Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None },
+            Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None, compression: 0 },
             Message::Free { region },
             Message::Write { region, offset: 0, len: 1 },
             Message::Read { region, offset: 0, len: 1 },
@@ -626,7 +631,7 @@ mod tests {
             Message::Reserved { id: 1, bytes: 1 << 20 },
             Message::Unreserve { id: 1 },
             Message::ReservationLeft { id: 1 },
-            Message::Standby { region, origin: region, replicas: 2, tenant: 3 },
+            Message::Standby { region, origin: region, replicas: 2, tenant: 3, compression: 4 },
             Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
             Message::OnBehalf { tenant: 3 },

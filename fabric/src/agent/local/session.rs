@@ -23,7 +23,7 @@ use crate::fabric::{LeasePtr, Reservation};
 use crate::proto::codec::write_frame_blocking as send;
 use crate::proto::mapped::{send_fds, FDS_PER_MESSAGE};
 use crate::proto::message::{Message, WireArena, WirePages, WireRegion};
-use vfabric_allocator::{Compression, TenantId};
+use vfabric_allocator::TenantId;
 
 /// One client's leases (by the ids it was given) and its regions that end with it.
 #[derive(Default)]
@@ -228,8 +228,7 @@ pub(super) fn alloc_options(
         2 => Priority::High,
         p => return Err(ProtocolError::BadField { field: "priority", value: u64::from(p) }.into()),
     };
-    let compression = Compression::from_number(compression)
-        .ok_or(ProtocolError::BadField { field: "compression", value: u64::from(compression) })?;
+    let compression = crate::proto::convert::compression(compression)?;
     Ok(AllocOptions {
         device,
         priority,
