@@ -12,9 +12,12 @@ bin=.device-bin
 rm -rf "$bin"
 mkdir -p "$bin"
 cargo build --release --locked -p vfabric -p vfabric-bench
-# A test target's executable (its name has a hash in it): cargo says where it is.
-test_exe() {
-    cargo test --release --locked -p vfabric-tests --features gpu --test "$1" --no-run --message-format=json |
+# A test target's executable (its name has a hash in it): cargo says where it is. PACKAGE defaults to
+# vfabric-tests (built with its gpu feature).
+test_exe() { # TEST [PACKAGE]
+    local pkg=(-p vfabric-tests --features gpu)
+    [ -n "${2:-}" ] && pkg=(-p "$2")
+    cargo test --release --locked "${pkg[@]}" --test "$1" --no-run --message-format=json |
         python3 -c 'import sys, json
 for line in sys.stdin:
     m = json.loads(line)
@@ -22,11 +25,15 @@ for line in sys.stdin:
         print(m["executable"])' "$1"
 }
 cp target/release/vfabric target/release/vfabric-bench "$bin/"
-# The device suite on the GPU, and local clients in processes of their own (which open the GPU there).
-for t in gpu:gpu-tests local_processes:local-tests; do
-    exe=$(test_exe "${t%%:*}")
+# The device suite on the GPU, local clients in processes of their own (which open the GPU there), and agents
+# in one process keeping a region's compression (vfabric's own test, run there with VFABRIC_TEST_BACKEND=cuda).
+for t in gpu:gpu-tests local_processes:local-tests vfabric/compressed_regions:compressed-tests; do
+    test=${t%%:*}
+    pkg=
+    case $test in */*) pkg=${test%%/*}; test=${test#*/} ;; esac
+    exe=$(test_exe "$test" "$pkg")
     if [ -z "$exe" ]; then
-        echo "could not find the ${t%%:*} test executable" >&2
+        echo "could not find the $test test executable" >&2
         exit 1
     fi
     cp "$exe" "$bin/${t##*:}"

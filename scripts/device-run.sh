@@ -12,7 +12,7 @@
 #   VFABRIC_CONFIG       configuration of the demo, migrate, pager and status steps (default h200x2.toml)
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
-#   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests procs python info demo torch nccl migrate
+#   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests agents procs python info demo torch nccl migrate
 #                        pager status sweep local trace storage lossy tiers train remote
 #   VFABRIC_LOSSY_NAME   name of vfabric-bench lossy's result files (default: lossy-h200x1)
 #   VFABRIC_STORAGE_SIZE, VFABRIC_STORAGE_NAME, VFABRIC_STORAGE_ARGS   the storage step's file size (default
@@ -35,7 +35,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine pin ptx tests procs python info demo torch nccl migrate pager status sweep local trace storage lossy tiers train remote}
+STEPS=${VFABRIC_STEPS:-machine pin ptx tests agents procs python info demo torch nccl migrate pager status sweep local trace storage lossy tiers train remote}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the demo, migrate, pager and status steps
 summary=()
 
@@ -89,6 +89,8 @@ step machine machine
 step pin python3 bench/scripts/pin_probe.py --gib "${VFABRIC_PIN_GIB:-8}"
 step ptx ptx
 step tests "$B/gpu-tests" --test-threads=1
+# Agents in one process on the GPU: a region's compression on every node, a lossy region leased from another.
+step agents env VFABRIC_TEST_BACKEND=cuda "$B/compressed-tests" --test-threads=1
 # Local clients in processes of their own on the GPU (the test binary runs itself again as the clients).
 step procs "$B/local-tests" --test-threads=1
 # The Python package from its wheel, with its tests (CUDA tensors through DLPack among them).
@@ -202,7 +204,7 @@ step remote env VFABRIC_BIN="$B" bash scripts/remote-bench-procs.sh config \
 
 echo
 echo "===== summary" | tee -a "$LOG"
-grep -E "^test result|^test .*FAILED" "$W/tests.log" "$W/procs.log" 2>/dev/null | tee -a "$LOG"
+grep -E "^test result|^test .*FAILED" "$W/tests.log" "$W/agents.log" "$W/procs.log" 2>/dev/null | tee -a "$LOG"
 tail -n 3 "$W/python.log" 2>/dev/null | tee -a "$LOG"
 grep -E "verified|DATA" "$W/demo.log" 2>/dev/null | tee -a "$LOG"
 for s in "${summary[@]}"; do echo "$s" | tee -a "$LOG"; done

@@ -1,10 +1,21 @@
 //! A region keeps how its pages are stored wherever it lives: allocated on another node, its standby copies
 //! (and so the copy that takes over from a dead home), and a migration to another node are stored with the
-//! compression its placement named. Three agents in this process.
+//! compression its placement named; and a lossy region is leased from another node as values. Agents in this
+//! process, on the emulated device, or on the GPUs with `VFABRIC_TEST_BACKEND=cuda` (the GPU machine runs this
+//! test's executable so: scripts/device-run.sh, step `tests`).
 
 mod common;
 use common::{agents_in_process, small_cluster};
-use vfabric::{Compression, Location, Region};
+use vfabric::{Backend, Compression, Location, Region};
+
+/// [`small_cluster`], on the GPUs when `VFABRIC_TEST_BACKEND=cuda`.
+fn cluster(name: &str, nodes: usize) -> vfabric::ClusterConfig {
+    let mut cfg = small_cluster(name, nodes);
+    if std::env::var("VFABRIC_TEST_BACKEND").as_deref() == Ok("cuda") {
+        cfg.device.backend = Backend::Cuda;
+    }
+    cfg
+}
 
 /// The region of `len` bytes on an agent's node other than `not` (a copy made for another node's region).
 fn copy_on(agent: &vfabric::agent::Agent, len: u64, not: &Region) -> Region {
@@ -18,7 +29,7 @@ fn copy_on(agent: &vfabric::agent::Agent, len: u64, not: &Region) -> Region {
 fn a_region_keeps_its_compression_on_every_node() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
-        let agents = agents_in_process(&small_cluster("compressed", 3)).await;
+        let agents = agents_in_process(&cluster("compressed", 3)).await;
         let ps = agents[0].fabric().page_size();
         // Allocated on another node, lossy.
         let r = agents[0].alloc_compressed(1, 2 * ps, (None, Compression::Fp8Bf16), 1).await.expect("on n1");
@@ -52,6 +63,55 @@ fn a_region_keeps_its_compression_on_every_node() {
         assert_eq!(agents[0].fabric().compression_of(&lz4).expect("n0"), Compression::Lz4);
         let plain = agents[2].alloc(0, ps, None).await.expect("plain on n0");
         assert_eq!(agents[0].fabric().compression_of(&plain).expect("n0"), Compression::None);
+        for a in &agents {
+            a.shutdown().await;
+        }
+    });
+}
+
+/// bf16 values, `bytes` of them in bytes, of several magnitudes.
+fn bf16_values(bytes: u64, seed: u32) -> Vec<u8> {
+    (0..bytes / 2)
+        .flat_map(|i| {
+            let x = ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001;
+            let f = (x as f32 / 1000.0 - 1.0) * 10f32.powi((i % 5) as i32 - 2);
+            vfabric_transport::device::lossy::f32_to_bf16(f).to_le_bytes()
+        })
+        .collect()
+}
+
+/// A lossy region leased from another node: its home leases the pages on its GPU (host memory holds them
+/// packed), where they are expanded, and serves them as values; the lease's bytes are within the bound of what
+/// was written, and a write lease's bytes, sent home at its release, are packed there within the bound too.
+#[test]
+fn a_lossy_region_is_leased_from_another_node_as_values() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let agents = agents_in_process(&cluster("lossy-leases", 2)).await;
+        let ps = agents[0].fabric().page_size();
+        let (g0, c) = (Location::Gpu(0), Compression::Fp8Bf16);
+        let lossy = c.lossy().expect("lossy");
+        let r = agents[0].alloc_compressed(1, 2 * ps, (Some(g0), c), 1).await.expect("on n1");
+        let data = bf16_values(2 * ps, 7);
+        agents[0].write(&r, 0, &data).await.expect("write");
+        // Pushed down to host memory at the home (packed there), then leased from n0.
+        agents[1].fabric().write_back(&r, 0..2 * ps, g0).expect("write back at the home");
+        let lease = agents[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Read).await.expect("a remote read lease");
+        assert_eq!(lease.home(&agents[0]), 1);
+        let mut got = vec![0u8; data.len()];
+        lease.local().expect("local lease").read(0, &mut got).expect("read the leased pages");
+        let (worst, n) = vfabric_transport::device::lossy::worst_error(lossy, &data, &got);
+        assert!(n > 0 && worst <= 1.0, "leased values {worst}x their bound over {n}");
+        agents[0].release(lease).await.expect("release");
+        // A write lease from n0: new values go home at its release.
+        let new = bf16_values(ps, 99);
+        let w = agents[0].acquire(&r, ps..2 * ps, g0, vfabric::Mode::Write).await.expect("a remote write lease");
+        w.local().expect("local lease").write(0, &new).expect("write through the lease");
+        agents[0].release(w).await.expect("release sends the pages home");
+        let mut back = vec![0u8; ps as usize];
+        agents[0].read(&r, ps, &mut back).await.expect("read after the write lease");
+        let (worst, n) = vfabric_transport::device::lossy::worst_error(lossy, &new, &back);
+        assert!(n > 0 && worst <= 1.0, "values written through a remote lease: {worst}x their bound");
         for a in &agents {
             a.shutdown().await;
         }

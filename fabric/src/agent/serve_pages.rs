@@ -2,8 +2,6 @@
 //! before a byte of it is written), reads and grants send them out (from pooled buffers quinn sends without
 //! another copy).
 
-use vfabric_allocator::Location;
-
 use super::shared::{in_place, Agent, RemoteGrant};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::{FabricError, ProtocolError};
@@ -50,7 +48,7 @@ pub(crate) async fn grant(
     let (f, max) = (&agent.shared.fabric, agent.max_frame());
     // Once leased, the region cannot move (a migration frees the old copy, which a lease prevents).
     let leased = match staying_here(agent, region, offset, len).await {
-        Ok((r, _staying, end)) => in_place(|| f.acquire(&r, offset..end, Location::Host, Mode::from(mode))),
+        Ok((r, _staying, end)) => in_place(|| f.acquire(&r, offset..end, f.serving_device(&r)?, Mode::from(mode))),
         Err(e) => Err(e),
     };
     let versioned = leased.and_then(|lease| {

@@ -76,6 +76,11 @@ impl Directory {
         }
     }
 
+    /// The device new pages of a live region go to (its placement's, or where a migration moved it).
+    pub fn home_of(&self, h: &RegionHandle) -> Result<Location, DirectoryError> {
+        Ok(self.loc(self.region(h)?.home))
+    }
+
     /// The entry of a page of a live region.
     pub(super) fn page(&self, p: PageRef) -> &PageEntry {
         // Callers hold a PageRef only for live regions (taken from `users` or a checked handle).

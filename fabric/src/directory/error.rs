@@ -33,8 +33,9 @@ pub enum DirectoryError {
     #[error("the storage tier {0}: lease, place or prefetch pages on a GPU or in host memory")]
     StorageTier(&'static str),
     /// A lease in host memory on a region whose pages are packed there (a lossy compression): its bytes there
-    /// are codes, not values. A lease from another node is one (its home serves it from host memory).
-    #[error("region {0} is stored lossily: its pages are packed in host memory, which leases them neither in host memory nor to other nodes (served from there): lease them on a GPU of its home node (host reads and writes expand them)")]
+    /// are codes, not values. (A lease from another node is served from its home's GPU, which expands them; a
+    /// home without GPUs refuses it with this.)
+    #[error("region {0} is stored lossily: its pages are packed in host memory, which leases them neither in host memory nor, on a node without GPUs, to other nodes: lease them on a GPU (host reads and writes expand them)")]
     PackedInHost(RegionHandle),
     /// A reservation that cannot be met, even after evicting every page that may leave.
     #[error("cannot reserve {requested} bytes of {location}: {available} bytes can be had")]
