@@ -17,6 +17,7 @@ mod lease;
 mod node;
 mod packed;
 mod parts;
+mod placement;
 mod plan;
 mod reservation;
 mod stalls;
@@ -428,38 +429,6 @@ impl Fabric {
         let mut st = lock(&self.inner.state);
         self.drive(&mut st, |d| d.plan_compaction(device, frames))?;
         Ok((self.inner.counters.compacted.load(Ordering::Relaxed) - before) / self.inner.page_size)
-    }
-
-    /// Every live region of this node, with the tenant it is charged to.
-    pub fn regions(&self) -> Vec<(Region, TenantId)> {
-        lock(&self.inner.state).dir.regions().map(|r| (r.handle, r.placement.tenant)).collect()
-    }
-
-    /// The tenant a region is charged to (what its placement named).
-    pub fn tenant_of(&self, region: &Region) -> Result<TenantId, FabricError> {
-        Ok(lock(&self.inner.state).dir.region(region)?.placement.tenant)
-    }
-
-    /// Where this node leases a region's pages to serve them to another node (whose lease then reads or writes
-    /// them here): host memory; for a lossy region, whose pages host memory holds packed, its home GPU (or this
-    /// node's first), where they are expanded, so that they cross the wire as values. A lossy region on a node
-    /// without GPUs is served from host memory, which refuses the lease (`PackedInHost`).
-    pub fn serving_device(&self, region: &Region) -> Result<Location, FabricError> {
-        let st = lock(&self.inner.state);
-        if !st.dir.region(region)?.placement.compression.is_lossy() {
-            return Ok(Location::Host);
-        }
-        let gpus = st.dir.locations().into_iter().filter(|l| matches!(l, Location::Gpu(_)));
-        Ok(match st.dir.home_of(region)? {
-            home @ Location::Gpu(_) => home,
-            _ => gpus.into_iter().next().unwrap_or(Location::Host),
-        })
-    }
-
-    /// How a region's pages are stored (what its placement named): a copy of it on another node, a standby or
-    /// the destination of a migration, is stored the same way.
-    pub fn compression_of(&self, region: &Region) -> Result<vfabric_allocator::Compression, FabricError> {
-        Ok(lock(&self.inner.state).dir.region(region)?.placement.compression)
     }
 
     /// The version of a byte range of a region: it changes whenever a write to one of its pages is released,
