@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, here, everything the GPU machine runs, into .device-bin/ (ignored by git, carried by the device call):
-# the vfabric and vfabric-bench binaries, the GPU and local-process test executables, the Python wheel, and the
-# baseline scripts.
+# the vfabric and vfabric-bench binaries, the GPU, local-process and compressed-regions test executables, the
+# Python wheel, and the baseline scripts.
 # The GPU machine has no Rust toolchain; cudarc loads the driver at run time, so nothing CUDA is needed here.
 #
 #   bash scripts/device-build.sh

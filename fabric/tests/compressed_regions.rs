@@ -2,7 +2,7 @@
 //! (and so the copy that takes over from a dead home), and a migration to another node are stored with the
 //! compression its placement named; and a lossy region is leased from another node as values. Agents in this
 //! process, on the emulated device, or on the GPUs with `VFABRIC_TEST_BACKEND=cuda` (the GPU machine runs this
-//! test's executable so: scripts/device-run.sh, step `tests`).
+//! test's executable so: scripts/device-run.sh, step `agents`).
 
 mod common;
 use common::{agents_in_process, small_cluster};
@@ -42,6 +42,9 @@ fn a_region_keeps_its_compression_on_every_node() {
         assert_eq!(agents[2].fabric().compression_of(&moved).expect("n2 has it"), Compression::Fp8Bf16);
         let mut back = vec![0u8; data.len()];
         agents[0].read(&r, 0, &mut back).await.expect("read after the move");
+        let lossy = Compression::Fp8Bf16.lossy().expect("lossy");
+        let (worst, n) = vfabric_transport::device::lossy::worst_error(lossy, &data, &back);
+        assert!(n > 0 && worst <= 1.0, "values after the move: {worst}x their bound");
         // Replicated: the standby copy on the next node (the one that would take over) is stored the same way.
         let kept = agents[0].alloc_compressed(0, 3 * ps, (None, Compression::Int8F32), 2).await.expect("on n0");
         assert_eq!(agents[0].fabric().compression_of(&kept).expect("n0"), Compression::Int8F32);
@@ -94,24 +97,29 @@ fn a_lossy_region_is_leased_from_another_node_as_values() {
         let r = agents[0].alloc_compressed(1, 2 * ps, (Some(g0), c), 1).await.expect("on n1");
         let data = bf16_values(2 * ps, 7);
         agents[0].write(&r, 0, &data).await.expect("write");
-        // Pushed down to host memory at the home (packed there), then leased from n0.
-        agents[1].fabric().write_back(&r, 0..2 * ps, g0).expect("write back at the home");
+        // Moved to host memory at the home (packed there: the region's home device is host memory now, and its
+        // first GPU serves it), then leased from n0.
+        agents[1].fabric().migrate(&r, Location::Host).expect("to host memory at the home");
         let lease = agents[0].acquire(&r, 0..2 * ps, g0, vfabric::Mode::Read).await.expect("a remote read lease");
         assert_eq!(lease.home(&agents[0]), 1);
         let mut got = vec![0u8; data.len()];
         lease.local().expect("local lease").read(0, &mut got).expect("read the leased pages");
         let (worst, n) = vfabric_transport::device::lossy::worst_error(lossy, &data, &got);
         assert!(n > 0 && worst <= 1.0, "leased values {worst}x their bound over {n}");
+        assert!(got != data, "the leased values are the written ones exactly: not expanded from packed pages");
         agents[0].release(lease).await.expect("release");
         // A write lease from n0: new values go home at its release.
         let new = bf16_values(ps, 99);
         let w = agents[0].acquire(&r, ps..2 * ps, g0, vfabric::Mode::Write).await.expect("a remote write lease");
         w.local().expect("local lease").write(0, &new).expect("write through the lease");
         agents[0].release(w).await.expect("release sends the pages home");
+        // Down to host memory at the home again: packed from what the lease wrote.
+        agents[1].fabric().migrate(&r, Location::Host).expect("to host memory at the home");
         let mut back = vec![0u8; ps as usize];
         agents[0].read(&r, ps, &mut back).await.expect("read after the write lease");
         let (worst, n) = vfabric_transport::device::lossy::worst_error(lossy, &new, &back);
         assert!(n > 0 && worst <= 1.0, "values written through a remote lease: {worst}x their bound");
+        assert!(back != new, "the written values came back exactly: not packed at the home");
         for a in &agents {
             a.shutdown().await;
         }

@@ -1,6 +1,6 @@
-//! Leases on other nodes' pages: the home leases its host copy for this node and sends the pages, which land in
-//! a private region on this node's device (the copy), leased here; a `Write` lease's pages go back at release.
-//! Copies are kept after release ([`super::replicas`]) and reused while the home's version is unchanged.
+//! Leases on other nodes' pages: the home leases its copy (in host memory; a lossy region's on its GPU) for
+//! this node and sends the pages, which land in a private region on this node's device (the copy), leased
+//! here; a `Write` lease's pages go back at release. Copies are kept after release ([`super::replicas`]) and reused while the home's version is unchanged.
 
 use std::ops::Range;
 
@@ -18,8 +18,8 @@ use crate::proto::message::{Message, WireRegion};
 
 /// A lease from `Agent::acquire`: device pointers on this node, whatever the region's home.
 ///
-/// For a region of another node, the home leases its host copy for the holder (so its other users see the
-/// usual lease conflicts) and sends the pages; they land in a private region on this node's device, leased
+/// For a region of another node, the home leases its copy (host memory, or a lossy region's GPU) for the
+/// holder (so its other users see the usual lease conflicts) and sends the pages; they land in a private region on this node's device, leased
 /// here. `Agent::release` sends a `Write` lease's bytes back before the home lets go. Dropping a lease
 /// instead of releasing it lets go at the home too, but a `Write` lease's changes are then lost.
 pub struct AgentLease {

@@ -35,8 +35,9 @@ async fn staying_here(
     Ok((r, guard, end))
 }
 
-/// Leases a range for a peer: the home's host copy is leased in the same mode (so coherence with everyone
-/// else here follows the usual lease rules), then `Granted` and the pages go back. The requester's copy, when
+/// Leases a range for a peer: the home's copy is leased in the same mode on `Fabric::serving_device` (host
+/// memory; a lossy region's home GPU, which expands its pages), so coherence with everyone else here follows
+/// the usual lease rules, then `Granted` and the pages go back. The requester's copy, when
 /// it has one at the version it names, is current while the version is unchanged: then no pages are sent (the
 /// lease still is: it keeps writers out while the requester uses its copy).
 pub(crate) async fn grant(
@@ -68,8 +69,8 @@ pub(crate) async fn grant(
     let unchanged = cached == Some(version);
     let id = agent.shared.next_grant.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let granted = Message::Granted { lease: id, first_page, pages, version, unchanged };
-    // The pages, straight from the leased host frames, each piece read into a pooled buffer that quinn then
-    // sends without another copy; chunk offsets count from the region's start.
+    // The pages, straight from the leased frames, each piece read into a pooled buffer that quinn then sends
+    // without another copy; chunk offsets count from the region's start.
     let piece_len = ps.min(agent.shared.net.chunk.bytes().max(1));
     let (start, total, pages_of_lease) = (lease.offset(), lease.len(), lease.pages());
     // Recorded before the answer goes: the peer may release the lease as soon as its pages are in. Unless the
@@ -100,7 +101,8 @@ pub(crate) async fn grant(
         let mut at = 0;
         while at < total && !unchanged {
             let mut piece = agent.shared.buffers.take(piece_len.min(total - at) as usize);
-            if pages_of_lease.read(at, piece.as_mut()).is_err() {
+            // A copy from a GPU (a lossy region's lease) blocks: off the runtime's worker, as every fabric call.
+            if in_place(|| pages_of_lease.read(at, piece.as_mut())).is_err() {
                 abort(send);
                 return Err(());
             }
@@ -147,7 +149,7 @@ pub(crate) fn abandon(agent: &Agent, peer: u16, request: u64) {
 }
 
 /// Ends a peer's lease; a write lease's pages come first (chunk offsets count from the lease's first byte)
-/// and go into the leased host frames before the lease is let go.
+/// and go into the leased frames before the lease is let go.
 pub(crate) async fn take_back(
     agent: &Agent,
     peer: u16,
@@ -174,7 +176,7 @@ pub(crate) async fn take_back(
     let (region, range, mode) = (lease.region(), lease.offset()..lease.offset() + lease.len(), lease.mode());
     let finish = async {
         let written = arrived.and_then(|()| match mode {
-            Mode::Write => lease.write(0, &data),
+            Mode::Write => in_place(|| lease.write(0, &data)),
             Mode::Read => Ok(()),
         });
         // The lease ends either way.

@@ -84,7 +84,8 @@ pub(crate) struct Shared {
 pub(crate) const ABANDONED_KEPT: usize = 1024;
 
 /// A lease a peer holds here: the peer, the connection it came over (the lease ends when that connection
-/// closes), and the local lease on the host copy that keeps the pages' coherence while the peer holds it.
+/// closes), and the local lease on the home's copy (host memory, or a lossy region's GPU) that keeps the pages'
+/// coherence while the peer holds it.
 pub(crate) struct RemoteGrant {
     pub(crate) peer: u16,
     pub(crate) connection: usize,

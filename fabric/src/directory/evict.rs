@@ -1,6 +1,7 @@
 //! Eviction: the watermarks, how many frames to free before taking more, and the stage that frees them
-//! (least recently used and lowest priority first; the only copy of a page goes one tier down: a GPU's to host
-//! memory, host memory's to the storage tier when the node has one).
+//! (least recently used and lowest priority first, and in host memory over a storage tier the copies a walk has
+//! passed first; the only copy of a page goes one tier down: a GPU's to host memory, host memory's to the
+//! storage tier when the node has one).
 
 use std::collections::HashMap;
 
@@ -37,8 +38,9 @@ impl Directory {
         (pct(self.cfg.high_watermark_percent), pct(self.cfg.low_watermark_percent))
     }
 
-    /// Plans evicting up to `count` copies from `dev`, least recently used and lowest priority first, never a
-    /// pinned frame and never a page `keep` names. A copy that exists elsewhere too is dropped; the only copy
+    /// Plans evicting up to `count` copies from `dev`, least recently used and lowest priority first (in host
+    /// memory over a storage tier, within each priority, the copies a walk in order has passed and the storage
+    /// tier also holds first: drop-behind), never a pinned frame and never a page `keep` names. A copy that exists elsewhere too is dropped; the only copy
     /// of a page goes one tier down (a GPU's to host memory, host memory's to storage). When host memory is too
     /// full for a GPU's pages and the node has a storage tier, the stage returned evicts host memory instead
     /// (the caller asks again). Returns an empty stage when nothing can be evicted.
@@ -57,15 +59,21 @@ impl Directory {
             let listed = d.lru.iter().filter_map(|f| d.users[f as usize].map(|p| (f, p)));
             // Prefetched copies no lease has taken yet go last, each group in its own order.
             let (mut c, fresh): (Vec<_>, Vec<_>) = listed.partition(|&(f, _)| !d.fresh[f as usize]);
-            // In host memory, pages a walk has passed go first (drop-behind): least recently used would take the
-            // pages ahead of it that were here before it started, each written to the storage tier (the only
-            // copy) and read back when the walk reaches it, while the pages behind it are on the storage tier
-            // already and cost nothing to drop. GPUs keep plain recency: their evictions cost link time, not the
-            // drive's, and a training step's backward pass wants the pages its forward pass left behind.
+            // In host memory, within each priority, copies a walk has passed and the storage tier holds too go
+            // first (drop-behind): least recently used would take the pages ahead of it that were here before it
+            // started, each written to the storage tier (the only copy) and read back when the walk reaches it,
+            // while those behind it cost nothing to drop. (A page written since it was passed has no copy on
+            // the storage tier and keeps its place.) GPUs keep plain recency: their evictions cost link time,
+            // not the drive's, and a training step's backward pass wants the pages its forward pass left behind.
             if dev == self.host && self.storage.is_some() {
-                let (behind, ahead): (Vec<_>, Vec<_>) = c.into_iter().partition(|&(_, p)| self.walk_passed(p));
-                c = behind;
-                c.extend(ahead);
+                // Recency stays the order within each group (one pass, not a sort: host memory may hold a
+                // million frames).
+                let mut groups: [Vec<(u32, PageRef)>; 6] = Default::default();
+                for (f, p) in c {
+                    let prio = d.lru.priority(f).unwrap_or_default() as usize;
+                    groups[2 * prio + usize::from(!self.free_behind(p))].push((f, p));
+                }
+                c = groups.into_iter().flatten().collect();
             }
             c.extend(fresh);
             c
@@ -89,10 +97,12 @@ impl Directory {
         Ok(stage)
     }
 
-    /// Whether a walk of `page`'s region in order (two acquires in a row continuing it) has passed the page.
-    fn walk_passed(&self, page: PageRef) -> bool {
+    /// Whether a walk of `page`'s region in order (two acquires in a row continuing it) has passed the page
+    /// and the storage tier holds a copy of it (so that dropping its copy here costs nothing).
+    fn free_behind(&self, page: PageRef) -> bool {
         let stream = self.regions.get(page.slot as usize).and_then(|r| r.as_ref()).and_then(|r| r.stream);
         stream.is_some_and(|s| s.streak >= 1 && page.page < s.next)
+            && self.page(page).copies().any(|c| Some(c.dev) == self.storage)
     }
 
     /// Plans emptying the window of `n` frames of `dev` that costs least to empty, for a run of that length on a

@@ -17,8 +17,9 @@ pub const PREFETCH_DEPTH: usize = 2;
 
 /// Most stages in flight at once bringing a GPU walk's pages up from the storage tier to host memory, beside the
 /// [`PREFETCH_DEPTH`] going to the GPU: pages on storage take two hops, so their reads run up to two windows
-/// ahead of the walk and keep the drive busy while the GPU's prefetches use the link. A stage is half a window,
-/// so four keep both windows' reads queued at the drive at once, as many as the tier's own reads keep in flight
+/// ahead of the walk and keep the drive busy while the GPU's prefetches use the link. A stage is half a window
+/// (or one of the walk's steps, when they are longer), so four keep both windows' reads queued at the drive at
+/// once, as many as the tier's own reads keep in flight
 /// when they reach its full speed; two left the drive idle between one landing and the next being asked for.
 pub const STAGING_DEPTH: usize = 4;
 
