@@ -1,6 +1,7 @@
 //! Leases on other nodes' pages: the home leases its copy (in host memory; a lossy region's on its GPU) for
 //! this node and sends the pages, which land in a private region on this node's device (the copy), leased
-//! here; a `Write` lease's pages go back at release. Copies are kept after release ([`super::replicas`]) and reused while the home's version is unchanged.
+//! here; a `Write` lease's pages go back at release. Copies are kept after release ([`super::replicas`]) and
+//! reused while the home's version is unchanged.
 
 use std::ops::Range;
 
