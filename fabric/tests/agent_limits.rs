@@ -224,7 +224,8 @@ fn a_tenants_client_sees_only_its_own_regions() {
         })
     };
     // Tenant 7 allocates without naming itself, and with a plain `Alloc`: both regions are its.
-    let plain = frame(&Message::Alloc { size: 1 << 20, device: None, replicas: 0, lag_ms: None, compression: 0 });
+    let plain =
+        frame(&Message::Alloc { size: 1 << 20, device: None, replicas: 0, lag_ms: None, compression: 0, priority: 0 });
     let got = as_user(65534, &socket, &[hello.clone(), alloc(0), plain]);
     assert!(matches!(got[0], Some(Message::Welcome { .. })), "{got:?}");
     let Some(Message::Allocated { region }) = got[1] else { panic!("tenant 7's allocation: {got:?}") };

@@ -1,12 +1,13 @@
-//! A region keeps how its pages are stored wherever it lives: allocated on another node, its standby copies
-//! (and so the copy that takes over from a dead home), and a migration to another node are stored with the
-//! compression its placement named; and a lossy region is leased from another node as values. Agents in this
+//! A region keeps how its pages are stored and evicted wherever it lives: allocated on another node, its
+//! standby copies (and so the copy that takes over from a dead home), and a migration to another node are
+//! stored with the compression and evicted at the priority its placement named; and a lossy region is leased from another node as values. Agents in this
 //! process, on the emulated device, or on the GPUs with `VFABRIC_TEST_BACKEND=cuda` (the GPU machine runs this
 //! test's executable so: scripts/device-run.sh, step `agents`).
 
 mod common;
 use common::{agents_in_process, small_cluster};
-use vfabric::{Backend, Compression, Location, Region};
+use vfabric::agent::Kept;
+use vfabric::{Backend, Compression, Location, Priority, Region};
 
 /// [`small_cluster`], on the GPUs when `VFABRIC_TEST_BACKEND=cuda`.
 fn cluster(name: &str, nodes: usize) -> vfabric::ClusterConfig {
@@ -26,30 +27,49 @@ fn copy_on(agent: &vfabric::agent::Agent, len: u64, not: &Region) -> Region {
 }
 
 #[test]
-fn a_region_keeps_its_compression_on_every_node() {
+fn a_region_keeps_its_compression_and_priority_on_every_node() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
         let agents = agents_in_process(&cluster("compressed", 3)).await;
         let ps = agents[0].fabric().page_size();
         // Allocated on another node, lossy.
-        let r = agents[0].alloc_compressed(1, 2 * ps, (None, Compression::Fp8Bf16), 1).await.expect("on n1");
+        let r = agents[0]
+            .alloc_with(
+                1,
+                2 * ps,
+                Kept { compression: Compression::Fp8Bf16, priority: Priority::High, ..Kept::default() },
+                1,
+            )
+            .await
+            .expect("on n1");
         assert_eq!(agents[1].fabric().compression_of(&r).expect("n1 has it"), Compression::Fp8Bf16);
+        assert_eq!(agents[1].fabric().placement_of(&r).expect("n1 has it").priority, Priority::High);
         let data: Vec<u8> = (0..2 * ps).map(|i| (i % 251) as u8 & 0x3f).collect();
         agents[0].write(&r, 0, &data).await.expect("write");
         // Moved on to a third node: the copy there is lossy too.
         agents[0].migrate_to(&r, 2, Location::Host).await.expect("migrate to n2");
         let moved = copy_on(&agents[2], r.len, &r);
         assert_eq!(agents[2].fabric().compression_of(&moved).expect("n2 has it"), Compression::Fp8Bf16);
+        assert_eq!(agents[2].fabric().placement_of(&moved).expect("n2 has it").priority, Priority::High);
         let mut back = vec![0u8; data.len()];
         agents[0].read(&r, 0, &mut back).await.expect("read after the move");
         let lossy = Compression::Fp8Bf16.lossy().expect("lossy");
         let (worst, n) = vfabric_transport::device::lossy::worst_error(lossy, &data, &back);
         assert!(n > 0 && worst <= 1.0, "values after the move: {worst}x their bound");
         // Replicated: the standby copy on the next node (the one that would take over) is stored the same way.
-        let kept = agents[0].alloc_compressed(0, 3 * ps, (None, Compression::Int8F32), 2).await.expect("on n0");
+        let kept = agents[0]
+            .alloc_with(
+                0,
+                3 * ps,
+                Kept { compression: Compression::Int8F32, priority: Priority::Low, ..Kept::default() },
+                2,
+            )
+            .await
+            .expect("on n0");
         assert_eq!(agents[0].fabric().compression_of(&kept).expect("n0"), Compression::Int8F32);
         let standby = copy_on(&agents[1], kept.len, &kept);
         assert_eq!(agents[1].fabric().compression_of(&standby).expect("the standby"), Compression::Int8F32);
+        assert_eq!(agents[1].fabric().placement_of(&standby).expect("the standby").priority, Priority::Low);
         // The standby (in host memory) packs the home's writes as they reach it: its values are within the
         // bound of what was written, and not the written bytes themselves.
         let values: Vec<u8> =
@@ -62,7 +82,10 @@ fn a_region_keeps_its_compression_on_every_node() {
         assert!(n > 0 && worst <= 1.0, "the standby's values: {worst}x the bound over {n}");
         assert!(there != values, "the standby holds the written bytes: not stored lossily");
         // A lossless one as well, and the plain calls still store pages as they are.
-        let lz4 = agents[2].alloc_compressed(0, ps, (None, Compression::Lz4), 1).await.expect("lz4 on n0");
+        let lz4 = agents[2]
+            .alloc_with(0, ps, Kept { compression: Compression::Lz4, ..Kept::default() }, 1)
+            .await
+            .expect("lz4 on n0");
         assert_eq!(agents[0].fabric().compression_of(&lz4).expect("n0"), Compression::Lz4);
         let plain = agents[2].alloc(0, ps, None).await.expect("plain on n0");
         assert_eq!(agents[0].fabric().compression_of(&plain).expect("n0"), Compression::None);
@@ -94,7 +117,10 @@ fn a_lossy_region_is_leased_from_another_node_as_values() {
         let ps = agents[0].fabric().page_size();
         let (g0, c) = (Location::Gpu(0), Compression::Fp8Bf16);
         let lossy = c.lossy().expect("lossy");
-        let r = agents[0].alloc_compressed(1, 2 * ps, (Some(g0), c), 1).await.expect("on n1");
+        let r = agents[0]
+            .alloc_with(1, 2 * ps, Kept { device: Some(g0), compression: c, ..Kept::default() }, 1)
+            .await
+            .expect("on n1");
         let data = bf16_values(2 * ps, 7);
         agents[0].write(&r, 0, &data).await.expect("write");
         // Moved to host memory at the home (packed there: the region's home device is host memory now, and its

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream};
-use vfabric::proto::chunk::{read_chunk_header, read_chunk_payload, ChunkError, ChunkHeader, ChunkRead, StreamChunks, CHUNK_HEADER_LEN};
+use vfabric::proto::chunk::{
+    read_chunk_header, read_chunk_payload, ChunkError, ChunkHeader, ChunkRead, StreamChunks, CHUNK_HEADER_LEN,
+};
 use vfabric::proto::quic::{send_chunk, QuicChunks};
-use vfabric_transport::quic::{connect, endpoint, NodeIdentity, QuicSettings};
 use vfabric_transport::quic::ClusterCa;
+use vfabric_transport::quic::{connect, endpoint, NodeIdentity, QuicSettings};
 
 /// Short idle timeout so a test that goes wrong fails soon rather than hanging.
 fn settings() -> QuicSettings {
@@ -263,4 +265,3 @@ async fn a_stream_that_ends_inside_a_chunk_is_a_read_error() {
         .await;
     }
 }
-

@@ -31,6 +31,7 @@ fn every_message() -> Vec<Message> {
             replicas: 2,
             lag_ms: Some(250),
             compression: 3,
+            priority: 2,
         },
         Message::Alloc {
             size: 0,
@@ -38,9 +39,10 @@ fn every_message() -> Vec<Message> {
             replicas: u8::MAX,
             lag_ms: Some(0),
             compression: u8::MAX,
+            priority: u8::MAX,
         },
-        Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None, compression: 0 },
-        Message::Standby { region, origin: region, replicas: 1, tenant: u32::MAX, compression: 6 },
+        Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None, compression: 0, priority: 0 },
+        Message::Standby { region, origin: region, replicas: 1, tenant: u32::MAX, compression: 6, priority: 1 },
         Message::Replicate { copy: region, seq: u64::MAX, offset: 1 << 20, len: 0 },
         Message::Failover { region },
         Message::OnBehalf { tenant: u32::MAX },
@@ -302,13 +304,20 @@ fn data_message() -> impl Strategy<Value = Message> {
             offset,
             len
         }),
-        (any::<u64>(), proptest::option::of(location()), any::<u8>(), proptest::option::of(any::<u32>()), any::<u8>())
-            .prop_map(|(size, device, replicas, lag_ms, compression)| Message::Alloc {
+        (
+            any::<u64>(),
+            proptest::option::of(location()),
+            any::<u8>(),
+            proptest::option::of(any::<u32>()),
+            (any::<u8>(), any::<u8>())
+        )
+            .prop_map(|(size, device, replicas, lag_ms, (compression, priority))| Message::Alloc {
                 size,
                 device,
                 replicas,
                 lag_ms,
-                compression
+                compression,
+                priority
             }),
     ]
 }

@@ -6,13 +6,13 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedRwLockReadGuard;
-use vfabric_allocator::{Compression, Location};
+use vfabric_allocator::Location;
 
 use super::acting;
 use super::forwarding::{routed, Route};
 use super::lane_use::pages_of;
 use super::remote_lease::{AgentLease, LeaseKind};
-use super::replication::Replication;
+use super::replication::{Kept, Replication};
 use super::shared::{in_place, Agent};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::FabricError;
@@ -23,7 +23,7 @@ impl Agent {
     /// Allocates a region whose home is `node` (this one or a peer), placed on `device` of that node if given,
     /// and kept on the cluster's `network.replicas` nodes.
     pub async fn alloc(&self, node: u16, size: u64, device: Option<Location>) -> Result<Region, FabricError> {
-        self.alloc_direct(node, size, (device, Compression::None), Replication::default()).await
+        self.alloc_direct(node, size, Kept::on(device), Replication::default()).await
     }
 
     /// [`Agent::alloc`] of a region kept as `keep` says: a number of nodes (with 2, its home and a standby copy
@@ -37,21 +37,21 @@ impl Agent {
         device: Option<Location>,
         keep: impl Into<Replication>,
     ) -> Result<Region, FabricError> {
-        self.alloc_direct(node, size, (device, Compression::None), keep.into()).await
+        self.alloc_direct(node, size, Kept::on(device), keep.into()).await
     }
 
-    /// [`Agent::alloc_replicated`] of a region whose pages are stored as `compression` says (packed on the
-    /// storage tier, or, for a lossy compression, also in host memory: see [`Compression`]). The region keeps it
-    /// wherever it goes: its standbys, the copy that takes over from a dead home, and a migration to another
-    /// node store its pages the same way.
-    pub async fn alloc_compressed(
+    /// [`Agent::alloc_replicated`] of a region placed as `kept` says: its device at `node`, how its pages are
+    /// stored (packed on the storage tier, or, for a lossy compression, also in host memory: see
+    /// `Compression`) and its eviction priority. The region keeps them wherever it goes: its standbys, the copy
+    /// that takes over from a dead home, and a migration to another node store and evict its pages the same way.
+    pub async fn alloc_with(
         &self,
         node: u16,
         size: u64,
-        (device, compression): (Option<Location>, Compression),
+        kept: Kept,
         keep: impl Into<Replication>,
     ) -> Result<Region, FabricError> {
-        self.alloc_direct(node, size, (device, compression), keep.into()).await
+        self.alloc_direct(node, size, kept, keep.into()).await
     }
 
     /// Frees a region at its home (and its pages wherever they moved); a replicated region whose home died is

@@ -2,14 +2,12 @@
 //! or one call (striped over the lanes when long) to the peer. The routed calls of the API and the migrations
 //! (which hold the region's guard already) are built on them.
 
-use vfabric_allocator::{Compression, Location};
-
 use super::calls::ReadInto;
-use super::replication::Replication;
+use super::replication::{Kept, Replication};
 use super::shared::{in_place, Agent};
 use crate::directory::RegionHandle as Region;
 use crate::error::FabricError;
-use crate::proto::convert::unexpected;
+use crate::proto::convert::{self, unexpected};
 use crate::proto::message::{Message, WireRegion};
 
 /// The smallest part of a read or write striped over several lanes: below it, the cost of a call outweighs
@@ -20,24 +18,25 @@ const MIN_STRIPE: usize = 256 << 10;
 const MOVE_PIECE: u64 = 64 << 20;
 
 impl Agent {
-    /// Allocates a region of `size` bytes on `device` of `node`, its pages stored as `compression` says, kept
-    /// on `replicas` nodes (`0`: the cluster's `network.replicas`).
+    /// Allocates a region of `size` bytes on `node`, placed there as `kept` says, kept on `replicas` nodes
+    /// (`0`: the cluster's `network.replicas`).
     pub(crate) async fn alloc_direct(
         &self,
         node: u16,
         size: u64,
-        (device, compression): (Option<Location>, Compression),
+        kept: Kept,
         keep: Replication,
     ) -> Result<Region, FabricError> {
         if self.is_me(node) {
-            return self.alloc_at_home(size, (device, compression), keep).await;
+            return self.alloc_at_home(size, kept, keep).await;
         }
         let msg = Message::Alloc {
             size,
-            device: device.map(Into::into),
+            device: kept.device.map(Into::into),
             replicas: keep.replicas,
             lag_ms: keep.lag_ms(),
-            compression: compression.number(),
+            compression: kept.compression.number(),
+            priority: convert::priority_number(kept.priority),
         };
         match self.call(node, &msg, &[]).await? {
             Message::Allocated { region } => Ok(Region::from(&region)),

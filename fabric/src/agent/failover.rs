@@ -3,11 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use vfabric_allocator::{Compression, Location, TenantId};
+use vfabric_allocator::TenantId;
 
 use super::acting;
 use super::backups::Standby;
-use super::replication::REPLICA_PIECE;
+use super::replication::{Kept, REPLICA_PIECE};
 use super::serve_pages::home_region;
 use super::shared::{in_place, Agent};
 use crate::directory::{Placement, RegionHandle as Region};
@@ -19,14 +19,14 @@ use crate::proto::quic::QuicChunks;
 
 impl Agent {
     /// `Standby` from `peer`: a copy of `region`, one of the peer's own regions (its users name it `origin`)
-    /// kept on `replicas` nodes, in this node's host memory, under the name of the region's `tenant` and stored
-    /// with its `compression` (the same copy when asked again: the first answer may have been lost).
+    /// kept on `replicas` nodes, in this node's host memory, under the name of the region's `tenant`, stored and
+    /// evicted as `kept` says (the same copy when asked again: the first answer may have been lost).
     pub(crate) async fn keep_standby(
         &self,
         peer: u16,
         (region, origin): (&WireRegion, &WireRegion),
         replicas: u8,
-        (tenant, compression): (u32, Compression),
+        (tenant, kept): (u32, Kept),
     ) -> Result<Message, FabricError> {
         let (home, origin) = (Region::from(region), Region::from(origin));
         if home.addr.node().0 != peer {
@@ -62,7 +62,8 @@ impl Agent {
                 )))
             }
         }
-        let placement = Placement { tenant: TenantId(tenant), compression, ..Placement::on(Location::Host) };
+        let Kept { device, compression, priority } = kept;
+        let placement = Placement { device, tenant: TenantId(tenant), compression, priority, ..Placement::default() };
         let copy = in_place(|| self.shared.fabric.alloc(home.len, placement))?;
         self.shared.backups.keep(home, origin, copy, replicas);
         Ok(Message::Allocated { region: WireRegion::from(&copy) })

@@ -6,7 +6,7 @@ use tokio::sync::OwnedRwLockReadGuard;
 use vfabric_allocator::Location;
 
 use super::acting;
-use super::replication::Replication;
+use super::replication::{Kept, Replication};
 use super::shared::{in_place, Agent};
 use crate::directory::RegionHandle as Region;
 use crate::error::FabricError;
@@ -108,9 +108,10 @@ impl Agent {
         self.shared.fabric.version(region, 0..1)?;
         // The copy is the region's tenant's, so that its calls are taken where the pages go.
         let tenant = self.shared.fabric.tenant_of(region)?;
-        // Stored as the region is (a lossy region stays lossy where it goes).
-        let compression = self.shared.fabric.compression_of(region)?;
-        let alloc = self.alloc_direct(node, region.len, (Some(device), compression), Replication::sync(1));
+        // Stored and evicted as the region is (a lossy region stays lossy where it goes).
+        let p = self.shared.fabric.placement_of(region)?;
+        let kept = Kept { device: Some(device), compression: p.compression, priority: p.priority };
+        let alloc = self.alloc_direct(node, region.len, kept, Replication::sync(1));
         let fresh = acting::acting_for(Some(tenant), alloc).await?;
         let moved = async {
             self.copy_direct(region, &fresh, region.len).await?;

@@ -67,6 +67,6 @@ pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOp
 pub use membership::{members_prefix, region_text, takeover_key};
 pub use metrics_server::MetricsServer;
 pub use remote_lease::{version_after_release, AgentLease};
-pub use replication::Replication;
+pub use replication::{Kept, Replication};
 pub use shared::Agent;
 pub use status::{AgentStatus, PeerStatus, ReplicationStatus, TenantStatus};

@@ -11,13 +11,39 @@ use super::acting;
 use super::backups::{serves_alone, HomeEntry, Standbys};
 use super::shared::{in_place, Agent};
 use crate::config::{MAX_REPLICAS, MAX_REPLICAS_WITHOUT_ETCD};
-use crate::directory::{Placement, RegionHandle as Region};
+use crate::directory::{Placement, Priority, RegionHandle as Region};
 use crate::error::FabricError;
-use crate::proto::convert::unexpected;
+use crate::proto::convert::{self, unexpected};
 use crate::proto::message::{ErrorKind, Message, WireRegion};
 
 /// Bytes of a range sent to a standby per call (bounds the home's buffer and the standby's).
 pub(crate) const REPLICA_PIECE: u64 = 16 << 20;
+
+/// What of a region's placement holds on whichever node keeps it: where the home puts its pages, how they are
+/// stored and how soon they are evicted. `Alloc` carries it to the node that will be the region's home, and a
+/// migration to another node and every standby copy keep the region's own (a tenant's name travels with the
+/// call; a reservation holds on its own node only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Kept {
+    /// The device of the home node its pages go to (`None`: where the home chooses).
+    pub device: Option<Location>,
+    /// How its pages are stored (packed on the storage tier; a lossy compression also in host memory).
+    pub compression: Compression,
+    /// How soon its pages are evicted beside others.
+    pub priority: Priority,
+}
+
+impl Kept {
+    /// A region placed on `device`, its pages stored as they are, at the default priority.
+    pub fn on(device: Option<Location>) -> Self {
+        Kept { device, ..Kept::default() }
+    }
+
+    /// From a request's numbers (`Alloc`, `Standby`): an unknown compression or priority is a bad field.
+    pub(crate) fn from_wire(device: Option<Location>, compression: u8, priority: u8) -> Result<Self, FabricError> {
+        Ok(Kept { device, compression: convert::compression(compression)?, priority: convert::priority(priority)? })
+    }
+}
 
 /// How a region is kept across nodes: on how many, and how far behind its home the others may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -66,16 +92,12 @@ enum Failure {
 }
 
 impl Agent {
-    /// Allocates a region of this node, on `device` if given, its pages stored as `compression` says, kept as
-    /// `keep` says (defaults from the cluster's `[network]`): with N replicas, a standby copy goes to each of the next N - 1 nodes of the cluster's list that answer. Refused, with nothing
+    /// Allocates a region of this node placed as `kept` says, kept as `keep` says (defaults from the cluster's
+    /// `[network]`): with N replicas, a standby copy goes to each of the next N - 1 nodes of the cluster's list that answer. Refused, with nothing
     /// left allocated, when no node takes the copy.
-    pub(crate) async fn alloc_at_home(
-        &self,
-        size: u64,
-        (device, compression): (Option<Location>, Compression),
-        keep: Replication,
-    ) -> Result<Region, FabricError> {
-        self.alloc_placed(size, Placement { device, compression, ..Placement::default() }, keep).await
+    pub(crate) async fn alloc_at_home(&self, size: u64, kept: Kept, keep: Replication) -> Result<Region, FabricError> {
+        let Kept { device, compression, priority } = kept;
+        self.alloc_placed(size, Placement { device, compression, priority, ..Placement::default() }, keep).await
     }
 
     /// [`Agent::alloc_at_home`] with the whole placement (priority, compression, reservation; the tenant is
@@ -156,11 +178,9 @@ impl Agent {
         exclude: &[u16],
     ) -> (Vec<Region>, Vec<String>) {
         let nodes = self.shared.peers.len() as u16;
-        // The copies are the region's tenant's, as the region is, and stored as it is.
-        let placed =
-            self.shared.fabric.tenant_of(region).and_then(|t| Ok((t, self.shared.fabric.compression_of(region)?)));
-        let (tenant, compression) = match placed {
-            Ok(p) => p,
+        // The copies are the region's tenant's, as the region is, and stored and evicted as it is.
+        let (tenant, compression, priority) = match self.shared.fabric.placement_of(region) {
+            Ok(p) => (p.tenant, p.compression, p.priority),
             Err(e) => return (Vec::new(), vec![format!("{region}: {e}")]),
         };
         let (mut copies, mut refusals) = (Vec::new(), Vec::new());
@@ -193,6 +213,7 @@ impl Agent {
                 replicas,
                 tenant: tenant.0,
                 compression: compression.number(),
+                priority: convert::priority_number(priority),
             };
             // The fabric's own call, for a tenant's region as for any: the node makes it.
             match acting::as_node(self.call(node, &msg, &[])).await {

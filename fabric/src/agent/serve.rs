@@ -7,18 +7,18 @@ use vfabric_transport::quic;
 
 use super::acting;
 use super::lane_use::{pages_of, BULK};
-use super::replication::Replication;
+use super::replication::{Kept, Replication};
 use super::serve_pages::{abandon, grant, home_region, receive_write, send_read, take_back};
 use super::shared::{in_place, Agent, Shared};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::{FabricError, ProtocolError};
 use crate::fabric::Lease;
 use crate::proto::codec::{read_frame, PROTOCOL_VERSION};
-use crate::proto::convert::{self, refusal};
+use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
 use crate::proto::quic::{answer as finish_with, close as quic_close, CloseCode};
 use tracing::Instrument;
-use vfabric_allocator::TenantId;
+use vfabric_allocator::{Location, TenantId};
 
 /// Accepts connections on lane `lane`'s endpoint until it closes.
 pub(crate) async fn accept_loop(shared: Arc<Shared>, lane: usize) {
@@ -240,13 +240,15 @@ async fn answer(
     }
     let reply = match msg {
         Message::Ping { nonce } => Ok(Message::Pong { nonce }),
-        Message::Alloc { size, device, replicas, lag_ms, compression } => match convert::compression(compression) {
-            Ok(c) => agent
-                .alloc_at_home(size, (device.map(Into::into), c), Replication { replicas, lag: lag_ms.map(millis) })
-                .await
-                .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
-            Err(e) => Err(e),
-        },
+        Message::Alloc { size, device, replicas, lag_ms, compression, priority } => {
+            match Kept::from_wire(device.map(Into::into), compression, priority) {
+                Ok(k) => agent
+                    .alloc_at_home(size, k, Replication { replicas, lag: lag_ms.map(millis) })
+                    .await
+                    .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
+                Err(e) => Err(e),
+            }
+        }
         Message::Free { region } => match home_region(agent, &region) {
             Ok(r) => agent.free_at_home(&r).await.map(|()| Message::Done),
             Err(e) => Err(e),
@@ -275,10 +277,12 @@ async fn answer(
             }
             Err(e) => Err(e),
         },
-        Message::Standby { region, origin, replicas, tenant, compression } => match convert::compression(compression) {
-            Ok(c) => agent.keep_standby(peer, (&region, &origin), replicas, (tenant, c)).await,
-            Err(e) => Err(e),
-        },
+        Message::Standby { region, origin, replicas, tenant, compression, priority } => {
+            match Kept::from_wire(Some(Location::Host), compression, priority) {
+                Ok(k) => agent.keep_standby(peer, (&region, &origin), replicas, (tenant, k)).await,
+                Err(e) => Err(e),
+            }
+        }
         Message::Replicate { copy, seq, offset, len } => {
             agent.take_replica(peer, (&copy, seq, offset, len), &mut recv).await
         }

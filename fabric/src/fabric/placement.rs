@@ -4,12 +4,22 @@
 use vfabric_allocator::{Compression, Location, TenantId};
 
 use super::{lock, Fabric, Region};
+use crate::directory::Placement;
 use crate::error::FabricError;
 
 impl Fabric {
     /// Every live region of this node, with the tenant it is charged to.
     pub fn regions(&self) -> Vec<(Region, TenantId)> {
         lock(&self.inner.state).dir.regions().map(|r| (r.handle, r.placement.tenant)).collect()
+    }
+
+    /// A live region's placement: what it named, with the device new pages go to now (a migration on this node
+    /// moves it).
+    pub fn placement_of(&self, region: &Region) -> Result<Placement, FabricError> {
+        let st = lock(&self.inner.state);
+        let mut p = st.dir.region(region)?.placement;
+        p.device = Some(st.dir.home_of(region)?);
+        Ok(p)
     }
 
     /// The tenant a region is charged to (what its placement named).

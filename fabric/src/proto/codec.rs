@@ -26,7 +26,7 @@ use super::message::Message;
 pub const MAGIC: [u8; 4] = *b"VFAB";
 
 /// The protocol version this build speaks; a frame carrying any other is refused. 10: `Alloc` and `Standby`
-/// carry the region's compression. 9: a chunk may be packed (LZ4, the top bit of its length). 8: `Status` names
+/// carry the region's compression and priority. 9: a chunk may be packed (LZ4, the top bit of its length). 8: `Status` names
 /// the node asked about, and peers answer it; `Standby` carries the region's tenant. 7: a caller abandons a
 /// request (`Abandon`). 5: `Alloc` carries the region's replicas, and the standby messages follow. 2: `Hello`
 /// carries the sender's lane layout (the latency lane moved every other lane one port up).

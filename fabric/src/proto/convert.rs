@@ -4,7 +4,7 @@
 use vfabric_allocator::{Compression, GlobalAddr, Location};
 
 use super::message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};
-use crate::directory::{DirectoryError, Mode, RegionHandle};
+use crate::directory::{DirectoryError, Mode, Priority, RegionHandle};
 use crate::error::{FabricError, ProtocolError};
 
 impl From<&RegionHandle> for WireRegion {
@@ -30,6 +30,25 @@ impl From<&WireRegion> for RegionHandle {
 pub(crate) fn compression(number: u8) -> Result<Compression, FabricError> {
     Compression::from_number(number)
         .ok_or_else(|| ProtocolError::BadField { field: "compression", value: u64::from(number) }.into())
+}
+
+/// A priority by its number on the wire (0 low, 1 normal, 2 high); another is a bad field.
+pub(crate) fn priority(number: u8) -> Result<Priority, FabricError> {
+    match number {
+        0 => Ok(Priority::Low),
+        1 => Ok(Priority::Normal),
+        2 => Ok(Priority::High),
+        p => Err(ProtocolError::BadField { field: "priority", value: u64::from(p) }.into()),
+    }
+}
+
+/// A priority's number on the wire.
+pub(crate) fn priority_number(p: Priority) -> u8 {
+    match p {
+        Priority::Low => 0,
+        Priority::Normal => 1,
+        Priority::High => 2,
+    }
 }
 
 impl From<Location> for WireLocation {
@@ -128,10 +147,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn compressions_come_by_number_and_an_unknown_one_is_a_bad_field() {
+    fn compressions_and_priorities_come_by_number_and_an_unknown_one_is_a_bad_field() {
         for c in vfabric_allocator::COMPRESSIONS {
             assert_eq!(compression(c.number()).expect("known"), c);
         }
+        for p in [Priority::Low, Priority::Normal, Priority::High] {
+            assert_eq!(priority(priority_number(p)).expect("known"), p);
+        }
+        assert!(matches!(priority(3), Err(FabricError::Protocol(ProtocolError::BadField { field: "priority", .. }))));
         let n = vfabric_allocator::COMPRESSIONS.len() as u8;
         match compression(n) {
             Err(FabricError::Protocol(ProtocolError::BadField { field: "compression", value })) => {

@@ -153,6 +153,8 @@ pub enum Message {
         lag_ms: Option<u32>,
         /// How its pages are stored (`Compression::number`; 0: as they are).
         compression: u8,
+        /// How soon its pages are evicted: 0 low, 1 normal, 2 high.
+        priority: u8,
     },
     /// Frees a region.
     Free {
@@ -425,6 +427,8 @@ pub enum Message {
         /// How the region's pages are stored (`Compression::number`): the copy is stored the same way, and so
         /// is the region it becomes.
         compression: u8,
+        /// The region's eviction priority (0 low, 1 normal, 2 high), the copy's too.
+        priority: u8,
     },
     /// A home's released write, copied to a standby: the payload follows as for [`Message::Write`]. A copy
     /// that took over from its home answers [`Message::Moved`] naming itself; a `len` of 0 only asks that.
@@ -583,7 +587,7 @@ mod tests {
         vec![
             Message::Hello { cluster: "c".into(), node: 1, protocol: 1, lanes: 4, latency_lane: true },
             Message::Ping { nonce: 9 },
-            Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None, compression: 0 },
+            Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None, compression: 0, priority: 1 },
             Message::Free { region },
             Message::Write { region, offset: 0, len: 1 },
             Message::Read { region, offset: 0, len: 1 },
@@ -631,7 +635,7 @@ mod tests {
             Message::Reserved { id: 1, bytes: 1 << 20 },
             Message::Unreserve { id: 1 },
             Message::ReservationLeft { id: 1 },
-            Message::Standby { region, origin: region, replicas: 2, tenant: 3, compression: 4 },
+            Message::Standby { region, origin: region, replicas: 2, tenant: 3, compression: 4, priority: 2 },
             Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
             Message::Failover { region },
             Message::OnBehalf { tenant: 3 },

@@ -91,7 +91,14 @@ impl LocalClient {
         device: Option<Location>,
         replicas: u8,
     ) -> Result<Region, FabricError> {
-        let msg = Message::Alloc { size, device: device.map(Into::into), replicas, lag_ms: None, compression: 0 };
+        let msg = Message::Alloc {
+            size,
+            device: device.map(Into::into),
+            replicas,
+            lag_ms: None,
+            compression: 0,
+            priority: 1,
+        };
         self.expect(&msg, &[], |m| match m {
             Message::Allocated { region } => Some(Region::from(&region)),
             _ => None,

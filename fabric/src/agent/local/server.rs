@@ -22,11 +22,11 @@ use super::session::{alloc_options, Session};
 use super::spin;
 use super::tenancy::{admits_others, caller_of, Caller};
 use crate::agent::shared::Agent;
-use crate::agent::Replication;
+use crate::agent::{Kept, Replication};
 use crate::directory::RegionHandle as Region;
 use crate::error::{FabricError, NetworkError, ProtocolError};
 use crate::proto::codec::{read_frame_blocking, write_frame_blocking as send, PROTOCOL_VERSION};
-use crate::proto::convert::{self, refusal};
+use crate::proto::convert::refusal;
 use crate::proto::message::{Message, WireRegion};
 
 /// The sockets of the clients being served, shut down when the accept loop goes (the agent stops), which ends
@@ -178,33 +178,30 @@ impl Agent {
                     continue;
                 }
                 // A tenant's plain allocation is its tenant's, here, and outlives the connection as any does.
-                Message::Alloc { size, device, replicas, lag_ms, compression } if session.tenant.is_some() => {
-                    let tenant = session.tenant.unwrap_or_default();
-                    let device = device.map(Location::from);
+                Message::Alloc { size, device, replicas, lag_ms, compression, priority } => {
                     let lag = lag_ms.map(|ms| Duration::from_millis(u64::from(ms)));
                     let replication = Replication { replicas, lag };
-                    convert::compression(compression).and_then(|compression| {
-                        let options = AllocOptions {
-                            device,
-                            tenant,
-                            keep: true,
-                            compression,
-                            replication,
-                            ..AllocOptions::default()
-                        };
-                        self.alloc_for(rt, session, size, options)
-                    })
+                    match Kept::from_wire(device.map(Location::from), compression, priority) {
+                        Ok(kept) if session.tenant.is_some() => {
+                            let Kept { device, compression, priority } = kept;
+                            let tenant = session.tenant.unwrap_or_default();
+                            let options = AllocOptions {
+                                device,
+                                priority,
+                                tenant,
+                                keep: true,
+                                compression,
+                                replication,
+                                ..AllocOptions::default()
+                            };
+                            self.alloc_for(rt, session, size, options)
+                        }
+                        Ok(kept) => rt
+                            .block_on(self.alloc_with(self.node(), size, kept, replication))
+                            .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
+                        Err(e) => Err(e),
+                    }
                 }
-                Message::Alloc { size, device, replicas, lag_ms, compression } => convert::compression(compression)
-                    .and_then(|c| {
-                        rt.block_on(self.alloc_compressed(
-                            self.node(),
-                            size,
-                            (device.map(Location::from), c),
-                            Replication { replicas, lag: lag_ms.map(|ms| Duration::from_millis(u64::from(ms))) },
-                        ))
-                    })
-                    .map(|r| Message::Allocated { region: WireRegion::from(&r) }),
                 Message::AllocWith {
                     size,
                     device,

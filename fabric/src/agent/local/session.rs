@@ -17,8 +17,8 @@ use super::AllocOptions;
 use crate::agent::remote_lease::AgentLease;
 use crate::agent::shared::{in_place, Agent};
 use crate::agent::Replication;
-use crate::directory::{Mode, Placement, Priority, RegionHandle as Region};
-use crate::error::{FabricError, NetworkError, ProtocolError};
+use crate::directory::{Mode, Placement, RegionHandle as Region};
+use crate::error::{FabricError, NetworkError};
 use crate::fabric::{LeasePtr, Reservation};
 use crate::proto::codec::write_frame_blocking as send;
 use crate::proto::mapped::{send_fds, FDS_PER_MESSAGE};
@@ -222,12 +222,7 @@ pub(super) fn alloc_options(
     compression: u8,
     reservation: Option<u64>,
 ) -> Result<AllocOptions, FabricError> {
-    let priority = match priority {
-        0 => Priority::Low,
-        1 => Priority::Normal,
-        2 => Priority::High,
-        p => return Err(ProtocolError::BadField { field: "priority", value: u64::from(p) }.into()),
-    };
+    let priority = crate::proto::convert::priority(priority)?;
     let compression = crate::proto::convert::compression(compression)?;
     Ok(AllocOptions {
         device,
