@@ -86,6 +86,17 @@ impl Element {
     }
 }
 
+/// Bytes of one slot of the packed tier ([`crate::Location::Packed`]) for pages of `page_bytes`: the longest
+/// packed page of any lossy format (bf16 values: a byte per value and a scale per group, 0.508 of the page),
+/// rounded up to whole 4 KiB blocks so that each slot can be written to and read from the storage tier
+/// directly. A page of fp32 values packs into half a slot: the packed tier holds twice the pages of
+/// host memory of either kind.
+pub fn packed_slot_len(page_bytes: u64) -> u64 {
+    const BLOCK: u64 = 4096;
+    let longest = Lossy { code: LossyCode::Int8, element: Element::Bf16 }.packed_len(page_bytes);
+    longest.div_ceil(BLOCK) * BLOCK
+}
+
 /// A lossy compression: its codes and the values it packs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Lossy {

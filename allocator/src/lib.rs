@@ -71,7 +71,10 @@ pub mod range;
 pub mod tenant;
 
 pub use addr::{GlobalAddr, NodeId, PageSize, MAX_OFFSET, OFFSET_BITS};
-pub use compression::{Compression, Element, Lossy, LossyCode, ParseCompressionError, COMPRESSIONS, LOSSY_GROUP, LOSSY_TINY};
+pub use compression::{
+    packed_slot_len, Compression, Element, Lossy, LossyCode, ParseCompressionError, COMPRESSIONS, LOSSY_GROUP,
+    LOSSY_TINY,
+};
 pub use error::AllocError;
 pub use extent::{Fragmentation, FreeExtents};
 pub use fit::Fit;

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::compression::packed_slot_len;
+
 /// A memory location of one node: one of its GPUs, its pinned host memory, or its storage tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Location {
@@ -12,6 +14,10 @@ pub enum Location {
     /// The storage tier below host memory (a file on an NVMe drive): pages evicted from host memory go there.
     /// It holds pages, not leases: nothing computes on it, and pages come back through host memory.
     Storage,
+    /// Pinned host memory that holds lossy regions' pages packed, each in a slot of
+    /// [`packed_slot_len`] bytes rather than a whole page's frame: the host tier of those regions, holding about
+    /// twice the pages host memory would. It holds pages, not leases (they are codes, not values).
+    Packed,
 }
 
 impl Location {
@@ -19,7 +25,20 @@ impl Location {
     pub fn gpu(self) -> Option<u16> {
         match self {
             Location::Gpu(g) => Some(g),
-            Location::Host | Location::Storage => None,
+            Location::Host | Location::Storage | Location::Packed => None,
+        }
+    }
+
+    /// Whether it is host memory (pages as they are, or packed).
+    pub fn is_host_memory(self) -> bool {
+        matches!(self, Location::Host | Location::Packed)
+    }
+
+    /// Bytes between one frame of a page of `page_bytes` and the next: a page, or in the packed tier a slot.
+    pub fn frame_bytes(self, page_bytes: u64) -> u64 {
+        match self {
+            Location::Packed => packed_slot_len(page_bytes),
+            _ => page_bytes,
         }
     }
 }
@@ -30,18 +49,19 @@ impl std::fmt::Display for Location {
             Location::Gpu(g) => write!(f, "gpu{g}"),
             Location::Host => f.write_str("host"),
             Location::Storage => f.write_str("storage"),
+            Location::Packed => f.write_str("packed"),
         }
     }
 }
 
 /// A string that names no location (see [`Location`]'s `FromStr`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a location: use gpuN, N, host or storage")]
+#[error("`{0}` is not a location: use gpuN, N, host, storage or packed")]
 pub struct ParseLocationError(pub String);
 
 impl std::str::FromStr for Location {
     type Err = ParseLocationError;
-    /// Parses `gpu0`, `gpu1`, ..., `0`, `1`, ..., `host` / `h` and `storage` / `nvme`.
+    /// Parses `gpu0`, `gpu1`, ..., `0`, `1`, ..., `host` / `h`, `storage` / `nvme` and `packed`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim().to_ascii_lowercase();
         if t == "host" || t == "h" {
@@ -49,6 +69,9 @@ impl std::str::FromStr for Location {
         }
         if t == "storage" || t == "nvme" {
             return Ok(Location::Storage);
+        }
+        if t == "packed" {
+            return Ok(Location::Packed);
         }
         let digits = t.strip_prefix("gpu").unwrap_or(&t);
         digits.parse::<u16>().map(Location::Gpu).map_err(|_| ParseLocationError(s.to_string()))
@@ -69,5 +92,10 @@ mod tests {
         assert_eq!("gpux".parse::<Location>(), Err(ParseLocationError("gpux".into())));
         assert_eq!(Location::Gpu(3).to_string(), "gpu3");
         assert_eq!(Location::Host.gpu(), None);
+        assert_eq!("packed".parse::<Location>(), Ok(Location::Packed));
+        assert_eq!(Location::Packed.to_string(), "packed");
+        assert!(Location::Packed.is_host_memory() && !Location::Storage.is_host_memory());
+        assert_eq!(Location::Host.frame_bytes(1 << 21), 1 << 21);
+        assert_eq!(Location::Packed.frame_bytes(1 << 21), (1 << 20) + (16 << 10));
     }
 }

@@ -103,6 +103,7 @@ fn seed_of(l: Location) -> u64 {
         Location::Gpu(g) => 0x100 + u64::from(g),
         Location::Host => 0x1FF,
         Location::Storage => 0x2FF,
+        Location::Packed => 0x3FF,
     }
 }
 

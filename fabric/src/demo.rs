@@ -216,7 +216,7 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
             out,
             "  {}: {} ({} pages of {})",
             d.location,
-            ByteSize(u64::from(d.frames) * page),
+            ByteSize(u64::from(d.frames) * d.location.frame_bytes(page)),
             d.frames,
             ByteSize(page)
         );

@@ -447,14 +447,18 @@ fn main() -> ExitCode {
             let ps = plan.page_size;
             let storage = plan.storage.map(|bytes| (vfabric::Location::Storage, bytes));
             for (location, bytes) in plan.arenas.iter().copied().chain(storage) {
-                // The storage tier is a file of slots, not an arena.
-                let (what, unit) =
-                    if location == vfabric::Location::Storage { ("file", "slots") } else { ("arena", "frames") };
+                // The storage tier is a file of slots, not an arena; the packed tier's slots are shorter than a page.
+                let (what, unit) = match location {
+                    vfabric::Location::Storage => ("file", "slots"),
+                    vfabric::Location::Packed => ("arena", "slots"),
+                    _ => ("arena", "frames"),
+                };
+                let frame = location.frame_bytes(ps);
                 println!(
                     "  {location}: {what} {} = {} {unit} of {}",
                     vfabric::ByteSize(bytes),
-                    bytes / ps,
-                    vfabric::ByteSize(ps)
+                    bytes / frame,
+                    vfabric::ByteSize(frame)
                 );
             }
             Ok(())

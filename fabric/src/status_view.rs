@@ -104,10 +104,13 @@ fn render(now: &Value, before: Option<(Duration, &Value)>) -> String {
         let free = frames.saturating_sub(used);
         // The share of free memory that lies outside the largest free run.
         let fragmented = if free == 0 { 0.0 } else { 100.0 * (free - run.min(free)) as f64 / free as f64 };
-        let bytes = |f: u64| ByteSize(f * page).to_string();
+        let name = location(&d["location"]);
+        // The packed tier's frames are slots shorter than a page.
+        let frame = name.parse::<vfabric_allocator::Location>().map_or(page, |l| l.frame_bytes(page));
+        let bytes = |f: u64| ByteSize(f * frame).to_string();
         out += &format!(
             "{:<10} {:>10} {:>10} {:>10} {:>10} {:>17} {:>13.0}%\n",
-            location(&d["location"]),
+            name,
             bytes(frames),
             bytes(used),
             bytes(leased),

@@ -531,6 +531,14 @@ macro_rules! fabric_suite_tests {
         }
 
         #[test]
+        fn the_packed_tier_holds_lossy_pages_in_half_the_bytes() {
+            $crate::lossy_suite::the_packed_tier_holds_lossy_pages_in_half_the_bytes(
+                &$config,
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
         fn reservations_hold_capacity() {
             $crate::fabric_suite::reservations_hold_capacity(&$config);
         }

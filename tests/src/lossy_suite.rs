@@ -6,7 +6,9 @@ use std::sync::Arc;
 use vfabric::{ClusterConfig, Compression, FabricError, Mode, Placement};
 use vfabric_allocator::{Element, Lossy, LOSSY_GROUP, LOSSY_TINY};
 use vfabric_transport::device::lossy;
-use vfabric_transport::{Arena, Coding, DeviceLayer, Location, MoveError, MoverConfig, PageBatch, PageMove};
+use vfabric_transport::{
+    Arena, Coding, DeviceLayer, EngineChoice, Location, MoveError, MoverConfig, PageBatch, PageMove,
+};
 
 use crate::device_suite::{arena, Scale};
 use crate::fabric_rig::{fabric, frames_of, gpus, read_through_lease, with_storage};
@@ -47,57 +49,70 @@ fn check_bound(l: Lossy, written: &[u8], back: &[u8], what: &str) {
     assert!(worst <= 1.0, "{what}: a value changed by {worst}x its declared bound");
 }
 
-/// Coded moves between every GPU and host memory, both ways, on scattered frames: packing on the device gives
-/// exactly the CPU codec's bytes (and leaves the rest of each destination frame alone), expanding gives exactly
-/// the CPU's expansion; pages that hold no whole groups are refused with a typed error.
+/// Coded moves between every GPU and host memory, both ways, on scattered frames, into pages of host memory
+/// and into slots of the packed tier (frames shorter than a page): packing on the device gives exactly the CPU
+/// codec's bytes (and leaves the rest of each destination frame alone), expanding gives exactly the CPU's
+/// expansion; pages that hold no whole groups are refused with a typed error, and so is a plain copy into the
+/// packed tier.
 pub fn coded_moves_match_the_cpu(layer: &dyn DeviceLayer, scale: Scale) {
     let mover = layer.mover(MoverConfig::default()).expect("mover");
     let page = 2u64 << 20;
     let frames = (scale.arena_bytes / page).min(16) as u32;
     let bytes = u64::from(frames) * page;
-    let host = arena(layer, Location::Host, bytes, bytes);
     let moves: Vec<PageMove> = (0..frames / 2).map(|i| PageMove { src: i * 2, dst: frames - 1 - i }).collect();
     let batch = PageBatch::from_moves(page, moves.clone());
     let ps = page as usize;
-    for gpu in layer.gpus().iter().map(|g| Location::Gpu(g.index)) {
-        let dev: Arc<dyn Arena> = arena(layer, gpu, bytes, bytes);
-        for c in LOSSY {
-            let l = c.lossy().expect("lossy");
-            let data = values(l.element, bytes as usize, 7 + c.number() as u64);
-            dev.write(0, &data).expect("write the values");
-            host.fill(0, bytes, 0xEE).expect("poison");
-            let what = format!("{gpu} {c}");
-            mover.submit_coded(&dev, &host, &batch, Coding::Pack(l)).expect("submit").wait().expect("pack");
-            let mut got = vec![0u8; bytes as usize];
-            host.read(0, &mut got).expect("read packed");
-            let n = l.packed_len(page) as usize;
-            let mut want = vec![0xEEu8; ps];
-            for m in &moves {
-                let src = &data[m.src as usize * ps..][..ps];
-                lossy::pack(l, src, &mut want);
-                let at = m.dst as usize * ps;
-                assert!(got[at..at + n] == want[..n], "{what}: packed frame {} differs from the CPU's", m.dst);
-                assert!(got[at + n..at + ps].iter().all(|&b| b == 0xEE), "{what}: past the packed bytes");
+    for side in [Location::Host, Location::Packed] {
+        let stride = side.frame_bytes(page) as usize;
+        let host = arena(layer, side, u64::from(frames) * stride as u64, bytes);
+        for gpu in layer.gpus().iter().map(|g| Location::Gpu(g.index)) {
+            let dev: Arc<dyn Arena> = arena(layer, gpu, bytes, bytes);
+            for c in LOSSY {
+                let l = c.lossy().expect("lossy");
+                let data = values(l.element, bytes as usize, 7 + c.number() as u64);
+                dev.write(0, &data).expect("write the values");
+                host.fill(0, host.len(), 0xEE).expect("poison");
+                let what = format!("{gpu} -> {side} {c}");
+                mover.submit_coded(&dev, &host, &batch, Coding::Pack(l)).expect("submit").wait().expect("pack");
+                let mut got = vec![0u8; host.len() as usize];
+                host.read(0, &mut got).expect("read packed");
+                let n = l.packed_len(page) as usize;
+                let mut want = vec![0xEEu8; ps];
+                for m in &moves {
+                    let src = &data[m.src as usize * ps..][..ps];
+                    lossy::pack(l, src, &mut want);
+                    let at = m.dst as usize * stride;
+                    assert!(got[at..at + n] == want[..n], "{what}: packed frame {} differs from the CPU's", m.dst);
+                    assert!(got[at + n..at + stride].iter().all(|&b| b == 0xEE), "{what}: past the packed bytes");
+                }
+                // Back to the GPU, expanded, into the frames the pages came from (cleared first).
+                dev.fill(0, bytes, 0).expect("clear");
+                let home =
+                    PageBatch::from_moves(page, moves.iter().map(|m| PageMove { src: m.dst, dst: m.src }).collect());
+                mover.submit_coded(&host, &dev, &home, Coding::Unpack(l)).expect("submit").wait().expect("unpack");
+                let mut got = vec![0u8; bytes as usize];
+                dev.read(0, &mut got).expect("read expanded");
+                let mut page_back = vec![0u8; ps];
+                for m in &moves {
+                    let packed = &want_packed(l, &data[m.src as usize * ps..][..ps]);
+                    lossy::unpack(l, packed, &mut page_back);
+                    let at = m.src as usize * ps;
+                    assert!(got[at..at + ps] == page_back[..], "{what}: expanded frame {} differs", m.src);
+                    check_bound(l, &data[at..at + ps], &got[at..at + ps], &what);
+                }
             }
-            // Back to the GPU, expanded, into the frames the pages came from (cleared first).
-            dev.fill(0, bytes, 0).expect("clear");
-            let home = PageBatch::from_moves(page, moves.iter().map(|m| PageMove { src: m.dst, dst: m.src }).collect());
-            mover.submit_coded(&host, &dev, &home, Coding::Unpack(l)).expect("submit").wait().expect("unpack");
-            dev.read(0, &mut got).expect("read expanded");
-            let mut page_back = vec![0u8; ps];
-            for m in &moves {
-                let packed = &want_packed(l, &data[m.src as usize * ps..][..ps]);
-                lossy::unpack(l, packed, &mut page_back);
-                let at = m.src as usize * ps;
-                assert!(got[at..at + ps] == page_back[..], "{what}: expanded frame {} differs from the CPU's", m.src);
-                check_bound(l, &data[at..at + ps], &got[at..at + ps], &what);
+            let odd = PageBatch::from_moves(4112, vec![PageMove { src: 0, dst: 0 }]);
+            let l = Compression::Fp8Bf16.lossy().expect("lossy");
+            match mover.submit_coded(&dev, &host, &odd, Coding::Pack(l)) {
+                Err(MoveError::NotPackable { page: 4112, .. }) => {}
+                other => panic!("{gpu}: pages of 4112 bytes packed: {other:?}"),
             }
-        }
-        let odd = PageBatch::from_moves(4112, vec![PageMove { src: 0, dst: 0 }]);
-        let l = Compression::Fp8Bf16.lossy().expect("lossy");
-        match mover.submit_coded(&dev, &host, &odd, Coding::Pack(l)) {
-            Err(MoveError::NotPackable { page: 4112, .. }) => {}
-            other => panic!("{gpu}: pages of 4112 bytes packed: {other:?}"),
+            if side == Location::Packed {
+                match mover.submit(&dev, &host, &batch, EngineChoice::Auto) {
+                    Err(MoveError::EngineUnavailable { .. }) => {}
+                    other => panic!("{gpu}: whole pages copied into the packed tier's slots: {other:?}"),
+                }
+            }
         }
     }
 }
@@ -156,6 +171,72 @@ pub fn lossy_pages_keep_their_bound(cfg: &ClusterConfig, dir: &std::path::Path) 
         }
         f.free(&r).expect("free");
     }
+    drop(f);
+    assert!(!path.exists(), "the fabric removes its storage file");
+}
+
+/// A node with a packed tier: a lossy region's pages leaving a GPU go there rather than to host memory, each in
+/// a slot of about half a page (the tier holds more than 1.7 pages per page of its bytes); full, it spills to the
+/// storage tier, and pages come back up through it. Every value read back (host reads, leases on the GPU, after
+/// a host write into a packed page, after the region moved to host memory) is within the declared bound. A
+/// region stored as it is keeps to host memory; the packed tier takes no lease and is no region's home.
+pub fn the_packed_tier_holds_lossy_pages_in_half_the_bytes(cfg: &ClusterConfig, dir: &std::path::Path) {
+    let (mut cfg, path) = with_storage(cfg, &dir.join("storage-packed.tier"), 160);
+    let ps = cfg.memory.page_size.bytes();
+    cfg.memory.packed_arena = vfabric::ByteSize(8 * ps);
+    let f = fabric(&cfg);
+    let g = gpus(&f)[0];
+    let used = |loc: Location| f.stats().directory.devices.iter().find(|d| d.location == loc).map_or(0, |d| d.used);
+    let slots = frames_of(&f, Location::Packed);
+    assert!(slots as f64 >= 1.7 * 8.0, "{slots} slots in 8 pages' bytes");
+    let c = Compression::Fp8Bf16;
+    let l = c.lossy().expect("lossy");
+    let n = frames_of(&f, g) + slots + 12;
+    let r = f.alloc(n * ps, Placement { device: Some(g), compression: c, ..Placement::default() }).expect("alloc");
+    let mut data = values(l.element, (n * ps) as usize, 41);
+    for (p, page) in data.chunks(ps as usize).enumerate() {
+        f.write(&r, p as u64 * ps, page).expect("write");
+    }
+    assert_eq!(used(Location::Host), 0, "a lossy region's pages took frames of host memory");
+    assert!(u64::from(used(Location::Packed)) > 8, "{} pages in the packed tier", used(Location::Packed));
+    let st = f.stats().storage.expect("the node has a storage tier");
+    assert!(st.pages >= 12, "pages spilled from the packed tier to storage: {st:?}");
+    let mut back = vec![0u8; data.len()];
+    f.read(&r, 0, &mut back).expect("read");
+    check_bound(l, &data, &back, "host read");
+    let group = LOSSY_GROUP * l.element.bytes();
+    // Page 0 went down first: it is in the packed tier or on the storage tier.
+    let at = 5 * group;
+    let new = values(l.element, 4 * group, 7);
+    f.write(&r, at as u64, &new).expect("write into a packed page");
+    data[at..at + new.len()].copy_from_slice(&new);
+    for p in (0..n).step_by(4) {
+        let end = (p + 4).min(n);
+        let lease = f.acquire(&r, p * ps..end * ps, g, Mode::Read).expect("acquire");
+        let got = read_through_lease(&f, &lease);
+        check_bound(l, &data[(p * ps) as usize..(end * ps) as usize], &got, &format!("{g} lease of pages {p}..{end}"));
+        f.release(lease).expect("release");
+    }
+    // Moved to host memory: into the packed tier.
+    f.migrate(&r, Location::Host).expect("migrate to host memory");
+    assert_eq!(used(Location::Host), 0, "a lossy region moved into frames of host memory");
+    f.read(&r, 0, &mut back).expect("read");
+    check_bound(l, &data, &back, "host read after the move to host memory");
+    match f.acquire(&r, 0..ps, Location::Packed, Mode::Read) {
+        Err(e @ FabricError::Directory(_)) => assert!(e.to_string().contains("packed tier"), "{e}"),
+        other => panic!("a lease in the packed tier: {other:?}"),
+    }
+    match f.alloc(ps, Placement { device: Some(Location::Packed), compression: c, ..Placement::default() }) {
+        Err(e @ FabricError::Directory(_)) => assert!(e.to_string().contains("packed tier"), "{e}"),
+        other => panic!("a region placed in the packed tier: {other:?}"),
+    }
+    f.free(&r).expect("free");
+    assert_eq!(used(Location::Packed), 0, "freed, the region left pages in the packed tier");
+    // A region stored as it is: its pages leaving the GPU take frames of host memory.
+    let plain = f.alloc((frames_of(&f, g) + 4) * ps, Placement::on(g)).expect("alloc");
+    crate::fabric_rig::write_pattern(&f, &plain, 5);
+    assert!(used(Location::Host) > 0 && used(Location::Packed) == 0, "pages stored as they are in the packed tier");
+    f.free(&plain).expect("free");
     drop(f);
     assert!(!path.exists(), "the fabric removes its storage file");
 }

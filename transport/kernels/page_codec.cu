@@ -11,7 +11,8 @@
 // One warp handles one group: each lane 8 consecutive elements (16 bytes of bf16, 32 of fp32), the group's
 // largest magnitude by a butterfly reduction, then 8 codes (one 8-byte store) per lane. Pages go from frame
 // src_frames[p] of `src` to frame dst_frames[p] of `dst`, either of which may be pinned host memory mapped for
-// the device, like the page copy kernel.
+// the device, like the page copy kernel. Frames are `src_stride` and `dst_stride` bytes apart: a page on the
+// values' side, a page or a slot of the packed tier (shorter than a page) on the packed side.
 //
 // Build: nvcc -ptx -arch=compute_90 page_codec.cu -o page_codec.ptx (scripts/device-run.sh checks the committed
 // PTX).
@@ -97,7 +98,7 @@ __device__ __forceinline__ float decode(unsigned char c, u32 code) {
 extern "C" __global__ void __launch_bounds__(1024)
 vf_lossy_pack(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
               const u32* __restrict__ src_frames, const u32* __restrict__ dst_frames, u64 page_bytes, u64 n_groups,
-              u32 elem, u32 code) {
+              u32 elem, u32 code, u64 src_stride, u64 dst_stride) {
     const u32 lane = threadIdx.x & 31;
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
     const u64 elem_bytes = elem == ELEM_BF16 ? 2 : 4;
@@ -107,8 +108,8 @@ vf_lossy_pack(const unsigned char* __restrict__ src, unsigned char* __restrict__
     for (u64 g = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < n_groups; g += warps) {
         const u64 p = g / groups_per_page;
         const u64 gi = g - p * groups_per_page;
-        const unsigned char* s = src + (u64)src_frames[p] * page_bytes;
-        unsigned char* d = dst + (u64)dst_frames[p] * page_bytes;
+        const unsigned char* s = src + (u64)src_frames[p] * src_stride;
+        unsigned char* d = dst + (u64)dst_frames[p] * dst_stride;
         const u64 e = gi * GROUP + lane * PER_LANE;
         float v[PER_LANE];
         load8(s, e, elem, v);
@@ -131,7 +132,7 @@ vf_lossy_pack(const unsigned char* __restrict__ src, unsigned char* __restrict__
 extern "C" __global__ void __launch_bounds__(1024)
 vf_lossy_unpack(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
                 const u32* __restrict__ src_frames, const u32* __restrict__ dst_frames, u64 page_bytes, u64 n_groups,
-                u32 elem, u32 code) {
+                u32 elem, u32 code, u64 src_stride, u64 dst_stride) {
     const u32 lane = threadIdx.x & 31;
     const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
     const u64 elem_bytes = elem == ELEM_BF16 ? 2 : 4;
@@ -140,8 +141,8 @@ vf_lossy_unpack(const unsigned char* __restrict__ src, unsigned char* __restrict
     for (u64 g = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < n_groups; g += warps) {
         const u64 p = g / groups_per_page;
         const u64 gi = g - p * groups_per_page;
-        const unsigned char* s = src + (u64)src_frames[p] * page_bytes;
-        unsigned char* d = dst + (u64)dst_frames[p] * page_bytes;
+        const unsigned char* s = src + (u64)src_frames[p] * src_stride;
+        unsigned char* d = dst + (u64)dst_frames[p] * dst_stride;
         const u64 e = gi * GROUP + lane * PER_LANE;
         const float scale = reinterpret_cast<const float*>(s + n)[gi];
         const u64 packed = *reinterpret_cast<const u64*>(s + e);

@@ -81,6 +81,8 @@ fn devices(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
     for d in &s.fabric.directory.devices {
         let l = [d.location.to_string()];
         let l = [l[0].as_str()];
+        // The packed tier's frames are slots shorter than a page.
+        let ps = d.location.frame_bytes(ps);
         capacity.with_label_values(&l).set((u64::from(d.frames) * ps) as i64);
         used.with_label_values(&l).set((u64::from(d.used) * ps) as i64);
         leased.with_label_values(&l).set((u64::from(d.leased) * ps) as i64);

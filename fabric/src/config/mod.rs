@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vfabric_allocator::{Compression, Fit, PageSize};
+use vfabric_allocator::{Compression, Fit, Location, PageSize};
 use vfabric_transport::{Backend, MoverConfig};
 
 use crate::units::ByteSize;
@@ -185,6 +185,10 @@ pub struct MemorySection {
     pub headroom_percent: u8,
     /// Pinned host memory per node (the tier GPUs evict to).
     pub host_arena: ByteSize,
+    /// Pinned host memory per node for lossy regions' pages, packed in slots of about half a page (the packed
+    /// tier: their host memory, holding twice the pages). `0`, the default: none, and those pages take whole
+    /// frames of `host_arena`.
+    pub packed_arena: ByteSize,
     /// Size of the physical chunks arenas are made of.
     pub chunk_size: ByteSize,
     /// How frames are placed: `first-fit` or `best-fit`.
@@ -204,6 +208,7 @@ impl Default for MemorySection {
             gpu_budget: None,
             headroom_percent: 15,
             host_arena: ByteSize(1 << 30),
+            packed_arena: ByteSize(0),
             chunk_size: ByteSize(1 << 30),
             fit: Fit::FirstFit,
             high_watermark_percent: 90,
@@ -549,6 +554,14 @@ impl ClusterConfig {
         }
         if m.host_arena.bytes() < m.page_size.bytes() {
             return Err(bad(format!("memory.host_arena {} is smaller than one page", m.host_arena)));
+        }
+        let slot = Location::Packed.frame_bytes(m.page_size.bytes());
+        if m.packed_arena.bytes() > 0 && m.packed_arena.bytes() < slot {
+            return Err(bad(format!(
+                "memory.packed_arena {} is smaller than one slot ({}); 0 turns the packed tier off",
+                m.packed_arena,
+                ByteSize(slot)
+            )));
         }
         if let Some(s) = &self.storage {
             let ps = m.page_size.bytes();

@@ -53,6 +53,9 @@ impl Directory {
         if Some(dev) == self.storage {
             return Err(DirectoryError::StorageTier("holds no leases"));
         }
+        if Some(dev) == self.packed {
+            return Err(DirectoryError::PackedTier("holds no leases"));
+        }
         let slot = req.region.slot;
         {
             let r = self.region(&req.region)?;
@@ -179,19 +182,19 @@ impl Directory {
         Ok(Step::Stage(self.plan_fetch(dev, &sub, &frames, &none)))
     }
 
-    /// The copy a page is fetched from: a GPU's (NVLink) before the host's, the host's before the storage
-    /// tier's; `None` for a page never written.
+    /// The copy a page is fetched from: a GPU's (NVLink) before host memory's (packed or not), host memory's
+    /// before the storage tier's; `None` for a page never written.
     pub(super) fn fetch_source(&self, e: &PageEntry) -> Option<Copy> {
         e.copies()
             .find(|c| self.devs[usize::from(c.dev)].is_gpu())
-            .or_else(|| e.copy_on(self.host))
+            .or_else(|| e.copies().find(|c| self.is_host_memory(c.dev)))
             .or_else(|| e.copies().next())
     }
 
-    /// A stage bringing to host memory those of `pages` (of region `slot`) whose only copy is on the storage
-    /// tier, so that they can go on to a GPU (no mover reaches storage) or take a host write; `None` when there
-    /// is none. Host memory makes room first (its least used pages go to storage), never from pages `keep`
-    /// names.
+    /// A stage bringing to host memory (the region's: [`Directory::host_of`]) those of `pages` (of region
+    /// `slot`) whose only copy is on the storage tier, so that they can go on to a GPU (no mover reaches storage)
+    /// or take a host write; `None` when there is none. Host memory makes room first (its least used pages go to
+    /// storage), never from pages `keep` names.
     pub(super) fn stage_from_storage(
         &mut self,
         slot: u32,
@@ -210,25 +213,26 @@ impl Directory {
             return Ok(None);
         }
         let need = stored.len() as u32;
-        self.draw_reservation(slot, self.host, need);
-        let avail = self.available(self.host);
+        let up = self.host_of(slot);
+        self.draw_reservation(slot, up, need);
+        let avail = self.available(up);
         if avail < need {
-            let stage = self.plan_evict(self.host, need - avail, keep)?;
+            let stage = self.plan_evict(up, need - avail, keep)?;
             if !stage.updates.is_empty() {
                 return Ok(Some(stage));
             }
             return Err(DirectoryError::OutOfMemory {
-                location: Location::Host,
+                location: self.loc(up),
                 needed: u64::from(need),
                 available: u64::from(avail),
             });
         }
-        let frames = self.take(self.host, need, self.tenant_of(slot), AllocClass::Normal)?;
+        let frames = self.take(up, need, self.tenant_of(slot), AllocClass::Normal)?;
         let mut stage = Stage::new(StageKind::Fetch);
         for (&(i, src), f) in stored.iter().zip(frames) {
-            let new = Copy { dev: self.host, frame: f };
+            let new = Copy { dev: up, frame: f };
             stage.taken.push(new);
-            stage.copy(Location::Storage, Location::Host, src.frame, f);
+            stage.copy(Location::Storage, self.loc(up), src.frame, f);
             stage.updates.push(Update::Add { page: PageRef { slot, page: i }, copy: new });
         }
         Ok(Some(stage))

@@ -25,6 +25,8 @@ impl Directory {
         }
         let home = match placement.device {
             Some(Location::Storage) => return Err(DirectoryError::StorageTier("is no region's home")),
+            Some(Location::Packed) => return Err(DirectoryError::PackedTier("is no region's home")),
+            Some(Location::Host) => self.host_memory_for(placement.compression),
             Some(l) => self.dev(l)?,
             None => self.pick_gpu(),
         };
@@ -95,6 +97,26 @@ impl Directory {
     /// The eviction priority of a page's region.
     pub(super) fn priority_of(&self, p: PageRef) -> Priority {
         self.regions[p.slot as usize].as_ref().map_or(Priority::Normal, |r| r.placement.priority)
+    }
+
+    /// The host memory a region's pages go to when they leave a GPU (and a region placed in host memory lives
+    /// in): the packed tier for a lossy region on a node that has one, else host memory.
+    pub(super) fn host_of(&self, slot: u32) -> DevIdx {
+        let compression = self.regions.get(slot as usize).and_then(Option::as_ref).map(|r| r.placement.compression);
+        self.host_memory_for(compression.unwrap_or_default())
+    }
+
+    /// [`Directory::host_of`] for a region stored with `compression`.
+    fn host_memory_for(&self, compression: vfabric_allocator::Compression) -> DevIdx {
+        match self.packed {
+            Some(p) if compression.is_lossy() => p,
+            _ => self.host,
+        }
+    }
+
+    /// Whether a device is host memory (pages as they are, or packed).
+    pub(super) fn is_host_memory(&self, dev: DevIdx) -> bool {
+        self.loc(dev).is_host_memory()
     }
 
     /// The tenant a region's frames are charged to.

@@ -32,6 +32,10 @@ pub enum DirectoryError {
     /// pages evicted from host memory, and they come back through host memory.
     #[error("the storage tier {0}: lease, place or prefetch pages on a GPU or in host memory")]
     StorageTier(&'static str),
+    /// A call that names the packed tier where only a GPU or host memory can be: it holds lossy regions' pages,
+    /// which go there by themselves when they leave a GPU.
+    #[error("the packed tier {0}: lossy regions' pages go there by themselves, leaving a GPU; lease, place or prefetch pages on a GPU or in host memory")]
+    PackedTier(&'static str),
     /// A lease in host memory on a region whose pages are packed there (a lossy compression): its bytes there
     /// are codes, not values. (A lease from another node is served from its home's GPU, which expands them; a
     /// home without GPUs refuses it with this.)

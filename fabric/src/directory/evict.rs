@@ -65,7 +65,7 @@ impl Directory {
             // while those behind it cost nothing to drop. (A page written since it was passed has no copy on
             // the storage tier and keeps its place.) GPUs keep plain recency: their evictions cost link time,
             // not the drive's, and a training step's backward pass wants the pages its forward pass left behind.
-            if dev == self.host && self.storage.is_some() {
+            if self.is_host_memory(dev) && self.storage.is_some() {
                 // Recency stays the order within each group (one pass, not a sort: host memory may hold a
                 // million frames).
                 let mut groups: [Vec<(u32, PageRef)>; 6] = Default::default();
@@ -150,7 +150,7 @@ impl Directory {
         }
         // Where the only copy of a page would go (nothing is below the storage tier, nor below host memory on
         // a node without one): a window holding such a copy cannot be emptied.
-        let below = if dev == self.host { self.storage.is_some() } else { Some(dev) != self.storage };
+        let below = if self.is_host_memory(dev) { self.storage.is_some() } else { Some(dev) != self.storage };
         // Per frame: None where it blocks the window, else what emptying it costs (0 for a free frame).
         let cost = |f: u32| -> Option<u64> {
             match (d.frames.state(f)?, d.users[f as usize]) {
@@ -207,13 +207,14 @@ impl Directory {
             *dropped.entry(page).or_default() += 1;
             return Ok(Evicted::Planned);
         }
-        // The only copy goes one tier down: a GPU's to host memory, host memory's to storage.
-        let below = if dev == self.host {
+        // The only copy goes one tier down: a GPU's to host memory (the packed tier for a lossy region's, where
+        // the node has one), host memory's to storage.
+        let below = if self.is_host_memory(dev) {
             self.storage
         } else if Some(dev) == self.storage {
             None // nothing is below the storage tier
         } else {
-            Some(self.host)
+            Some(self.host_of(page.slot))
         };
         let Some(below) = below else { return Ok(Evicted::Kept) };
         let tenant = self.tenant_of(page.slot);
@@ -224,10 +225,10 @@ impl Directory {
                     return Ok(Evicted::Full);
                 }
                 self.abort(std::mem::replace(stage, Stage::new(StageKind::Evict)));
-                if below == self.host && self.storage.is_some() {
+                if self.is_host_memory(below) && self.storage.is_some() {
                     // Host memory is full: make room there first (its pages go to storage), and the caller
                     // asks again.
-                    let cascade = self.plan_evict(self.host, wanted, keep)?;
+                    let cascade = self.plan_evict(below, wanted, keep)?;
                     if !cascade.updates.is_empty() {
                         return Ok(Evicted::Instead(cascade));
                     }

@@ -35,6 +35,9 @@ impl Directory {
         if Some(dev) == self.storage {
             return Err(DirectoryError::StorageTier("takes no prefetches"));
         }
+        if Some(dev) == self.packed {
+            return Err(DirectoryError::PackedTier("takes no prefetches"));
+        }
         let slot = h.slot;
         let pages = first..first + n;
         if self.in_flight_over(slot, pages.clone()) {
@@ -62,7 +65,7 @@ impl Directory {
         let (first, n) = self.span(h, offset, len)?;
         let dev = self.dev(device)?;
         let slot = h.slot;
-        if dev == self.host || Some(dev) == self.storage {
+        if self.is_host_memory(dev) || Some(dev) == self.storage {
             return Ok(Step::Done(None));
         }
         if self.in_flight.len() >= HINT_DEPTH || self.in_flight_over(slot, first..first + n) {
@@ -80,14 +83,15 @@ impl Directory {
             return Ok(Step::Done(None));
         }
         let tenant = self.tenant_of(slot);
-        let taken = self.take(self.host, dirty.len() as u32, tenant, AllocClass::Normal)?;
+        let up = self.host_of(slot);
+        let taken = self.take(up, dirty.len() as u32, tenant, AllocClass::Normal)?;
         let mut stage = Stage::new(StageKind::WriteBack);
         let mut moves = Vec::with_capacity(dirty.len());
         let mut sources = Vec::with_capacity(dirty.len());
         for (&(page, src), &f) in dirty.iter().zip(&taken) {
-            let new = Copy { dev: self.host, frame: f };
+            let new = Copy { dev: up, frame: f };
             stage.taken.push(new);
-            self.copy_page(&mut stage, slot, device, Location::Host, src.frame, f);
+            self.copy_page(&mut stage, slot, device, self.loc(up), src.frame, f);
             // The page has an owner (the device copy), so the host copy joins as a replica.
             stage.updates.push(Update::Add { page: PageRef { slot, page }, copy: new });
             moves.push((page, new, None));

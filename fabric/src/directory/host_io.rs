@@ -89,12 +89,12 @@ impl Directory {
             }
             let fits = self.available(dev).min(need);
             if fits == 0 {
-                dev = self.host;
+                dev = self.host_of(slot);
             }
             // On the home device, what fits now; elsewhere (or at home in host memory with no room) all of them.
             let count = if dev == home && fits > 0 { fits } else { need };
             let avail = self.available(dev);
-            if dev == self.host && avail < count && self.storage.is_some() {
+            if self.is_host_memory(dev) && avail < count && self.storage.is_some() {
                 // Host memory is full: its least used pages go to the storage tier first.
                 let stage = self.plan_evict(dev, count - avail, &keep)?;
                 if !stage.updates.is_empty() {
@@ -129,7 +129,7 @@ impl Directory {
             // with the other copies.
             if self.storage.is_some() && self.page(page).owner().map(|c| c.dev) == self.storage {
                 let e = self.page(page);
-                let up = e.copy_on(self.host).or_else(|| e.sharers().first().copied());
+                let up = e.copy_on(self.host_of(slot)).or_else(|| e.sharers().first().copied());
                 if let Some(c) = up {
                     self.page_mut(page).promote(c.dev);
                 }
@@ -178,7 +178,7 @@ impl Directory {
             if e.write_leased {
                 return Err(self.leased_error(h, u64::from(i), e));
             }
-            let copy = e.copy_on(self.host).or(e.owner());
+            let copy = e.copy_on(self.host_of(h.slot)).or(e.owner());
             let source = match copy {
                 Some(c) => {
                     self.touch(c);

@@ -19,7 +19,12 @@ impl Directory {
         if Some(dev) == self.storage {
             return Err(DirectoryError::StorageTier("is no region's home"));
         }
+        if Some(dev) == self.packed {
+            return Err(DirectoryError::PackedTier("is no region's home"));
+        }
         let slot = h.slot;
+        // A lossy region in host memory lives in the packed tier, where the node has one.
+        let dev = if dev == self.host { self.host_of(slot) } else { dev };
         let pages = {
             let r = self.region(h)?;
             if let Some((i, p)) = r.pages.touched().find(|(_, p)| p.leased()) {
@@ -70,7 +75,7 @@ impl Directory {
                 }
             }
             if self.available(dev) == 0 {
-                target = self.host;
+                target = self.host_of(slot);
             }
         }
         let (count, class) = if target == dev && self.devs[usize::from(dev)].is_gpu() {

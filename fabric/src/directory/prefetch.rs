@@ -49,8 +49,9 @@ impl Directory {
         // storage, and write-backs, which stand for the same traffic).
         let into = |d: DevIdx| self.in_flight.iter().filter(|f| f.moves.first().map(|m| m.1.dev) == Some(d)).count();
         let here = into(dev);
-        let staging = if dev == self.host { 0 } else { into(self.host) };
-        let can_stage = self.storage.is_some() && dev != self.host && staging < STAGING_DEPTH;
+        let up = self.host_of(slot);
+        let staging = if self.is_host_memory(dev) { 0 } else { into(up) };
+        let can_stage = self.storage.is_some() && !self.is_host_memory(dev) && staging < STAGING_DEPTH;
         if (here >= PREFETCH_DEPTH && !can_stage) || self.cfg.readahead_pages == 0 {
             return Ok(Step::Done(None));
         }
@@ -83,7 +84,7 @@ impl Directory {
                 return Ok(Step::Done(None));
             }
             if !(from..to).any(in_flight) && !in_place(from, to) {
-                let stored = dev != self.host && (from..to).any(|i| self.stored_only(&r.pages[i as usize]));
+                let stored = !self.is_host_memory(dev) && (from..to).any(|i| self.stored_only(&r.pages[i as usize]));
                 if (stored && can_stage) || (!stored && whole(from, to, end) && here < PREFETCH_DEPTH) {
                     break to;
                 }
@@ -110,8 +111,8 @@ impl Directory {
         // brought to host memory (file reads in flight while the walk works), and copied on to the GPU by a
         // later step, once they have landed.
         let stored_only = |i: u32| self.stored_only(&r.pages[i as usize]);
-        let staging = dev != self.host && Some(dev) != self.storage && (from..to).any(stored_only);
-        let dev = if staging { self.host } else { dev };
+        let staging = !self.is_host_memory(dev) && Some(dev) != self.storage && (from..to).any(stored_only);
+        let dev = if staging { self.host_of(slot) } else { dev };
         let runs = runs && !staging;
         let frames = &self.devs[usize::from(dev)].frames;
         // The pages to copy, in order, up to one that cannot come (leased for writing, pinned where it is, or
@@ -131,7 +132,7 @@ impl Directory {
                 Some(c) => wanted.push((PageRef { slot, page }, Some(c), c)),
                 None => match self.fetch_source(e) {
                     // A page only on the storage tier reaches a GPU through host memory (staged above).
-                    Some(src) if Some(src.dev) != self.storage || dev == self.host => {
+                    Some(src) if Some(src.dev) != self.storage || self.is_host_memory(dev) => {
                         wanted.push((PageRef { slot, page }, None, src))
                     }
                     _ => break,

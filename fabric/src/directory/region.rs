@@ -91,15 +91,13 @@ pub(super) struct Stream {
 }
 
 /// How a page of a region stored with `compression` is packed when it moves from `from` to `to`: onto the storage
-/// tier, as the region asks; between a GPU and host memory, a lossy region's pages are packed leaving the GPU and
-/// expanded coming back (so its copies in host memory and on the storage tier are packed); every other move
-/// copies the page as it is.
+/// tier, as the region asks; between a GPU and host memory (or the packed tier), a lossy region's pages are packed
+/// leaving the GPU and expanded coming back (so its copies in host memory, the packed tier and on the storage tier
+/// are packed); every other move copies the page as it is.
 pub(crate) fn packing(compression: Compression, from: Location, to: Location) -> Compression {
     match (from, to) {
         (_, Location::Storage) => compression,
-        (Location::Gpu(_), Location::Host) | (Location::Host, Location::Gpu(_)) if compression.is_lossy() => {
-            compression
-        }
+        (Location::Gpu(_), h) | (h, Location::Gpu(_)) if h.is_host_memory() && compression.is_lossy() => compression,
         _ => Compression::None,
     }
 }

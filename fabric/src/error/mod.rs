@@ -192,6 +192,7 @@ impl From<DirectoryError> for FabricError {
             | DirectoryError::TooManyDevices(_)
             | DirectoryError::NoHostArena
             | DirectoryError::StorageTier(_)
+            | DirectoryError::PackedTier(_)
             | DirectoryError::PackedInHost(_)
             | DirectoryError::UnknownReservation(_)
             | DirectoryError::ReservationRefused { .. }

@@ -66,10 +66,11 @@ impl Copying {
     }
 }
 
-/// Runs the page moves of a batch between host memory (`host`, the host tier's arena) and the storage tier:
-/// `to_storage` writes host frames to storage slots (`src` frame, `dst` slot), otherwise reads slots into host
-/// frames (`src` slot, `dst` frame). Pages written are packed with `compression` where that saves space. Every
-/// page is checksummed on the way down and checked on the way up.
+/// Runs the page moves of a batch between host memory (`host`, the host tier's arena or the packed tier's) and
+/// the storage tier: `to_storage` writes host frames to storage slots (`src` frame, `dst` slot), otherwise reads
+/// slots into host frames (`src` slot, `dst` frame). A frame is its arena's [`Location::frame_bytes`]: a page,
+/// or a slot of the packed tier holding a packed page. Pages written are packed with `compression` where that
+/// saves space. Every page is checksummed on the way down and checked on the way up.
 pub(crate) fn storage_batch(
     storage: &StorageFile,
     host: &Arc<dyn Arena>,
@@ -79,15 +80,16 @@ pub(crate) fn storage_batch(
     compression: Compression,
 ) -> Result<Copying, FabricError> {
     let base = host.host_ptr().ok_or(FabricError::Internal("the host tier's arena has no host address"))?;
+    let stride = host.location().frame_bytes(page_size);
     let frame = |f: u32| -> Result<*mut u8, FabricError> {
-        let at = u64::from(f) * page_size;
-        if at + page_size > host.len() {
+        let at = u64::from(f) * stride;
+        if at + stride > host.len() {
             return Err(FabricError::Internal("a storage move names a host frame past the arena"));
         }
-        // SAFETY: `at + page_size` is inside the arena (checked), which lives as long as `host`.
+        // SAFETY: `at + stride` is inside the arena (checked), which lives as long as `host`.
         Ok(unsafe { base.add(at as usize) })
     };
-    let ps = page_size as usize;
+    let ps = stride as usize;
     if to_storage {
         let mut pages: Vec<(u64, &[u8])> = Vec::with_capacity(moves.len());
         for m in moves {
@@ -140,8 +142,10 @@ pub(crate) fn mover_batch(
     compression: Compression,
 ) -> Result<Copying, FabricError> {
     let transfer = match (compression.lossy(), src.location(), dst.location()) {
-        (Some(l), Location::Gpu(_), Location::Host) => mover.submit_coded(src, dst, batch, Coding::Pack(l))?,
-        (Some(l), Location::Host, Location::Gpu(_)) => mover.submit_coded(src, dst, batch, Coding::Unpack(l))?,
+        (Some(l), Location::Gpu(_), h) if h.is_host_memory() => mover.submit_coded(src, dst, batch, Coding::Pack(l))?,
+        (Some(l), h, Location::Gpu(_)) if h.is_host_memory() => {
+            mover.submit_coded(src, dst, batch, Coding::Unpack(l))?
+        }
         _ => mover.submit(src, dst, batch, EngineChoice::Auto)?,
     };
     Ok(Copying::Mover(transfer))

@@ -265,9 +265,9 @@ impl Fabric {
         for t in targets {
             let arena = self.arena_at(&st.dir, t.location)?;
             slice_parts(parts, t.buf_offset, t.len, &mut pieces);
-            let at = u64::from(t.frame) * ps;
+            let at = u64::from(t.frame) * t.location.frame_bytes(ps);
             match lossy {
-                Some(l) if t.location == Location::Host => {
+                Some(l) if t.location.is_host_memory() => {
                     packed::write(arena.as_ref(), at, l, ps, t.page_offset, &pieces)?
                 }
                 _ => arena.write_parts(at + t.page_offset, &pieces)?,
@@ -313,11 +313,9 @@ impl Fabric {
                 }
                 ReadSource::At(loc, frame) => {
                     let arena = self.arena_at(dir, loc)?;
-                    let at = u64::from(frame) * ps;
+                    let at = u64::from(frame) * loc.frame_bytes(ps);
                     match lossy {
-                        Some(l) if loc == Location::Host => {
-                            packed::read(arena.as_ref(), at, l, ps, p.page_offset, out)?
-                        }
+                        Some(l) if loc.is_host_memory() => packed::read(arena.as_ref(), at, l, ps, p.page_offset, out)?,
                         _ => arena.read(at + p.page_offset, out)?,
                     }
                 }
@@ -594,7 +592,9 @@ impl Fabric {
             }
         }
         for (loc, start, len) in runs {
-            self.arena_at(dir, loc)?.fill(u64::from(start) * ps, u64::from(len) * ps, 0)?;
+            // A packed tier's slot of zeros is a packed page of zeros (codes and scales 0).
+            let stride = loc.frame_bytes(ps);
+            self.arena_at(dir, loc)?.fill(u64::from(start) * stride, u64::from(len) * stride, 0)?;
         }
         let mut copies = Vec::with_capacity(stage.batches.len());
         for b in &stage.batches {
@@ -604,8 +604,9 @@ impl Fabric {
                     .storage
                     .as_ref()
                     .ok_or(FabricError::Internal("a stage names a storage tier this node has not"))?;
-                let host = self.arena_at(dir, Location::Host)?;
                 let to_storage = b.to == Location::Storage;
+                // Host memory, or the packed tier, on the other side.
+                let host = self.arena_at(dir, if to_storage { b.from } else { b.to })?;
                 if stage.kind == StageKind::Prefetch && !to_storage {
                     // A prefetch stays in flight across calls: its reads run on a thread of their own.
                     copies.push(copying::storage_reads_behind(storage, host, ps, b.moves.clone())?);

@@ -16,7 +16,8 @@ use crate::units::ByteSize;
 pub struct NodePlan {
     pub(super) layer: Arc<dyn DeviceLayer>,
     pub(super) fallback: Option<DeviceError>,
-    /// Each arena's location and size in bytes (whole pages): the node's GPUs', then host memory's.
+    /// Each arena's location and size in bytes (whole frames): the node's GPUs', then host memory's, then the
+    /// packed tier's when the configuration has one.
     pub arenas: Vec<(Location, u64)>,
     /// The storage tier's size in bytes (whole pages), when the configuration has one.
     pub storage: Option<u64>,
@@ -60,6 +61,11 @@ impl NodePlan {
             arenas.push((Location::Gpu(g), config.memory.gpu_arena_bytes(total) / ps * ps));
         }
         arenas.push((Location::Host, config.memory.host_arena.bytes() / ps * ps));
+        let slot = Location::Packed.frame_bytes(ps);
+        let packed = config.memory.packed_arena.bytes() / slot * slot;
+        if packed > 0 {
+            arenas.push((Location::Packed, packed));
+        }
         let storage = config.storage.as_ref().map(|s| s.size.bytes() / ps * ps);
         tracing::debug!(node, gpus = gpus.len(), ?arenas, storage, "node planned");
         Ok(NodePlan { layer, fallback: opened.fallback_reason, arenas, storage, page_size: ps })

@@ -57,6 +57,7 @@ impl From<Location> for WireLocation {
             Location::Gpu(g) => WireLocation::Gpu(g),
             Location::Host => WireLocation::Host,
             Location::Storage => WireLocation::Storage,
+            Location::Packed => WireLocation::Packed,
         }
     }
 }
@@ -67,6 +68,7 @@ impl From<WireLocation> for Location {
             WireLocation::Gpu(g) => Location::Gpu(g),
             WireLocation::Host => Location::Host,
             WireLocation::Storage => Location::Storage,
+            WireLocation::Packed => Location::Packed,
         }
     }
 }

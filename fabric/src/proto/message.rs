@@ -14,6 +14,8 @@ pub enum WireLocation {
     Host,
     /// The storage tier of the node that receives the message (added last: variant order is the wire format).
     Storage,
+    /// The packed tier of the node that receives the message (added last, as `Storage` was).
+    Packed,
 }
 
 /// The access a lease asks for.

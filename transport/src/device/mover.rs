@@ -95,10 +95,10 @@ pub enum MoverConfigError {
 /// involved to run a kernel).
 pub fn choose_engine(plan: &Plan, from: Location, to: Location, config: &MoverConfig) -> Engine {
     let runs = plan.runs().len().max(1);
-    if from == Location::Host && to == Location::Host {
+    if from.is_host_memory() && to.is_host_memory() {
         return Engine::CopyEngine;
     }
-    let min_run = if from == Location::Host || to == Location::Host {
+    let min_run = if from.is_host_memory() || to.is_host_memory() {
         config.host_copy_engine_min_run_bytes
     } else {
         config.copy_engine_min_run_bytes
@@ -161,9 +161,17 @@ pub fn plan_execution(
             Engine::SmKernel if pull => (b, Way::Inbound),
             _ => (a, Way::Outbound),
         },
-        (Location::Gpu(a), Location::Host) => (a, Way::Outbound),
-        (Location::Host, Location::Gpu(b)) => (b, Way::Inbound),
-        (Location::Host, Location::Host) => {
+        (Location::Storage, _) | (_, Location::Storage) => {
+            return Err(MoveError::EngineUnavailable {
+                engine,
+                from,
+                to,
+                reason: "the storage tier has no arena: its pages move by file I/O, not by a mover",
+            });
+        }
+        (Location::Gpu(a), _) => (a, Way::Outbound),
+        (_, Location::Gpu(b)) => (b, Way::Inbound),
+        _ => {
             if engine == Engine::SmKernel {
                 return Err(MoveError::EngineUnavailable {
                     engine,
@@ -174,16 +182,8 @@ pub fn plan_execution(
             }
             (0, Way::Outbound)
         }
-        (Location::Storage, _) | (_, Location::Storage) => {
-            return Err(MoveError::EngineUnavailable {
-                engine,
-                from,
-                to,
-                reason: "the storage tier has no arena: its pages move by file I/O, not by a mover",
-            });
-        }
     };
-    let blocks = if from == Location::Host || to == Location::Host {
+    let blocks = if from.is_host_memory() || to.is_host_memory() {
         config.sm_blocks.min(config.host_sm_blocks)
     } else {
         config.sm_blocks
@@ -201,13 +201,44 @@ pub(crate) fn prepare(
     config: &MoverConfig,
     ours: fn(&dyn Arena) -> bool,
 ) -> Result<(Plan, Execution), MoveError> {
+    if let Some(a) = [src, dst].into_iter().find(|a| a.location() == Location::Packed) {
+        return Err(MoveError::EngineUnavailable {
+            engine: Engine::CopyEngine,
+            from: src.location(),
+            to: dst.location(),
+            reason: if a.location() == src.location() {
+                "the packed tier's pages are expanded on their way out (a coded move)"
+            } else {
+                "pages go into the packed tier packed (a coded move)"
+            },
+        });
+    }
+    plan_checked(src, dst, batch, engine, config, ours)
+}
+
+/// [`prepare`] without its refusal of the packed tier: each arena's frames are its location's
+/// [`Location::frame_bytes`] apart, and the batch is checked against how many of them it holds.
+fn plan_checked(
+    src: &dyn Arena,
+    dst: &dyn Arena,
+    batch: &PageBatch,
+    engine: EngineChoice,
+    config: &MoverConfig,
+    ours: fn(&dyn Arena) -> bool,
+) -> Result<(Plan, Execution), MoveError> {
     for a in [src, dst] {
         if !ours(a) {
             return Err(MoveError::ForeignArena(a.location()));
         }
     }
     let same = src.device_ptr() == dst.device_ptr();
-    let plan = batch.plan(src.len(), dst.len(), same)?;
+    let ps = batch.page_size();
+    // The frames each arena holds, as the bytes of as many whole pages (what the batch's check counts in).
+    let span = |a: &dyn Arena| match a.location().frame_bytes(ps) {
+        0 => 0,
+        stride => a.len() / stride * ps,
+    };
+    let plan = batch.plan(span(src), span(dst), same)?;
     let exec = plan_execution(&plan, src.location(), dst.location(), engine, config)?;
     Ok((plan, exec))
 }
@@ -242,7 +273,7 @@ pub trait Mover: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Coding {
     /// Packs the page into the lossy format (`kernels/page_codec.cu`, [`crate::device::lossy`]) at the start of
-    /// its destination frame; the rest of the frame is left alone.
+    /// its destination frame (a page of host memory, or a slot of the packed tier); the rest of it is left alone.
     Pack(Lossy),
     /// Expands a page packed so back into its values.
     Unpack(Lossy),
@@ -267,10 +298,24 @@ pub(crate) fn prepare_coded(
     ours: fn(&dyn Arena) -> bool,
 ) -> Result<(Plan, Execution), MoveError> {
     let l = coding.lossy();
-    if !l.fits(batch.page_size()) {
-        return Err(MoveError::NotPackable { page: batch.page_size(), group: LOSSY_GROUP, element: l.element });
+    let ps = batch.page_size();
+    if !l.fits(ps) {
+        return Err(MoveError::NotPackable { page: ps, group: LOSSY_GROUP, element: l.element });
     }
-    prepare(src, dst, batch, EngineChoice::SmKernel, config, ours)
+    let (values, packed) = match coding {
+        Coding::Pack(_) => (src, dst),
+        Coding::Unpack(_) => (dst, src),
+    };
+    if values.location() == Location::Packed || packed.location().frame_bytes(ps) < l.packed_len(ps) {
+        return Err(MoveError::EngineUnavailable {
+            engine: Engine::SmKernel,
+            from: src.location(),
+            to: dst.location(),
+            reason:
+                "a coded move takes values from (or to) whole pages, packed pages from (or to) frames that hold them",
+        });
+    }
+    plan_checked(src, dst, batch, EngineChoice::SmKernel, config, ours)
 }
 
 /// What a backend returns for a submitted batch: something to wait on.

@@ -179,7 +179,9 @@ impl StorageFile {
         let mut held = Vec::with_capacity(pages.len());
         let lossy = compression.lossy().map(|l| l.packed_len(self.page_size) as usize).filter(|&n| n <= ps);
         for &(slot, page) in pages {
-            let mut r = self.request(slot, page.as_ptr() as *mut u8, page.len())?;
+            // A lossy page's buffer may be a slot of the packed tier, as long as its packed bytes' blocks.
+            let least = lossy.map_or(ps, blocks);
+            let mut r = self.request(slot, page.as_ptr() as *mut u8, page.len(), least)?;
             match lossy {
                 // A lossy page was packed on its way out of the GPU, at the start of its buffer: only those
                 // bytes are written, checksummed and read back.
@@ -249,8 +251,14 @@ impl StorageFile {
         {
             let table = self.lock_held();
             for (slot, buf) in pages.iter_mut() {
-                let r = self.request(*slot, buf.as_mut_ptr(), buf.len())?;
-                held.push(table[r.slot as usize].ok_or(StorageError::NeverWritten { slot: *slot })?);
+                let h = table.get(*slot as usize).copied().flatten().ok_or(StorageError::NeverWritten { slot: *slot });
+                // A lossy page comes back packed: its buffer needs only its blocks (a slot of the packed tier).
+                let least = match h {
+                    Ok(Held { packed: Some((n, c)), .. }) if c.is_lossy() => blocks(n as usize),
+                    _ => ps,
+                };
+                let r = self.request(*slot, buf.as_mut_ptr(), buf.len(), least)?;
+                held.push(h?);
                 requests.push(r);
             }
         }
@@ -340,11 +348,14 @@ impl StorageFile {
         Ok(())
     }
 
-    fn request(&self, slot: u64, ptr: *mut u8, len: usize) -> Result<Request, StorageError> {
+    /// A request for `slot` with the buffer at `ptr` of `len` bytes: a page, or at least `least` bytes when
+    /// fewer than a page are read or written (a lossy page's packed blocks).
+    fn request(&self, slot: u64, ptr: *mut u8, len: usize, least: usize) -> Result<Request, StorageError> {
         if slot >= self.slots {
             return Err(StorageError::NoSuchSlot { slot, slots: self.slots });
         }
-        if len as u64 != self.page_size || (ptr as usize) % DIRECT_ALIGN != 0 {
+        let fits = len as u64 == self.page_size || (len >= least && (least as u64) < self.page_size);
+        if !fits || (ptr as usize) % DIRECT_ALIGN != 0 {
             return Err(StorageError::BadBuffer {
                 slot,
                 addr: ptr as usize,

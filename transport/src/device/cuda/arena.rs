@@ -222,21 +222,22 @@ impl Drop for GpuArena {
 }
 
 /// Pinned host memory as an arena: a shared memory file registered with the driver, so the node's other
-/// processes can map it too.
+/// processes can map it too: host memory, or the packed tier (the same memory, holding packed pages).
 #[derive(Debug)]
 pub struct HostArena {
     mem: RegisteredHostMemory,
+    location: Location,
 }
 
 impl HostArena {
-    pub(crate) fn new(mem: RegisteredHostMemory) -> Self {
-        HostArena { mem }
+    pub(crate) fn new(mem: RegisteredHostMemory, location: Location) -> Self {
+        HostArena { mem, location }
     }
 }
 
 impl Arena for HostArena {
     fn location(&self) -> Location {
-        Location::Host
+        self.location
     }
 
     fn len(&self) -> u64 {
@@ -252,7 +253,7 @@ impl Arena for HostArena {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
-        check_bounds(Location::Host, self.len(), offset, data.len() as u64)?;
+        check_bounds(self.location, self.len(), offset, data.len() as u64)?;
         // SAFETY: in bounds (checked); host memory owned by `mem`. Concurrent device access to the same bytes is
         // the caller's to avoid, as for any arena.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(offset as usize), data.len()) };
@@ -261,21 +262,21 @@ impl Arena for HostArena {
 
     fn write_parts(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        check_bounds(Location::Host, self.len(), offset, len)?;
+        check_bounds(self.location, self.len(), offset, len)?;
         // SAFETY: the pieces together are in bounds (checked), and cannot alias the arena's memory.
         unsafe { copy_parts(self.mem.as_ptr().add(offset as usize), parts) };
         Ok(())
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
-        check_bounds(Location::Host, self.len(), offset, out.len() as u64)?;
+        check_bounds(self.location, self.len(), offset, out.len() as u64)?;
         // SAFETY: as in `write`.
         unsafe { std::ptr::copy_nonoverlapping(self.mem.as_ptr().add(offset as usize), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {
-        check_bounds(Location::Host, self.len(), offset, len)?;
+        check_bounds(self.location, self.len(), offset, len)?;
         // SAFETY: as in `write`.
         unsafe { std::ptr::write_bytes(self.mem.as_ptr().add(offset as usize), byte, len as usize) };
         Ok(())
@@ -287,7 +288,7 @@ impl Arena for HostArena {
 
     fn export(&self) -> Result<ExportedArena, DeviceError> {
         let share = ArenaShare {
-            location: Location::Host,
+            location: self.location,
             len: self.len(),
             kind: ShareKind::HostFile,
             pieces: vec![self.len()],

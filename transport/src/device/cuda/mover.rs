@@ -253,15 +253,17 @@ fn launch_codec(
     lane: &mut Lane,
     plan: &Plan,
     coding: Coding,
-    src: u64,
-    dst: u64,
+    src: (u64, Location),
+    dst: (u64, Location),
 ) -> Result<Vec<u32>, DeviceError> {
     let layout = plan.kernel_layout(1);
     let (indices, mut p_sf, mut p_df) = upload_indices(g, lane, &layout)?;
     let l = coding.lossy();
-    let mut p_src = src;
-    let mut p_dst = dst;
+    let mut p_src = src.0;
+    let mut p_dst = dst.0;
     let mut p_page: u64 = plan.page_size();
+    let mut p_src_stride: u64 = src.1.frame_bytes(plan.page_size());
+    let mut p_dst_stride: u64 = dst.1.frame_bytes(plan.page_size());
     let mut p_groups: u64 = plan.pages() as u64 * (plan.page_size() / (LOSSY_GROUP * l.element.bytes()) as u64);
     let mut p_elem: u32 = match l.element {
         Element::Bf16 => 0,
@@ -271,7 +273,7 @@ fn launch_codec(
         LossyCode::Fp8E4m3 => 0,
         LossyCode::Int8 => 1,
     };
-    let mut params: [*mut c_void; 8] = [
+    let mut params: [*mut c_void; 10] = [
         &mut p_src as *mut u64 as *mut c_void,
         &mut p_dst as *mut u64 as *mut c_void,
         &mut p_sf as *mut u64 as *mut c_void,
@@ -280,6 +282,8 @@ fn launch_codec(
         &mut p_groups as *mut u64 as *mut c_void,
         &mut p_elem as *mut u32 as *mut c_void,
         &mut p_code as *mut u32 as *mut c_void,
+        &mut p_src_stride as *mut u64 as *mut c_void,
+        &mut p_dst_stride as *mut u64 as *mut c_void,
     ];
     let grid = p_groups.div_ceil(u64::from(CODEC_THREADS / 32)).clamp(1, CODEC_MAX_BLOCKS) as u32;
     let kernel = match coding {
@@ -287,7 +291,8 @@ fn launch_codec(
         Coding::Unpack(_) => &g.unpack,
     };
     // SAFETY: the parameters match `vf_lossy_pack` / `vf_lossy_unpack(const u8*, u8*, const u32*, const u32*,
-    // u64, u64, u32, u32)`; every frame is inside its arena (the plan was checked), the pages hold whole groups
+    // u64, u64, u32, u32, u64, u64)`; every frame is inside its arena at its stride (the plan was checked against
+    // the frames each holds), the pages hold whole groups and the packed side's frames hold a packed page
     // (`prepare_coded`), and the arenas are kept alive by the transfer.
     unsafe { kernel.launch(grid, CODEC_THREADS, &lane.stream, &mut params)? };
     Ok(indices)
@@ -299,7 +304,7 @@ fn loc_hint(l: Location) -> sys::CUmemLocation {
             sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: i32::from(g) }
         }
         // Storage never reaches a mover (`plan_execution` refuses it); host is the nearest hint.
-        Location::Host | Location::Storage => {
+        Location::Host | Location::Storage | Location::Packed => {
             sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 }
         }
     }
@@ -363,7 +368,8 @@ impl CudaMover {
         if plan.pages() > 0 {
             match (coding, exec.engine) {
                 (Some(c), _) => {
-                    indices = launch_codec(g, &mut lane, plan, c, src.device_ptr(), dst.device_ptr())?;
+                    let (s, d) = ((src.device_ptr(), src.location()), (dst.device_ptr(), dst.location()));
+                    indices = launch_codec(g, &mut lane, plan, c, s, d)?;
                 }
                 (None, Engine::CopyEngine) => {
                     self.copy_runs(&lane, plan, src.device_ptr(), dst.device_ptr(), src.location(), dst.location())?

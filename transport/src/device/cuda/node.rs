@@ -110,20 +110,20 @@ impl DeviceLayer for CudaNode {
                 );
                 Ok(Arc::new(arena))
             }
-            Location::Host => {
+            Location::Host | Location::Packed => {
                 let ctx = Arc::clone(self.inner.context(0)?);
                 let shared = SharedHostMemory::create("vfabric-host", spec.bytes)?;
                 let mem = RegisteredHostMemory::register(ctx, shared).map_err(|e| match e {
                     DeviceError::Cuda { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => {
                         DeviceError::OutOfDeviceMemory {
-                            location: Location::Host,
+                            location: spec.location,
                             requested: spec.bytes,
                             detail: e.to_string(),
                         }
                     }
                     other => other,
                 })?;
-                Ok(Arc::new(HostArena::new(mem)))
+                Ok(Arc::new(HostArena::new(mem, spec.location)))
             }
             Location::Storage => Err(DeviceError::NoArena(Location::Storage)),
         }
@@ -140,12 +140,12 @@ impl DeviceLayer for CudaNode {
                 let pieces: Vec<_> = fds.iter().map(AsFd::as_fd).zip(share.pieces.iter().copied()).collect();
                 Ok(Arc::new(self.import_chunks(g, &pieces)?))
             }
-            (Location::Host, ShareKind::HostFile) => {
+            (location @ (Location::Host | Location::Packed), ShareKind::HostFile) => {
                 let ctx = Arc::clone(self.inner.context(0)?);
                 let fd = fds.into_iter().next().ok_or_else(|| DeviceError::InvalidArgument("no descriptor".into()))?;
                 // Registered when first needed (`Arena::prepare_for_devices`): most clients lease GPU pages only.
                 let mem = RegisteredHostMemory::lazy(ctx, SharedHostMemory::map(fd, share.len)?);
-                Ok(Arc::new(HostArena::new(mem)))
+                Ok(Arc::new(HostArena::new(mem, location)))
             }
             (location, kind) => Err(DeviceError::InvalidArgument(format!("a {location} arena shared as {kind:?}"))),
         }
@@ -155,7 +155,9 @@ impl DeviceLayer for CudaNode {
         match location {
             Location::Gpu(g) => self.inner.context(g)?.synchronize(),
             // Host memory is reached by this process's GPUs' work: wait for all of it.
-            Location::Host => self.inner.gpus.iter().try_for_each(|g| self.inner.context(g.index)?.synchronize()),
+            Location::Host | Location::Packed => {
+                self.inner.gpus.iter().try_for_each(|g| self.inner.context(g.index)?.synchronize())
+            }
             // No GPU work touches the storage tier.
             Location::Storage => Ok(()),
         }

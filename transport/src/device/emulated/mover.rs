@@ -112,14 +112,22 @@ fn run_kernel(src: &EmulatedArena, dst: &EmulatedArena, page: u64, layout: &Kern
 fn run_codec(src: &EmulatedArena, dst: &EmulatedArena, plan: &Plan, coding: Coding) -> bool {
     let layout = plan.kernel_layout(1);
     let page = plan.page_size() as usize;
+    let (src_stride, dst_stride) =
+        (src.location().frame_bytes(plan.page_size()) as usize, dst.location().frame_bytes(plan.page_size()) as usize);
     let (Some(s), Some(d)) = (src.host_ptr(), dst.host_ptr()) else { return false };
     for (&sf, &df) in layout.src_frames.iter().zip(&layout.dst_frames) {
-        // SAFETY: the plan was checked against both arenas' lengths, a batch names each destination frame once,
-        // and a batch within one arena never reads a frame it writes: the two pages do not overlap.
+        // A packed page is shorter than a page, and its frame (a slot of the packed tier) may be too.
+        let (from_len, to_len) = match coding {
+            Coding::Pack(l) => (page, l.packed_len(plan.page_size()) as usize),
+            Coding::Unpack(l) => (l.packed_len(plan.page_size()) as usize, page),
+        };
+        // SAFETY: the plan was checked against the frames each arena holds at its stride, and the packed side's
+        // frames hold a packed page (`prepare_coded`); a batch names each destination frame once, and a batch
+        // within one arena never reads a frame it writes: the two do not overlap.
         let (from, to) = unsafe {
             (
-                std::slice::from_raw_parts(s.add(sf as usize * page), page),
-                std::slice::from_raw_parts_mut(d.add(df as usize * page), page),
+                std::slice::from_raw_parts(s.add(sf as usize * src_stride), from_len),
+                std::slice::from_raw_parts_mut(d.add(df as usize * dst_stride), to_len),
             )
         };
         match coding {
