@@ -243,6 +243,22 @@ async fn replicated_on_b(a: &Agent) -> vfabric::Region {
     }
 }
 
+/// A replicated region on b whose standby c keeps. b places a standby on the next node it sees alive, which is a
+/// until b has seen c join (a saw c first, and the test waits only for a): a region whose standby went to a is
+/// freed and asked for again.
+async fn replicated_on_b_kept_on_c(a: &Agent) -> vfabric::Region {
+    let t = Instant::now();
+    loop {
+        let r = replicated_on_b(a).await;
+        if kept_on(a, 2).await == 1 {
+            return r;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "b never placed its standby on c");
+        a.free(&r).await.expect("free a region whose standby is not on c");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// How many replicated regions node `node` is the home of, and how many standby copies it keeps, as it says
 /// through `a` (`vfabric status --node`).
 async fn replication_on(a: &Agent, node: u16) -> (u64, u64) {
@@ -325,7 +341,7 @@ fn a_standby_that_loses_the_takeover_in_etcd_sends_callers_to_the_copy_that_clai
         }
         // A region on b (its standby on c), and another copy that claimed b's region first in etcd: a region
         // on a with other bytes (what a copy that won the takeover elsewhere would be).
-        let r = replicated_on_b(&a).await;
+        let r = replicated_on_b_kept_on_c(&a).await;
         write_round(&a, &r, 1, "b").await;
         assert_eq!(kept_on(&a, 2).await, 1, "c keeps b's standby copy");
         let first = a.alloc_replicated(0, (BLOCK * BLOCKS) as u64, None, 1).await.expect("a region on a");
