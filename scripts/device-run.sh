@@ -175,11 +175,12 @@ storage() {
 }
 step storage storage
 # The lossy codecs on the GPU (packed into host memory, expanded back) beside plain copies, on synthetic and
-# trained tensors.
+# trained tensors; then a lossy region walked over the packed tier beside host memory's frames (storage in $W).
 lossy() {
     local tensors
     read -ra tensors <<< "$(trained_tensors)"
-    "$B/vfabric-bench" lossy --config "$CONFIG" "${tensors[@]}" --out "$OUT" --name "${VFABRIC_LOSSY_NAME:-lossy-h200x1}"
+    "$B/vfabric-bench" lossy --config "$CONFIG" "${tensors[@]}" --tier-dir "$W/lossy-tier" --out "$OUT" \
+        --name "${VFABRIC_LOSSY_NAME:-lossy-h200x1}"
 }
 step lossy lossy
 # Walks over three tiers: a region 8x the GPU budget with host memory of 2x, the rest on the storage tier in

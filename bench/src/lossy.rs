@@ -2,7 +2,8 @@
 //! training data, as the fabric runs them when a lossy region's pages leave a GPU and come back: packed by the
 //! GPU on the way to host memory, expanded on the way back, beside a plain copy of the same pages both ways in
 //! the same run. Reports the size ratio, GB/s of values moved, and the error against the declared bound, for
-//! synthetic tensors shaped like a model's state and any raw tensors (`*.bf16`, `*.fp32`) the caller dumps.
+//! synthetic tensors shaped like a model's state and any raw tensors (`*.bf16`, `*.fp32`) the caller dumps; then
+//! the packed tier against host memory's frames ([`crate::packed_tier`]).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ use vfabric_transport::{
 
 use crate::common::ConfigArgs;
 use crate::compression;
+use crate::packed_tier;
 use crate::report;
 
 /// Options of `vfabric-bench lossy`.
@@ -48,6 +50,18 @@ pub struct LossyArgs {
     /// Name for the result files (default: lossy-TIME).
     #[arg(long)]
     pub name: Option<String>,
+    /// The packed tier part: the GPU budget (default: 2GiB on GPUs, 32MiB on the emulated device).
+    #[arg(long)]
+    pub tier_budget: Option<ByteSize>,
+    /// The packed tier part: host memory (default: 4GiB on GPUs, 32MiB on the emulated device).
+    #[arg(long)]
+    pub tier_host: Option<ByteSize>,
+    /// The packed tier part: where the storage tier's file goes (a filesystem with O_DIRECT).
+    #[arg(long, default_value = "bench/out/lossy-tier")]
+    pub tier_dir: PathBuf,
+    /// Skips the packed tier part.
+    #[arg(long)]
+    pub no_tier: bool,
 }
 
 /// One kind of data through one codec.
@@ -238,12 +252,25 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
             rows.push(rig.case(name, data, c)?);
         }
     }
+    drop(rig);
+    let tier = if args.no_tier {
+        None
+    } else {
+        let (budget, host) = if emulated { (32 << 20, 32 << 20) } else { (2 << 30, 4 << 30) };
+        let budget = args.tier_budget.map_or(budget, |b| b.bytes()) / ps * ps;
+        let host = args.tier_host.map_or(host, |h| h.bytes()) / ps * ps;
+        Some(packed_tier::run(&cfg, budget, host, ps, &args.tier_dir)?)
+    };
     let (date, stamp) = report::now_stamps();
-    let md = markdown(command_line, &date, &layer.describe(), size, ps, &rows);
+    let mut md = markdown(command_line, &date, &layer.describe(), size, ps, &rows);
+    if let Some(t) = &tier {
+        md += &t.markdown;
+    }
     let name = args.name.clone().unwrap_or_else(|| format!("lossy-{stamp}"));
     let doc = json!({
         "benchmark": "lossy", "date": date, "command": command_line, "device": layer.describe(),
         "bytes": size, "page_size": ps, "iters": args.iters, "rows": rows,
+        "packed_tier": tier.as_ref().map(|t| &t.rows),
     });
     let (j, m) = report::write(&args.out, &name, &doc, &md).map_err(|e| format!("writing results: {e}"))?;
     println!("{md}");
@@ -251,6 +278,9 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
     let over: Vec<&LossyRow> = rows.iter().filter(|r| r.worst_over_bound > 1.0 || r.pages_unlike_cpu > 0).collect();
     if !over.is_empty() {
         return Err(format!("{} cases broke their bound or differ from the CPU codec", over.len()));
+    }
+    if let Some(r) = tier.iter().flat_map(|t| &t.rows).find(|r| r.worst_over_bound > 1.0) {
+        return Err(format!("the packed tier part ({}): a value broke its bound", r.setup));
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ mod common;
 mod compression;
 mod local;
 mod lossy;
+mod packed_tier;
 mod metrics_cost;
 mod migrate;
 mod pager;
