@@ -14,7 +14,8 @@
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests agents procs python info demo torch nccl migrate
 #                        pager status sweep local trace storage lossy tiers train remote
-#   VFABRIC_LOSSY_NAME   name of vfabric-bench lossy's result files (default: lossy-h200x1)
+#   VFABRIC_LOSSY_NAME, VFABRIC_LOSSY_ARGS   name of vfabric-bench lossy's result files (default: lossy-h200x1),
+#                        and extra arguments (e.g. --size 64MiB --iters 1 for a short codec part)
 #   VFABRIC_STORAGE_SIZE, VFABRIC_STORAGE_NAME, VFABRIC_STORAGE_ARGS   the storage step's file size (default
 #                        16GiB), result name (default storage-h200x1) and extra arguments (e.g. --callers 4)
 #   VFABRIC_TENSORS      0: the storage and lossy steps skip the trained tensors (no training run)
@@ -179,8 +180,9 @@ step storage storage
 lossy() {
     local tensors
     read -ra tensors <<< "$(trained_tensors)"
-    "$B/vfabric-bench" lossy --config "$CONFIG" "${tensors[@]}" --tier-dir "$W/lossy-tier" --out "$OUT" \
-        --name "${VFABRIC_LOSSY_NAME:-lossy-h200x1}"
+    # shellcheck disable=SC2086
+    "$B/vfabric-bench" lossy --config "$CONFIG" "${tensors[@]}" --tier-dir "$W/lossy-tier" ${VFABRIC_LOSSY_ARGS:-} \
+        --out "$OUT" --name "${VFABRIC_LOSSY_NAME:-lossy-h200x1}"
 }
 step lossy lossy
 # Walks over three tiers: a region 8x the GPU budget with host memory of 2x, the rest on the storage tier in

@@ -52,6 +52,10 @@ pub struct TierPart {
 /// storage tier of `storage` bytes in `dir`.
 fn node(base: &ClusterConfig, budget: u64, host: u64, packed: u64, dir: &Path, storage: u64) -> Result<Fabric, String> {
     let mut cfg = base.clone();
+    // GPU 0 only, whatever GPUs the configuration's node names.
+    if let Some(n) = cfg.nodes.first_mut() {
+        n.gpus = Some(vec![0]);
+    }
     cfg.memory.gpu_budget = Some(ByteSize(budget));
     cfg.memory.host_arena = ByteSize(host);
     cfg.memory.packed_arena = ByteSize(packed);

@@ -156,6 +156,8 @@ struct Sim {
     prefetched: u64,
     /// Pages prefetched from the storage tier (into host memory, on their way to a GPU).
     staged: u64,
+    /// Whether some regions are lossy (the node has a packed tier).
+    lossy: bool,
 }
 
 fn key(r: &RegionHandle, page: u32) -> (u32, u64, u32) {
@@ -194,18 +196,27 @@ impl Sim {
     fn copy(&mut self, stage: &Stage, fail: bool) {
         let mut writes = Vec::new();
         for b in &stage.batches {
-            // The storage tier is reached through host memory only: the fabric's file I/O reads and writes host
-            // frames.
+            // The storage tier is reached through host memory only (or the packed tier): the fabric's file I/O
+            // reads and writes host frames (or slots).
             let ends = [b.from, b.to];
+            let storage = ends.contains(&Location::Storage);
             assert!(
-                !ends.contains(&Location::Storage) || ends.contains(&Location::Host),
+                !storage || ends.contains(&Location::Host) || ends.contains(&Location::Packed),
                 "a {:?} stage copies between {} and {}",
                 stage.kind,
                 b.from,
                 b.to
             );
-            // Only pages landing on the storage tier are packed.
-            assert!(b.to == Location::Storage || b.compression == Compression::None, "{b:?}");
+            // Pages landing on the storage tier are packed as their region asks; otherwise only a lossy region's,
+            // between a GPU and host memory, and with a packed tier only to and from it (never host frames).
+            let gpu = ends.iter().any(|l| matches!(l, Location::Gpu(_)));
+            let into_packed = if self.lossy { ends.contains(&Location::Packed) } else { ends.contains(&Location::Host) };
+            assert!(
+                b.to == Location::Storage || b.compression == Compression::None || (gpu && into_packed),
+                "{b:?}"
+            );
+            // Only a lossy region's pages reach the packed tier.
+            assert!(!ends.contains(&Location::Packed) || storage || b.compression.is_lossy(), "{b:?}");
             for m in &b.moves {
                 let v = if fail { 0xBAD } else { self.mem.get(&(b.from, m.src)).copied().unwrap_or(0xDEAD) };
                 writes.push(((b.to, m.dst), v));
@@ -233,8 +244,9 @@ impl Sim {
                     if to == Some(device) {
                         assert!(into(device) < PREFETCH_DEPTH, "more prefetches in flight than allowed");
                     } else {
-                        assert_eq!(to, Some(Location::Host), "a prefetch for {device} goes there or to host memory");
-                        assert!(into(Location::Host) < STAGING_DEPTH, "more stages from storage than allowed");
+                        let up = to.filter(|l| l.is_host_memory());
+                        let up = up.unwrap_or_else(|| panic!("a prefetch for {device} goes to {to:?}"));
+                        assert!(into(up) < STAGING_DEPTH, "more stages from storage than allowed");
                     }
                     self.start(stage);
                 }
@@ -332,7 +344,11 @@ impl Sim {
         match *op {
             Op::Alloc { pages, device } => {
                 let reservation = self.reservations.last().copied().filter(|_| pages % 2 == 1);
-                let compression = if pages % 3 == 0 { Compression::Lz4 } else { Compression::None };
+                let compression = match pages % 3 {
+                    0 => Compression::Lz4,
+                    1 if self.lossy => Compression::Fp8Bf16,
+                    _ => Compression::None,
+                };
                 let p = Placement { reservation, compression, ..Placement::on(DEVICES[device].0) };
                 if let Ok(h) = self.dir.alloc(u64::from(pages) * PAGE, p) {
                     for i in 0..pages {
@@ -508,6 +524,8 @@ impl Sim {
                 true
             }
             Err(SimError::Dir(DirectoryError::LeasedElsewhere { .. } | DirectoryError::OutOfMemory { .. })) => false,
+            // A lossy region's pages in host memory are codes.
+            Err(SimError::Dir(DirectoryError::PackedInHost(_))) if self.lossy => false,
             Err(SimError::CopyFailed) => false,
             Err(e) => panic!("acquire: {e}"),
         }
@@ -561,6 +579,18 @@ const WITH_STORAGE: [(Location, u64); 4] = [
     (Location::Storage, 48 * PAGE),
 ];
 
+/// The same with a packed tier beside a smaller host memory: some regions are lossy, and their pages leaving a GPU
+/// go to the packed tier's slots (10 of them), never to host memory's frames.
+fn with_packed() -> [(Location, u64); 5] {
+    [
+        (Location::Gpu(0), 8 * PAGE),
+        (Location::Gpu(1), 6 * PAGE),
+        (Location::Host, 6 * PAGE),
+        (Location::Packed, 10 * Location::Packed.frame_bytes(PAGE)),
+        (Location::Storage, 48 * PAGE),
+    ]
+}
+
 fn sim_with(fail_every: u64, high: u8, low: u8) -> Sim {
     sim_on(&DEVICES, fail_every, high, low)
 }
@@ -589,6 +619,7 @@ fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Si
         compacted: 0,
         prefetched: 0,
         staged: 0,
+        lossy: devices.iter().any(|d| d.0 == Location::Packed),
     }
 }
 
@@ -598,6 +629,11 @@ proptest! {
     #[test]
     fn directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9]) {
         run_model(sim(fail_every), &ops)?;
+    }
+
+    #[test]
+    fn with_a_packed_tier_the_directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9]) {
+        run_model(sim_on(&with_packed(), fail_every, 90, 75), &ops)?;
     }
 
     #[test]

@@ -28,7 +28,8 @@ impl Directory {
             Some(Location::Packed) => return Err(DirectoryError::PackedTier("is no region's home")),
             Some(Location::Host) => self.host_memory_for(placement.compression),
             Some(l) => self.dev(l)?,
-            None => self.pick_gpu(),
+            // On a node without GPUs, host memory (the region's).
+            None => self.pick_gpu().unwrap_or_else(|| self.host_memory_for(placement.compression)),
         };
         let range = self.space.alloc(pages * ps).map_err(DirectoryError::AddressSpaceExhausted)?;
         let addr = GlobalAddr::new(self.cfg.node, range.start).map_err(DirectoryError::AddressSpaceExhausted)?;
@@ -50,14 +51,14 @@ impl Directory {
         Ok(handle)
     }
 
-    /// The GPU with the most frames available to ordinary allocations (the host when there is none).
-    fn pick_gpu(&self) -> DevIdx {
+    /// The GPU with the most frames available to ordinary allocations, if the node has one.
+    fn pick_gpu(&self) -> Option<DevIdx> {
         self.devs
             .iter()
             .enumerate()
             .filter(|(_, d)| d.is_gpu())
             .max_by_key(|(i, d)| (d.frames.available(AllocClass::Normal), std::cmp::Reverse(*i)))
-            .map_or(self.host, |(i, _)| i as DevIdx)
+            .map(|(i, _)| i as DevIdx)
     }
 
     /// Every live region.

@@ -39,6 +39,8 @@ impl Directory {
             return Err(DirectoryError::PackedTier("takes no prefetches"));
         }
         let slot = h.slot;
+        // A lossy region's pages in host memory live in the packed tier, where the node has one.
+        let dev = if dev == self.host { self.host_of(slot) } else { dev };
         let pages = first..first + n;
         if self.in_flight_over(slot, pages.clone()) {
             return Ok(Step::Done(None));
