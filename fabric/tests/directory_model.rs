@@ -210,11 +210,9 @@ impl Sim {
             // Pages landing on the storage tier are packed as their region asks; otherwise only a lossy region's,
             // between a GPU and host memory, and with a packed tier only to and from it (never host frames).
             let gpu = ends.iter().any(|l| matches!(l, Location::Gpu(_)));
-            let into_packed = if self.lossy { ends.contains(&Location::Packed) } else { ends.contains(&Location::Host) };
-            assert!(
-                b.to == Location::Storage || b.compression == Compression::None || (gpu && into_packed),
-                "{b:?}"
-            );
+            let into_packed =
+                if self.lossy { ends.contains(&Location::Packed) } else { ends.contains(&Location::Host) };
+            assert!(b.to == Location::Storage || b.compression == Compression::None || (gpu && into_packed), "{b:?}");
             // Only a lossy region's pages reach the packed tier.
             assert!(!ends.contains(&Location::Packed) || storage || b.compression.is_lossy(), "{b:?}");
             for m in &b.moves {
@@ -1087,4 +1085,42 @@ fn a_walk_prefetches_stored_pages_through_host_memory() {
         s.settle();
     }
     s.dir.check_invariants().expect("invariants");
+}
+
+/// Pages never move within the packed tier (only coded moves reach it): a prefetch to host memory of a lossy
+/// region whose pages sit in the tier out of order leaves them where they are rather than gathering them into
+/// a run, and the tier is not compacted; slots set aside there are held and given back.
+#[test]
+fn the_packed_tier_takes_no_runs_and_no_compaction() {
+    let mut s = sim_on(&with_packed(), 0, 90, 75);
+    s.apply(&Op::Alloc { pages: 4, device: 0 });
+    let h = s.regions[0];
+    assert!(s.dir.region(&h).unwrap().placement.compression.is_lossy(), "4-page regions are lossy here");
+    s.apply(&Op::Acquire { region: 0, page: 0, pages: 4, device: 0, write: true });
+    s.apply(&Op::Release { lease: 0 });
+    // Written back last page first, each into the next free slot: the region's slots run backwards.
+    for p in (0..4).rev() {
+        s.apply(&Op::Hint { region: 0, page: p, pages: 1, device: 0, write_back: true });
+        s.apply(&Op::Settle);
+        s.check(&Op::Settle);
+    }
+    let packed = s.dir.dev(Location::Packed).unwrap();
+    let slots: Vec<u32> = (0..4)
+        .map(|i| s.dir.region(&h).unwrap().pages[i].copy_on(packed).expect("a copy in the packed tier").frame)
+        .collect();
+    assert!(slots.windows(2).all(|w| w[0] > w[1]), "slots {slots:?}");
+    match s.dir.step_prefetch_range(&h, 0, 4 * PAGE, Location::Host) {
+        Ok(Step::Done(None)) => {}
+        Ok(Step::Done(Some(stage))) => panic!("pages moved within the packed tier: {:?}", stage.batches),
+        other => panic!("a prefetch to host memory: {other:?}"),
+    }
+    assert!(matches!(s.dir.plan_compaction(Location::Packed, 4), Err(DirectoryError::PackedTier(_))));
+    let id = match s.dir.step_reserve(Location::Packed, 2 * PAGE, Default::default()) {
+        Ok(Step::Done(id)) => id,
+        other => panic!("reserving slots of the packed tier: {other:?}"),
+    };
+    let used = |s: &Sim| s.dir.stats().devices.iter().find(|d| d.location == Location::Packed).unwrap().used;
+    s.dir.unreserve(id).expect("unreserve");
+    assert_eq!(used(&s), 4, "the region's slots, the reservation's given back");
+    s.check(&Op::Settle);
 }

@@ -239,4 +239,17 @@ pub fn the_packed_tier_holds_lossy_pages_in_half_the_bytes(cfg: &ClusterConfig, 
     f.free(&plain).expect("free");
     drop(f);
     assert!(!path.exists(), "the fabric removes its storage file");
+    // A packed tier much smaller than host memory, under a GPU of two pages: one host write far larger than
+    // both goes in pieces that fit the tier, not host memory.
+    cfg.memory.gpu_budget = Some(vfabric::ByteSize(2 * ps));
+    cfg.memory.host_arena = vfabric::ByteSize(32 * ps);
+    cfg.memory.packed_arena = vfabric::ByteSize(4 * ps);
+    let f = fabric(&cfg);
+    let n = frames_of(&f, g) + frames_of(&f, Location::Packed) + 12;
+    let r = f.alloc(n * ps, Placement { device: Some(g), compression: c, ..Placement::default() }).expect("alloc");
+    let data = values(l.element, (n * ps) as usize, 43);
+    f.write(&r, 0, &data).expect("one write of more than the GPU and the packed tier hold");
+    f.read(&r, 0, &mut back[..data.len()]).expect("read");
+    check_bound(l, &data, &back[..data.len()], "one large write");
+    f.free(&r).expect("free");
 }

@@ -79,9 +79,13 @@ impl Directory {
         }
     }
 
-    /// The device new pages of a live region go to (its placement's, or where a migration moved it).
+    /// The device new pages of a live region go to (its placement's, or where a migration moved it): host memory
+    /// for a lossy region that lives in the packed tier, as its placement would name it.
     pub fn home_of(&self, h: &RegionHandle) -> Result<Location, DirectoryError> {
-        Ok(self.loc(self.region(h)?.home))
+        Ok(match self.loc(self.region(h)?.home) {
+            Location::Packed => Location::Host,
+            l => l,
+        })
     }
 
     /// The entry of a page of a live region.

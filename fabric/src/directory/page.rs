@@ -108,12 +108,13 @@ impl PageEntry {
         }
     }
 
-    /// Removes a copy; when it was the owner, a replica not on `host` (else any) takes its place.
-    pub(crate) fn remove(&mut self, copy: Copy, host: DevIdx) {
+    /// Removes a copy; when it was the owner, a replica on a GPU (`gpu` says which devices are GPUs; else any)
+    /// takes its place.
+    pub(crate) fn remove(&mut self, copy: Copy, gpu: impl Fn(DevIdx) -> bool) {
         if self.owner == copy {
             self.owner = match self.sharers.as_mut() {
                 Some(v) if !v.is_empty() => {
-                    let i = v.iter().position(|s| s.dev != host).unwrap_or(0);
+                    let i = v.iter().position(|s| gpu(s.dev)).unwrap_or(0);
                     v.swap_remove(i)
                 }
                 _ => NO_COPY,

@@ -113,7 +113,8 @@ impl Directory {
         let stored_only = |i: u32| self.stored_only(&r.pages[i as usize]);
         let staging = !self.is_host_memory(dev) && Some(dev) != self.storage && (from..to).any(stored_only);
         let dev = if staging { self.host_of(slot) } else { dev };
-        let runs = runs && !staging;
+        // No runs in the packed tier: it holds no lease to want one, and its pages move only packed or expanded.
+        let runs = runs && !staging && Some(dev) != self.packed;
         let frames = &self.devs[usize::from(dev)].frames;
         // The pages to copy, in order, up to one that cannot come (leased for writing, pinned where it is, or
         // never written).
@@ -174,7 +175,7 @@ impl Directory {
             return Ok(Step::Done(None));
         }
         let d = &self.devs[usize::from(dev)];
-        if d.frames.largest_free_run() < count {
+        if runs && d.frames.largest_free_run() < count {
             // Make the run first (frames in flight are pinned, so compaction leaves them be). Taking scattered
             // frames instead would make the acquire gather the chunk, and free scattered frames for the next.
             if let Ok(plan) = d.frames.compaction_plan(count) {

@@ -6,7 +6,7 @@ use vfabric_allocator::{AllocClass, FrameRun, TenantId};
 use super::error::DirectoryError;
 use super::page::{Copy, DevIdx, PageRef};
 use super::region::Priority;
-use super::state::Directory;
+use super::state::{DeviceState, Directory};
 
 impl Directory {
     /// Takes `n` frames of `dev` for `tenant` (scattered where the arena must), charging its quota.
@@ -105,8 +105,8 @@ impl Directory {
 
     /// Removes one copy of a page, promoting a sharer (a GPU's first) when it was the owner.
     pub(super) fn drop_copy(&mut self, page: PageRef, copy: Copy) {
-        let host = self.host;
-        self.page_mut(page).remove(copy, host);
+        let gpus: Vec<bool> = self.devs.iter().map(DeviceState::is_gpu).collect();
+        self.page_mut(page).remove(copy, |d| gpus[usize::from(d)]);
         self.release_frame(copy);
     }
 }

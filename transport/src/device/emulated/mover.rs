@@ -78,7 +78,7 @@ impl EmulatedMover {
 
 /// How long a batch of `bytes` between `from` and `to` takes at least on a host link of `rate` bytes a second.
 fn paced(from: Location, to: Location, bytes: u64, rate: u64) -> Duration {
-    let over_link = (from == Location::Host) != (to == Location::Host);
+    let over_link = from.is_host_memory() != to.is_host_memory();
     if rate == 0 || !over_link {
         return Duration::ZERO;
     }
