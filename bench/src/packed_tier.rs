@@ -9,13 +9,13 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
-use vfabric::config::StorageSection;
-use vfabric::{ByteSize, ClusterConfig, Fabric, FabricError, Mode, Placement};
+use vfabric::{ByteSize, ClusterConfig, FabricError, Mode, Placement};
 use vfabric_allocator::{Compression, Element};
 use vfabric_transport::device::lossy;
-use vfabric_transport::{Backend, Location};
+use vfabric_transport::Location;
 
 use crate::compression;
+use crate::tiers;
 
 /// One node's walk.
 #[derive(Debug, Clone, Serialize)]
@@ -48,25 +48,6 @@ pub struct TierPart {
     pub markdown: String,
 }
 
-/// A node whose GPU 0 has `budget` bytes, host memory `host` bytes, a packed tier of `packed` bytes and a
-/// storage tier of `storage` bytes in `dir`.
-fn node(base: &ClusterConfig, budget: u64, host: u64, packed: u64, dir: &Path, storage: u64) -> Result<Fabric, String> {
-    let mut cfg = base.clone();
-    // GPU 0 only, whatever GPUs the configuration's node names.
-    if let Some(n) = cfg.nodes.first_mut() {
-        n.gpus = Some(vec![0]);
-    }
-    cfg.memory.gpu_budget = Some(ByteSize(budget));
-    cfg.memory.host_arena = ByteSize(host);
-    cfg.memory.packed_arena = ByteSize(packed);
-    if cfg.device.backend != Backend::Cuda {
-        cfg.device.emulated_gpu_memory = ByteSize(cfg.device.emulated_gpu_memory.bytes().max(budget * 2));
-    }
-    let depth = cfg.storage.as_ref().map_or(64, |s| s.depth);
-    cfg.storage = Some(StorageSection { path: dir.join("vfabric-lossy-bench.tier"), size: ByteSize(storage), depth });
-    Fabric::embedded(&cfg).map_err(|e| e.to_string())
-}
-
 /// Writes, walks and checks the region on one node.
 #[allow(clippy::too_many_arguments)]
 fn one(
@@ -83,7 +64,7 @@ fn one(
     let memory = host.max(packed);
     let pages = (budget + 2 * memory) / ps;
     // The storage tier holds every page, and room for evictions in flight.
-    let f = node(base, budget, host, packed, dir, (pages + budget / ps) * ps)?;
+    let f = tiers::fabric(base, (budget, host, packed), dir, (pages + budget / ps) * ps)?;
     let gpu = Location::Gpu(0);
     let r = f.alloc(pages * ps, Placement { device: Some(gpu), compression: c, ..Placement::default() }).map_err(e)?;
     let sample = values.len() as u64 / ps;

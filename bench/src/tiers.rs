@@ -35,12 +35,22 @@ pub struct Tiers {
     pub markdown: String,
 }
 
-/// A fabric whose GPU 0 has `budget` bytes, host memory `host` bytes and a storage tier of `storage` bytes in
+/// A fabric on GPU 0 alone (whatever GPUs the configuration's node names), with `budget` bytes of it, host
+/// memory of `host` bytes, a packed tier of `packed` bytes (0: none) and a storage tier of `storage` bytes in
 /// `dir`.
-fn fabric(base: &ClusterConfig, budget: u64, host: u64, dir: &Path, storage: u64) -> Result<Fabric, String> {
+pub(crate) fn fabric(
+    base: &ClusterConfig,
+    (budget, host, packed): (u64, u64, u64),
+    dir: &Path,
+    storage: u64,
+) -> Result<Fabric, String> {
     let mut cfg = base.clone();
+    if let Some(n) = cfg.nodes.first_mut() {
+        n.gpus = Some(vec![0]);
+    }
     cfg.memory.gpu_budget = Some(ByteSize(budget));
     cfg.memory.host_arena = ByteSize(host);
+    cfg.memory.packed_arena = ByteSize(packed);
     if cfg.device.backend != Backend::Cuda {
         cfg.device.emulated_gpu_memory = ByteSize(cfg.device.emulated_gpu_memory.bytes().max(budget * 2));
     }
@@ -89,7 +99,7 @@ pub fn run(base: &ClusterConfig, args: &TierOptions, dir: &Path, budget: u64, ps
         ByteSize(host),
         dir.display()
     );
-    let f = fabric(base, budget, host, dir, storage)?;
+    let f = fabric(base, (budget, host, 0), dir, storage)?;
     let r = f.alloc(region_bytes, Placement::on(Location::Gpu(0))).map_err(|e| e.to_string())?;
     let hashes = populate(&f, &r, 91)?;
     let stored = f.stats().storage.map_or(0, |s| s.page_bytes);

@@ -6,7 +6,7 @@ use vfabric_allocator::{AllocClass, FrameRun, TenantId};
 use super::error::DirectoryError;
 use super::page::{Copy, DevIdx, PageRef};
 use super::region::Priority;
-use super::state::{DeviceState, Directory};
+use super::state::Directory;
 
 impl Directory {
     /// Takes `n` frames of `dev` for `tenant` (scattered where the arena must), charging its quota.
@@ -105,8 +105,10 @@ impl Directory {
 
     /// Removes one copy of a page, promoting a sharer (a GPU's first) when it was the owner.
     pub(super) fn drop_copy(&mut self, page: PageRef, copy: Copy) {
-        let gpus: Vec<bool> = self.devs.iter().map(DeviceState::is_gpu).collect();
-        self.page_mut(page).remove(copy, |d| gpus[usize::from(d)]);
+        let devs = &self.devs;
+        if let Some(r) = self.regions[page.slot as usize].as_mut() {
+            r.pages[page.page as usize].remove(copy, |d| devs[usize::from(d)].is_gpu());
+        }
         self.release_frame(copy);
     }
 }
