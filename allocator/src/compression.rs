@@ -68,7 +68,7 @@ pub enum LossyCode {
 }
 
 /// The values a lossy region's pages hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Element {
     /// bfloat16.
     Bf16,
@@ -86,14 +86,13 @@ impl Element {
     }
 }
 
-/// Bytes of one slot of the packed tier ([`crate::Location::Packed`]) for pages of `page_bytes`: the longest
-/// packed page of any lossy format (bf16 values: a byte per value and a scale per group, 0.508 of the page),
-/// rounded up to whole 4 KiB blocks so that each slot can be written to and read from the storage tier
-/// directly. A page of fp32 values packs into half a slot: the packed tier holds twice the pages of
-/// host memory of either kind.
-pub fn packed_slot_len(page_bytes: u64) -> u64 {
+/// Bytes of one slot of a packed tier ([`crate::Location::Packed`]) that holds pages of `page_bytes` of
+/// `element` values: the longest packed page of those values (a byte per value and a scale per group: 0.508 of
+/// a bf16 page, 0.254 of a fp32 one), rounded up to whole 4 KiB blocks so that each slot can be written to and
+/// read from the storage tier directly. A tier of bf16 slots also holds fp32 pages (in half a slot each).
+pub fn packed_slot_len(page_bytes: u64, element: Element) -> u64 {
     const BLOCK: u64 = 4096;
-    let longest = Lossy { code: LossyCode::Int8, element: Element::Bf16 }.packed_len(page_bytes);
+    let longest = Lossy { code: LossyCode::Int8, element }.packed_len(page_bytes);
     longest.div_ceil(BLOCK) * BLOCK
 }
 
@@ -238,5 +237,16 @@ mod tests {
         assert_eq!(int8.packed_len(64 << 10), (16 << 10) + 256);
         assert!(fp8.fits(64 << 10) && !fp8.fits(1000) && !fp8.fits(0));
         assert!(Compression::Zstd.lossy().is_none() && !Compression::None.is_lossy());
+    }
+
+    #[test]
+    fn slots_hold_the_longest_packed_page_of_their_values_in_whole_blocks() {
+        assert_eq!(packed_slot_len(2 << 20, Element::Bf16), (1 << 20) + (16 << 10));
+        assert_eq!(packed_slot_len(2 << 20, Element::F32), (512 << 10) + (8 << 10));
+        // 16 KiB of codes and 256 bytes of scales take five blocks.
+        assert_eq!(packed_slot_len(64 << 10, Element::F32), 20 << 10);
+        for c in COMPRESSIONS.iter().filter_map(|c| c.lossy()) {
+            assert!(c.packed_len(2 << 20) <= packed_slot_len(2 << 20, c.element), "{c:?}");
+        }
     }
 }

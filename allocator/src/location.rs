@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::compression::packed_slot_len;
+use crate::compression::{packed_slot_len, Element};
 
 /// A memory location of one node: one of its GPUs, its pinned host memory, or its storage tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -14,10 +14,11 @@ pub enum Location {
     /// The storage tier below host memory (a file on an NVMe drive): pages evicted from host memory go there.
     /// It holds pages, not leases: nothing computes on it, and pages come back through host memory.
     Storage,
-    /// Pinned host memory that holds lossy regions' pages packed, each in a slot of
-    /// [`packed_slot_len`] bytes rather than a whole page's frame: the host tier of those regions, holding about
-    /// twice the pages host memory would. It holds pages, not leases (they are codes, not values).
-    Packed,
+    /// Pinned host memory that holds lossy regions' pages packed, each in a slot of [`packed_slot_len`] bytes
+    /// for pages of the element's values rather than a whole page's frame: the host tier of those regions,
+    /// holding about twice (bf16 slots) or four times (fp32 slots) the pages host memory would. A tier of bf16
+    /// slots also takes pages of fp32 values. It holds pages, not leases (they are codes, not values).
+    Packed(Element),
 }
 
 impl Location {
@@ -25,19 +26,24 @@ impl Location {
     pub fn gpu(self) -> Option<u16> {
         match self {
             Location::Gpu(g) => Some(g),
-            Location::Host | Location::Storage | Location::Packed => None,
+            Location::Host | Location::Storage | Location::Packed(_) => None,
         }
     }
 
     /// Whether it is host memory (pages as they are, or packed).
     pub fn is_host_memory(self) -> bool {
-        matches!(self, Location::Host | Location::Packed)
+        matches!(self, Location::Host | Location::Packed(_))
+    }
+
+    /// Whether it is a packed tier (of either slot size).
+    pub fn is_packed(self) -> bool {
+        matches!(self, Location::Packed(_))
     }
 
     /// Bytes between one frame of a page of `page_bytes` and the next: a page, or in the packed tier a slot.
     pub fn frame_bytes(self, page_bytes: u64) -> u64 {
         match self {
-            Location::Packed => packed_slot_len(page_bytes),
+            Location::Packed(e) => packed_slot_len(page_bytes, e),
             _ => page_bytes,
         }
     }
@@ -49,19 +55,21 @@ impl std::fmt::Display for Location {
             Location::Gpu(g) => write!(f, "gpu{g}"),
             Location::Host => f.write_str("host"),
             Location::Storage => f.write_str("storage"),
-            Location::Packed => f.write_str("packed"),
+            Location::Packed(Element::Bf16) => f.write_str("packed"),
+            Location::Packed(Element::F32) => f.write_str("packed-f32"),
         }
     }
 }
 
 /// A string that names no location (see [`Location`]'s `FromStr`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a location: use gpuN, N, host, storage or packed")]
+#[error("`{0}` is not a location: use gpuN, N, host, storage, packed or packed-f32")]
 pub struct ParseLocationError(pub String);
 
 impl std::str::FromStr for Location {
     type Err = ParseLocationError;
-    /// Parses `gpu0`, `gpu1`, ..., `0`, `1`, ..., `host` / `h`, `storage` / `nvme` and `packed`.
+    /// Parses `gpu0`, `gpu1`, ..., `0`, `1`, ..., `host` / `h`, `storage` / `nvme`, `packed` / `packed-bf16` and
+    /// `packed-f32`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim().to_ascii_lowercase();
         if t == "host" || t == "h" {
@@ -70,8 +78,11 @@ impl std::str::FromStr for Location {
         if t == "storage" || t == "nvme" {
             return Ok(Location::Storage);
         }
-        if t == "packed" {
-            return Ok(Location::Packed);
+        if t == "packed" || t == "packed-bf16" {
+            return Ok(Location::Packed(Element::Bf16));
+        }
+        if t == "packed-f32" {
+            return Ok(Location::Packed(Element::F32));
         }
         let digits = t.strip_prefix("gpu").unwrap_or(&t);
         digits.parse::<u16>().map(Location::Gpu).map_err(|_| ParseLocationError(s.to_string()))
@@ -92,10 +103,17 @@ mod tests {
         assert_eq!("gpux".parse::<Location>(), Err(ParseLocationError("gpux".into())));
         assert_eq!(Location::Gpu(3).to_string(), "gpu3");
         assert_eq!(Location::Host.gpu(), None);
-        assert_eq!("packed".parse::<Location>(), Ok(Location::Packed));
-        assert_eq!(Location::Packed.to_string(), "packed");
-        assert!(Location::Packed.is_host_memory() && !Location::Storage.is_host_memory());
+        let (bf16, f32) = (Location::Packed(Element::Bf16), Location::Packed(Element::F32));
+        assert_eq!("packed".parse::<Location>(), Ok(bf16));
+        assert_eq!("packed-bf16".parse::<Location>(), Ok(bf16));
+        for l in [bf16, f32] {
+            assert_eq!(l.to_string().parse::<Location>(), Ok(l));
+            assert!(l.is_host_memory() && l.is_packed());
+        }
+        assert_eq!(bf16.to_string(), "packed");
+        assert!(!Location::Storage.is_host_memory() && !Location::Host.is_packed());
         assert_eq!(Location::Host.frame_bytes(1 << 21), 1 << 21);
-        assert_eq!(Location::Packed.frame_bytes(1 << 21), (1 << 20) + (16 << 10));
+        assert_eq!(bf16.frame_bytes(1 << 21), (1 << 20) + (16 << 10));
+        assert_eq!(f32.frame_bytes(1 << 21), (512 << 10) + (8 << 10));
     }
 }

@@ -1,8 +1,9 @@
 //! The packed tier part of `vfabric-bench lossy`: a lossy region larger than a GPU's budget and host memory
-//! together, written from the host and then walked on the GPU in order, on two nodes alike but for how their
-//! host memory keeps its packed pages: in whole frames of host memory (the baseline), or in the slots of a
-//! packed tier of the same bytes. Both spill to a storage tier. Reports the pages host memory holds, the bytes
-//! read from the storage tier, and the walk's GB/s of values, and checks sampled pages against their bound.
+//! together, written from the host and then walked on the GPU in order, on nodes alike but for how their host
+//! memory keeps its packed pages: in whole frames of host memory (the baseline), in the slots of a packed tier
+//! of bf16 pages (about half a page), or, for a region of fp32 values, in a tier of fp32 slots (about a quarter),
+//! each of the same bytes. All spill to a storage tier. Reports the pages host memory holds, the bytes read from
+//! the storage tier, and the walk's GB/s of values, and checks sampled pages against their bound.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -20,7 +21,9 @@ use crate::tiers;
 /// One node's walk.
 #[derive(Debug, Clone, Serialize)]
 pub struct TierRow {
-    /// "host frames" or "packed tier".
+    /// The region's compression.
+    pub codec: String,
+    /// Where host memory holds its pages: "host frames", "bf16 slots" or "fp32 slots".
     pub setup: &'static str,
     /// Bytes of host memory holding the region's packed pages.
     pub host_bytes: u64,
@@ -40,31 +43,36 @@ pub struct TierRow {
     pub worst_over_bound: f64,
 }
 
-/// The two walks and their Markdown.
+/// The walks and their Markdown.
 pub struct TierPart {
-    /// Host frames, then the packed tier.
+    /// For each region: host frames, then the packed tiers.
     pub rows: Vec<TierRow>,
     /// The part's Markdown.
     pub markdown: String,
 }
 
 /// Writes, walks and checks the region on one node.
+/// Writes, walks and checks a region of `pages` pages on a node with a GPU budget of `budget` bytes whose host
+/// memory for the region (`memory` bytes) is whole frames (`held_in` host memory) or a packed tier's slots.
 #[allow(clippy::too_many_arguments)]
 fn one(
     base: &ClusterConfig,
-    setup: &'static str,
-    (budget, host, packed): (u64, u64, u64),
+    (setup, held_in): (&'static str, Location),
+    (budget, memory, pages): (u64, u64, u64),
     ps: u64,
     c: Compression,
     values: &[u8],
     dir: &Path,
 ) -> Result<TierRow, String> {
-    let e = |e: FabricError| format!("{setup}: {e}");
+    let e = |e: FabricError| format!("{c}, {setup}: {e}");
     let l = c.lossy().ok_or("not a lossy codec")?;
-    let memory = host.max(packed);
-    let pages = (budget + 2 * memory) / ps;
+    // Host memory of one page beside a packed tier.
+    let sizes = match held_in {
+        Location::Packed(element) => tiers::Memory { budget, host: ps, packed: Some((element, memory)) },
+        _ => tiers::Memory { budget, host: memory, packed: None },
+    };
     // The storage tier holds every page, and room for evictions in flight.
-    let f = tiers::fabric(base, (budget, host, packed), dir, (pages + budget / ps) * ps)?;
+    let f = tiers::fabric(base, sizes, dir, (pages + budget / ps) * ps)?;
     let gpu = Location::Gpu(0);
     let r = f.alloc(pages * ps, Placement { device: Some(gpu), compression: c, ..Placement::default() }).map_err(e)?;
     let sample = values.len() as u64 / ps;
@@ -72,8 +80,7 @@ fn one(
     for p in 0..pages {
         f.write(&r, p * ps, source(p)).map_err(e)?;
     }
-    let where_held = if packed > 0 { Location::Packed } else { Location::Host };
-    let held = f.stats().directory.devices.iter().find(|d| d.location == where_held).map_or(0, |d| u64::from(d.used));
+    let held = f.stats().directory.devices.iter().find(|d| d.location == held_in).map_or(0, |d| u64::from(d.used));
     let before = f.traffic();
     let t = Instant::now();
     // Leases of 8 pages, or a quarter of a small budget.
@@ -93,6 +100,7 @@ fn one(
     }
     f.free(&r).map_err(e)?;
     Ok(TierRow {
+        codec: c.to_string(),
         setup,
         host_bytes: memory,
         held,
@@ -105,35 +113,61 @@ fn one(
     })
 }
 
-/// Runs both nodes: a GPU budget of `budget` bytes and `host` bytes of host memory (whole frames, then a packed
-/// tier of the same bytes beside a host memory of one page), pages of `ps`, fp8 codes of bf16 weights.
+/// The regions walked: fp8 codes of bf16 weights, then of fp32 Adam moments; each region holds the GPU's budget
+/// and this many times host memory's bytes (more than the tier of its values' slots holds).
+const REGIONS: [(Compression, &str, u64); 2] = [
+    (Compression::Fp8Bf16, "bf16 weights, N(0, 0.02)", 2),
+    (Compression::Fp8F32, "fp32 Adam first moment, N(0, 1e-4)", 5),
+];
+
+/// Runs every node: a GPU budget of `budget` bytes and `host` bytes of host memory for the region (whole
+/// frames, or a packed tier of the same bytes beside a host memory of one page), pages of `ps`.
 pub fn run(base: &ClusterConfig, budget: u64, host: u64, ps: u64, dir: &Path) -> Result<TierPart, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let c = Compression::Fp8Bf16;
-    let kind = "bf16 weights, N(0, 0.02)";
-    debug_assert!(c.lossy().is_some_and(|l| l.element == Element::Bf16));
-    let values = compression::synthetic(kind, (64 * ps) as usize, 5);
     let mut rows = Vec::new();
-    for (setup, sizes) in [("host frames", (budget, host, 0)), ("packed tier", (budget, ps, host))] {
-        eprintln!(
-            "{setup}: a lossy region of {} over a GPU budget of {}",
-            ByteSize(budget + 2 * host),
-            ByteSize(budget)
-        );
-        rows.push(one(base, setup, sizes, ps, c, &values, dir)?);
+    let mut md = String::from("\n## The packed tiers\n");
+    for (i, (c, kind, times)) in REGIONS.into_iter().enumerate() {
+        let element = c.lossy().map_or(Element::Bf16, |l| l.element);
+        let values = compression::synthetic(kind, (64 * ps) as usize, 5 + i as u64);
+        let pages = (budget + times * host) / ps;
+        let mut setups = vec![("host frames", Location::Host), ("bf16 slots", Location::Packed(Element::Bf16))];
+        if element == Element::F32 {
+            setups.push(("fp32 slots", Location::Packed(Element::F32)));
+        }
+        let at = rows.len();
+        for setup in setups {
+            eprintln!(
+                "{c}, {}: a region of {} over a GPU budget of {}",
+                setup.0,
+                ByteSize(pages * ps),
+                ByteSize(budget)
+            );
+            rows.push(one(base, setup, (budget, host, pages), ps, c, &values, dir)?);
+        }
+        section(&mut md, (c, kind), (budget, host, pages, ps), dir, &rows[at..]);
     }
-    let mut md = String::new();
-    let (frames, packed) = (&rows[0], &rows[1]);
+    Ok(TierPart { rows, markdown: md })
+}
+
+/// The Markdown of one region's walks.
+fn section(md: &mut String, (c, kind): (Compression, &str), sizes: (u64, u64, u64, u64), dir: &Path, rows: &[TierRow]) {
+    let (budget, host, pages, ps) = sizes;
+    let slots: Vec<String> = [Element::Bf16, Element::F32]
+        .into_iter()
+        .map(|e| format!("{}", ByteSize(Location::Packed(e).frame_bytes(ps))))
+        .collect();
     let _ = writeln!(
         md,
-        "\n## The packed tier\n\n- a {c} region of {kind}, {} = the GPU budget {} + twice host memory's {}, written \
-         from the host and walked on gpu0 in order, 8 pages a lease (fewer on a budget under 32 pages); host memory holds its packed pages in whole \
-         frames (the baseline) or in the packed tier's slots of {}; both spill to a storage tier in `{}`; 32 pages \
-         read back and checked against the bound\n",
-        ByteSize(frames.pages * ps),
+        "\n### {c}: {kind}\n\n- a region of {} = the GPU budget {} + {}x host memory's {}, written from the host and \
+         walked on gpu0 in order, 8 pages a lease (fewer on a budget under 32 pages); host memory holds its packed \
+         pages in whole frames (the baseline) or in a packed tier's slots (bf16 slots of {}, fp32 slots of {}); all \
+         spill to a storage tier in `{}`; 32 pages read back and checked against the bound\n",
+        ByteSize(pages * ps),
         ByteSize(budget),
+        (pages * ps - budget) / host,
         ByteSize(host),
-        ByteSize(Location::Packed.frame_bytes(ps)),
+        slots[0],
+        slots[1],
         dir.display()
     );
     let _ = writeln!(
@@ -141,7 +175,7 @@ pub fn run(base: &ClusterConfig, budget: u64, host: u64, ps: u64, dir: &Path) ->
         "| host memory | pages held | per page of memory | read from storage | walk GB/s | worst / bound |"
     );
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
-    for r in &rows {
+    for r in rows {
         let _ = writeln!(
             md,
             "| {} | {} | {:.2} | {} | {:.2} | {:.3} |",
@@ -153,11 +187,14 @@ pub fn run(base: &ClusterConfig, budget: u64, host: u64, ps: u64, dir: &Path) ->
             r.worst_over_bound
         );
     }
-    let _ = writeln!(
-        md,
-        "\nthe packed tier over host frames: {:.2}x the pages held, {:.2}x the walk's speed",
-        packed.held as f64 / frames.held.max(1) as f64,
-        packed.walk_gb_s / frames.walk_gb_s
-    );
-    Ok(TierPart { rows, markdown: md })
+    let frames = &rows[0];
+    for r in &rows[1..] {
+        let _ = writeln!(
+            md,
+            "\n{} over host frames: {:.2}x the pages held, {:.2}x the walk's speed",
+            r.setup,
+            r.held as f64 / frames.held.max(1) as f64,
+            r.walk_gb_s / frames.walk_gb_s
+        );
+    }
 }

@@ -103,7 +103,7 @@ fn seed_of(l: Location) -> u64 {
         Location::Gpu(g) => 0x100 + u64::from(g),
         Location::Host => 0x1FF,
         Location::Storage => 0x2FF,
-        Location::Packed => 0x3FF,
+        Location::Packed(e) => 0x3FF + 0x100 * e.bytes() as u64,
     }
 }
 

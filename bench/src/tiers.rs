@@ -10,6 +10,7 @@ use std::time::Instant;
 use serde_json::json;
 use vfabric::config::StorageSection;
 use vfabric::{ByteSize, ClusterConfig, Fabric, Placement};
+use vfabric_allocator::Element;
 use vfabric_transport::storage::{AlignedBuffer, Compression, StorageFile, StorageSpec};
 use vfabric_transport::{Backend, Location};
 
@@ -35,22 +36,31 @@ pub struct Tiers {
     pub markdown: String,
 }
 
-/// A fabric on GPU 0 alone (whatever GPUs the configuration's node names), with `budget` bytes of it, host
-/// memory of `host` bytes, a packed tier of `packed` bytes (0: none) and a storage tier of `storage` bytes in
-/// `dir`.
-pub(crate) fn fabric(
-    base: &ClusterConfig,
-    (budget, host, packed): (u64, u64, u64),
-    dir: &Path,
-    storage: u64,
-) -> Result<Fabric, String> {
+/// The memory of a bench's node.
+pub(crate) struct Memory {
+    /// Bytes of GPU 0.
+    pub budget: u64,
+    /// Bytes of host memory.
+    pub host: u64,
+    /// A packed tier: the values its slots are sized for, and its bytes.
+    pub packed: Option<(Element, u64)>,
+}
+
+/// A fabric on GPU 0 alone (whatever GPUs the configuration's node names), with `memory`'s bytes of it, of host
+/// memory and of a packed tier, and a storage tier of `storage` bytes in `dir`.
+pub(crate) fn fabric(base: &ClusterConfig, memory: Memory, dir: &Path, storage: u64) -> Result<Fabric, String> {
     let mut cfg = base.clone();
     if let Some(n) = cfg.nodes.first_mut() {
         n.gpus = Some(vec![0]);
     }
+    let Memory { budget, host, packed } = memory;
     cfg.memory.gpu_budget = Some(ByteSize(budget));
     cfg.memory.host_arena = ByteSize(host);
-    cfg.memory.packed_arena = ByteSize(packed);
+    match packed {
+        Some((Element::Bf16, bytes)) => cfg.memory.packed_arena = ByteSize(bytes),
+        Some((Element::F32, bytes)) => cfg.memory.packed_f32_arena = ByteSize(bytes),
+        None => {}
+    }
     if cfg.device.backend != Backend::Cuda {
         cfg.device.emulated_gpu_memory = ByteSize(cfg.device.emulated_gpu_memory.bytes().max(budget * 2));
     }
@@ -99,7 +109,7 @@ pub fn run(base: &ClusterConfig, args: &TierOptions, dir: &Path, budget: u64, ps
         ByteSize(host),
         dir.display()
     );
-    let f = fabric(base, (budget, host, 0), dir, storage)?;
+    let f = fabric(base, Memory { budget, host, packed: None }, dir, storage)?;
     let r = f.alloc(region_bytes, Placement::on(Location::Gpu(0))).map_err(|e| e.to_string())?;
     let hashes = populate(&f, &r, 91)?;
     let stored = f.stats().storage.map_or(0, |s| s.page_bytes);

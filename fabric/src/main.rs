@@ -450,7 +450,7 @@ fn main() -> ExitCode {
                 // The storage tier is a file of slots, not an arena; the packed tier's slots are shorter than a page.
                 let (what, unit) = match location {
                     vfabric::Location::Storage => ("file", "slots"),
-                    vfabric::Location::Packed => ("arena", "slots"),
+                    vfabric::Location::Packed(_) => ("arena", "slots"),
                     _ => ("arena", "frames"),
                 };
                 let frame = location.frame_bytes(ps);

@@ -16,7 +16,7 @@ use vfabric::directory::{
     AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseGrant, Mode, Placement, ReadSource, RegionHandle,
     Stage, StageKind, Step, HINT_DEPTH, PREFETCH_DEPTH, STAGING_DEPTH,
 };
-use vfabric_allocator::{Compression, PageSize};
+use vfabric_allocator::{Compression, Element, PageSize};
 use vfabric_transport::Location;
 
 const PAGE: u64 = 64 << 10;
@@ -158,6 +158,8 @@ struct Sim {
     staged: u64,
     /// Whether some regions are lossy (the node has a packed tier).
     lossy: bool,
+    /// Whether the node has a packed tier of fp32 slots.
+    f32_tier: bool,
 }
 
 fn key(r: &RegionHandle, page: u32) -> (u32, u64, u32) {
@@ -201,7 +203,7 @@ impl Sim {
             let ends = [b.from, b.to];
             let storage = ends.contains(&Location::Storage);
             assert!(
-                !storage || ends.contains(&Location::Host) || ends.contains(&Location::Packed),
+                !storage || ends.iter().any(|l| l.is_host_memory()),
                 "a {:?} stage copies between {} and {}",
                 stage.kind,
                 b.from,
@@ -210,11 +212,15 @@ impl Sim {
             // Pages landing on the storage tier are packed as their region asks; otherwise only a lossy region's,
             // between a GPU and host memory, and with a packed tier only to and from it (never host frames).
             let gpu = ends.iter().any(|l| matches!(l, Location::Gpu(_)));
-            let into_packed =
-                if self.lossy { ends.contains(&Location::Packed) } else { ends.contains(&Location::Host) };
+            let packed = ends.iter().copied().find(|l| l.is_packed());
+            let into_packed = if self.lossy { packed.is_some() } else { ends.contains(&Location::Host) };
             assert!(b.to == Location::Storage || b.compression == Compression::None || (gpu && into_packed), "{b:?}");
-            // Only a lossy region's pages reach the packed tier.
-            assert!(!ends.contains(&Location::Packed) || storage || b.compression.is_lossy(), "{b:?}");
+            // Only a lossy region's pages reach a packed tier (coming up from the storage tier they are copied as
+            // they are stored, whose tier `check` asks of the directory): the one of its values' slots.
+            if let (Some(tier), false) = (packed, storage) {
+                let want = self.packed_tier_of(b.compression);
+                assert!(want == Some(tier), "{b:?}: pages in {tier}, not {want:?}");
+            }
             for m in &b.moves {
                 let v = if fail { 0xBAD } else { self.mem.get(&(b.from, m.src)).copied().unwrap_or(0xDEAD) };
                 writes.push(((b.to, m.dst), v));
@@ -344,6 +350,7 @@ impl Sim {
                 let reservation = self.reservations.last().copied().filter(|_| pages % 2 == 1);
                 let compression = match pages % 3 {
                     0 => Compression::Lz4,
+                    1 if self.lossy && pages % 2 == 1 => Compression::Int8F32,
                     1 if self.lossy => Compression::Fp8Bf16,
                     _ => Compression::None,
                 };
@@ -529,9 +536,34 @@ impl Sim {
         }
     }
 
+    /// The packed tier a region stored with `compression` keeps its pages in (the one of its values' slots where
+    /// the node has it, else the tier of bf16 slots), if any.
+    fn packed_tier_of(&self, compression: Compression) -> Option<Location> {
+        match compression.lossy()?.element {
+            Element::F32 if self.f32_tier => Some(Location::Packed(Element::F32)),
+            _ => Some(Location::Packed(Element::Bf16)),
+        }
+    }
+
     fn check(&mut self, after: &Op) {
         if let Err(e) = self.dir.check_invariants() {
             panic!("after {after:?}: {e}");
+        }
+        // Every copy in a packed tier is a lossy region's, in the tier of its values.
+        let tiers: Vec<(u8, Location)> = [Element::Bf16, Element::F32]
+            .into_iter()
+            .filter_map(|e| self.dir.dev(Location::Packed(e)).ok().map(|d| (d, Location::Packed(e))))
+            .collect();
+        for h in &self.regions {
+            let r = self.dir.region(h).expect("live region");
+            let want = self.packed_tier_of(r.placement.compression);
+            for p in 0..(h.len / PAGE) as usize {
+                for c in r.pages[p].copies() {
+                    if let Some(&(_, tier)) = tiers.iter().find(|t| t.0 == c.dev) {
+                        assert_eq!(Some(tier), want, "after {after:?}: page {p} of {h} in {tier}");
+                    }
+                }
+            }
         }
         // Leased bytes stay put.
         for (grant, h, expect) in &self.leases {
@@ -577,16 +609,24 @@ const WITH_STORAGE: [(Location, u64); 4] = [
     (Location::Storage, 48 * PAGE),
 ];
 
-/// The same with a packed tier beside a smaller host memory: some regions are lossy, and their pages leaving a GPU
-/// go to the packed tier's slots (10 of them), never to host memory's frames.
-fn with_packed() -> [(Location, u64); 5] {
+/// The same with packed tiers beside a smaller host memory: some regions are lossy (of bf16 or fp32 values), and
+/// their pages leaving a GPU go to the slots of the packed tier of their values (10 bf16 slots, 8 fp32 ones),
+/// never to host memory's frames.
+fn with_packed() -> [(Location, u64); 6] {
+    let (bf16, f32) = (Location::Packed(Element::Bf16), Location::Packed(Element::F32));
     [
         (Location::Gpu(0), 8 * PAGE),
         (Location::Gpu(1), 6 * PAGE),
         (Location::Host, 6 * PAGE),
-        (Location::Packed, 10 * Location::Packed.frame_bytes(PAGE)),
+        (bf16, 10 * bf16.frame_bytes(PAGE)),
+        (f32, 8 * f32.frame_bytes(PAGE)),
         (Location::Storage, 48 * PAGE),
     ]
+}
+
+/// Only the packed tier of bf16 slots: lossy regions of fp32 values take its slots too.
+fn with_bf16_slots() -> Vec<(Location, u64)> {
+    with_packed().into_iter().filter(|d| d.0 != Location::Packed(Element::F32)).collect()
 }
 
 fn sim_with(fail_every: u64, high: u8, low: u8) -> Sim {
@@ -617,7 +657,8 @@ fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Si
         compacted: 0,
         prefetched: 0,
         staged: 0,
-        lossy: devices.iter().any(|d| d.0 == Location::Packed),
+        lossy: devices.iter().any(|d| d.0.is_packed()),
+        f32_tier: devices.iter().any(|d| d.0 == Location::Packed(Element::F32)),
     }
 }
 
@@ -630,8 +671,9 @@ proptest! {
     }
 
     #[test]
-    fn with_a_packed_tier_the_directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9]) {
-        run_model(sim_on(&with_packed(), fail_every, 90, 75), &ops)?;
+    fn with_a_packed_tier_the_directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9], bf16_slots_only in any::<bool>()) {
+        let devices = if bf16_slots_only { with_bf16_slots() } else { with_packed().to_vec() };
+        run_model(sim_on(&devices, fail_every, 90, 75), &ops)?;
     }
 
     #[test]
@@ -1104,7 +1146,7 @@ fn the_packed_tier_takes_no_runs_and_no_compaction() {
         s.apply(&Op::Settle);
         s.check(&Op::Settle);
     }
-    let packed = s.dir.dev(Location::Packed).unwrap();
+    let packed = s.dir.dev(Location::Packed(Element::Bf16)).unwrap();
     let slots: Vec<u32> = (0..4)
         .map(|i| s.dir.region(&h).unwrap().pages[i].copy_on(packed).expect("a copy in the packed tier").frame)
         .collect();
@@ -1114,12 +1156,13 @@ fn the_packed_tier_takes_no_runs_and_no_compaction() {
         Ok(Step::Done(Some(stage))) => panic!("pages moved within the packed tier: {:?}", stage.batches),
         other => panic!("a prefetch to host memory: {other:?}"),
     }
-    assert!(matches!(s.dir.plan_compaction(Location::Packed, 4), Err(DirectoryError::PackedTier(_))));
-    let id = match s.dir.step_reserve(Location::Packed, 2 * PAGE, Default::default()) {
+    assert!(matches!(s.dir.plan_compaction(Location::Packed(Element::Bf16), 4), Err(DirectoryError::PackedTier(_))));
+    let id = match s.dir.step_reserve(Location::Packed(Element::Bf16), 2 * PAGE, Default::default()) {
         Ok(Step::Done(id)) => id,
         other => panic!("reserving slots of the packed tier: {other:?}"),
     };
-    let used = |s: &Sim| s.dir.stats().devices.iter().find(|d| d.location == Location::Packed).unwrap().used;
+    let used =
+        |s: &Sim| s.dir.stats().devices.iter().find(|d| d.location == Location::Packed(Element::Bf16)).unwrap().used;
     s.dir.unreserve(id).expect("unreserve");
     assert_eq!(used(&s), 4, "the region's slots, the reservation's given back");
     s.check(&Op::Settle);

@@ -539,6 +539,14 @@ macro_rules! fabric_suite_tests {
         }
 
         #[test]
+        fn the_fp32_tier_holds_fp32_pages_in_a_quarter_of_the_bytes() {
+            $crate::lossy_suite::the_fp32_tier_holds_fp32_pages_in_a_quarter_of_the_bytes(
+                &$config,
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
         fn reservations_hold_capacity() {
             $crate::fabric_suite::reservations_hold_capacity(&$config);
         }

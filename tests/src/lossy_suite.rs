@@ -50,10 +50,10 @@ fn check_bound(l: Lossy, written: &[u8], back: &[u8], what: &str) {
 }
 
 /// Coded moves between every GPU and host memory, both ways, on scattered frames, into pages of host memory
-/// and into slots of the packed tier (frames shorter than a page): packing on the device gives exactly the CPU
+/// and into slots of both packed tiers (frames shorter than a page): packing on the device gives exactly the CPU
 /// codec's bytes (and leaves the rest of each destination frame alone), expanding gives exactly the CPU's
-/// expansion; pages that hold no whole groups are refused with a typed error, and so is a plain copy into the
-/// packed tier.
+/// expansion; pages that hold no whole groups are refused with a typed error, and so are a plain copy into a
+/// packed tier and bf16 pages packed into fp32 slots (a quarter of a page: too short for them).
 pub fn coded_moves_match_the_cpu(layer: &dyn DeviceLayer, scale: Scale) {
     let mover = layer.mover(MoverConfig::default()).expect("mover");
     let page = 2u64 << 20;
@@ -62,13 +62,19 @@ pub fn coded_moves_match_the_cpu(layer: &dyn DeviceLayer, scale: Scale) {
     let moves: Vec<PageMove> = (0..frames / 2).map(|i| PageMove { src: i * 2, dst: frames - 1 - i }).collect();
     let batch = PageBatch::from_moves(page, moves.clone());
     let ps = page as usize;
-    for side in [Location::Host, Location::Packed] {
+    for side in [Location::Host, Location::Packed(Element::Bf16), Location::Packed(Element::F32)] {
         let stride = side.frame_bytes(page) as usize;
         let host = arena(layer, side, u64::from(frames) * stride as u64, bytes);
         for gpu in layer.gpus().iter().map(|g| Location::Gpu(g.index)) {
             let dev: Arc<dyn Arena> = arena(layer, gpu, bytes, bytes);
             for c in LOSSY {
                 let l = c.lossy().expect("lossy");
+                if (stride as u64) < l.packed_len(page) {
+                    match mover.submit_coded(&dev, &host, &batch, Coding::Pack(l)) {
+                        Err(MoveError::EngineUnavailable { .. }) => continue,
+                        other => panic!("{gpu} -> {side} {c}: packed into slots too short for it: {other:?}"),
+                    }
+                }
                 let data = values(l.element, bytes as usize, 7 + c.number() as u64);
                 dev.write(0, &data).expect("write the values");
                 host.fill(0, host.len(), 0xEE).expect("poison");
@@ -107,7 +113,7 @@ pub fn coded_moves_match_the_cpu(layer: &dyn DeviceLayer, scale: Scale) {
                 Err(MoveError::NotPackable { page: 4112, .. }) => {}
                 other => panic!("{gpu}: pages of 4112 bytes packed: {other:?}"),
             }
-            if side == Location::Packed {
+            if side.is_packed() {
                 match mover.submit(&dev, &host, &batch, EngineChoice::Auto) {
                     Err(MoveError::EngineUnavailable { .. }) => {}
                     other => panic!("{gpu}: whole pages copied into the packed tier's slots: {other:?}"),
@@ -187,7 +193,8 @@ pub fn the_packed_tier_holds_lossy_pages_in_half_the_bytes(cfg: &ClusterConfig, 
     let f = fabric(&cfg);
     let g = gpus(&f)[0];
     let used = |loc: Location| f.stats().directory.devices.iter().find(|d| d.location == loc).map_or(0, |d| d.used);
-    let slots = frames_of(&f, Location::Packed);
+    let packed = Location::Packed(Element::Bf16);
+    let slots = frames_of(&f, packed);
     assert!(slots as f64 >= 1.7 * 8.0, "{slots} slots in 8 pages' bytes");
     let c = Compression::Fp8Bf16;
     let l = c.lossy().expect("lossy");
@@ -198,7 +205,7 @@ pub fn the_packed_tier_holds_lossy_pages_in_half_the_bytes(cfg: &ClusterConfig, 
         f.write(&r, p as u64 * ps, page).expect("write");
     }
     assert_eq!(used(Location::Host), 0, "a lossy region's pages took frames of host memory");
-    assert!(u64::from(used(Location::Packed)) > 8, "{} pages in the packed tier", used(Location::Packed));
+    assert!(u64::from(used(packed)) > 8, "{} pages in the packed tier", used(packed));
     let st = f.stats().storage.expect("the node has a storage tier");
     assert!(st.pages >= 12, "pages spilled from the packed tier to storage: {st:?}");
     let mut back = vec![0u8; data.len()];
@@ -222,21 +229,32 @@ pub fn the_packed_tier_holds_lossy_pages_in_half_the_bytes(cfg: &ClusterConfig, 
     assert_eq!(used(Location::Host), 0, "a lossy region moved into frames of host memory");
     f.read(&r, 0, &mut back).expect("read");
     check_bound(l, &data, &back, "host read after the move to host memory");
-    match f.acquire(&r, 0..ps, Location::Packed, Mode::Read) {
+    match f.acquire(&r, 0..ps, packed, Mode::Read) {
         Err(e @ FabricError::Directory(_)) => assert!(e.to_string().contains("packed tier"), "{e}"),
         other => panic!("a lease in the packed tier: {other:?}"),
     }
-    match f.alloc(ps, Placement { device: Some(Location::Packed), compression: c, ..Placement::default() }) {
+    match f.alloc(ps, Placement { device: Some(packed), compression: c, ..Placement::default() }) {
         Err(e @ FabricError::Directory(_)) => assert!(e.to_string().contains("packed tier"), "{e}"),
         other => panic!("a region placed in the packed tier: {other:?}"),
     }
     f.free(&r).expect("free");
-    assert_eq!(used(Location::Packed), 0, "freed, the region left pages in the packed tier");
+    assert_eq!(used(packed), 0, "freed, the region left pages in the packed tier");
     // A region stored as it is: its pages leaving the GPU take frames of host memory.
     let plain = f.alloc((frames_of(&f, g) + 4) * ps, Placement::on(g)).expect("alloc");
     crate::fabric_rig::write_pattern(&f, &plain, 5);
-    assert!(used(Location::Host) > 0 && used(Location::Packed) == 0, "pages stored as they are in the packed tier");
+    assert!(used(Location::Host) > 0 && used(packed) == 0, "pages stored as they are in the packed tier");
     f.free(&plain).expect("free");
+    // Without a tier of fp32 slots, fp32 values' pages take bf16 slots (half of each unused).
+    let r = f
+        .alloc(
+            (frames_of(&f, g) + 4) * ps,
+            Placement { device: Some(g), compression: Compression::Int8F32, ..Placement::default() },
+        )
+        .expect("alloc");
+    let data = values(Element::F32, ((frames_of(&f, g) + 4) * ps) as usize, 47);
+    f.write(&r, 0, &data).expect("write");
+    assert!(used(Location::Host) == 0 && used(packed) >= 4, "fp32 pages kept out of the bf16 slots");
+    f.free(&r).expect("free");
     drop(f);
     assert!(!path.exists(), "the fabric removes its storage file");
     // A packed tier much smaller than host memory, under a GPU of two pages: one host write far larger than
@@ -245,11 +263,74 @@ pub fn the_packed_tier_holds_lossy_pages_in_half_the_bytes(cfg: &ClusterConfig, 
     cfg.memory.host_arena = vfabric::ByteSize(32 * ps);
     cfg.memory.packed_arena = vfabric::ByteSize(4 * ps);
     let f = fabric(&cfg);
-    let n = frames_of(&f, g) + frames_of(&f, Location::Packed) + 12;
+    let n = frames_of(&f, g) + frames_of(&f, packed) + 12;
     let r = f.alloc(n * ps, Placement { device: Some(g), compression: c, ..Placement::default() }).expect("alloc");
     let data = values(l.element, (n * ps) as usize, 43);
     f.write(&r, 0, &data).expect("one write of more than the GPU and the packed tier hold");
     f.read(&r, 0, &mut back[..data.len()]).expect("read");
     check_bound(l, &data, &back[..data.len()], "one large write");
+    f.free(&r).expect("free");
+}
+
+/// A node with both packed tiers: a region of fp32 values keeps its pages that leave the GPU in slots of about a
+/// quarter of a page (more than 3 pages per page of the tier's bytes), a region of bf16 values in the tier of
+/// half-page slots; the fp32 pages spill to the storage tier and come back within their bound, under leases
+/// and host reads. The tier of fp32 slots takes no lease and is no region's home. On a node with only that
+/// tier, bf16 values' pages (too long for its slots) take frames of host memory.
+pub fn the_fp32_tier_holds_fp32_pages_in_a_quarter_of_the_bytes(cfg: &ClusterConfig, dir: &std::path::Path) {
+    let (mut cfg, path) = with_storage(cfg, &dir.join("storage-packed-f32.tier"), 160);
+    let ps = cfg.memory.page_size.bytes();
+    cfg.memory.packed_arena = vfabric::ByteSize(4 * ps);
+    cfg.memory.packed_f32_arena = vfabric::ByteSize(4 * ps);
+    let (half, quarter) = (Location::Packed(Element::Bf16), Location::Packed(Element::F32));
+    let f = fabric(&cfg);
+    let g = gpus(&f)[0];
+    let used = |loc: Location| f.stats().directory.devices.iter().find(|d| d.location == loc).map_or(0, |d| d.used);
+    let slots = frames_of(&f, quarter);
+    assert!(slots as f64 >= 3.0 * 4.0, "{slots} fp32 slots in 4 pages' bytes");
+    let placed = |c: Compression| Placement { device: Some(g), compression: c, ..Placement::default() };
+    for c in [Compression::Int8F32, Compression::Fp8F32] {
+        let l = c.lossy().expect("lossy");
+        let n = frames_of(&f, g) + slots + 8;
+        let r = f.alloc(n * ps, placed(c)).expect("alloc");
+        let data = values(l.element, (n * ps) as usize, 53 + c.number() as u64);
+        f.write(&r, 0, &data).expect("write");
+        assert_eq!((used(Location::Host), used(half)), (0, 0), "{c}: pages outside the fp32 slots");
+        assert!(u64::from(used(quarter)) > 2 * 4, "{c}: {} pages in the fp32 slots", used(quarter));
+        assert!(f.stats().storage.expect("a storage tier").pages >= 8, "{c}: nothing spilled to storage");
+        let mut back = vec![0u8; data.len()];
+        f.read(&r, 0, &mut back).expect("read");
+        check_bound(l, &data, &back, &format!("{c} host read"));
+        for p in (0..n).step_by(4) {
+            let end = (p + 4).min(n);
+            let lease = f.acquire(&r, p * ps..end * ps, g, Mode::Read).expect("acquire");
+            let got = read_through_lease(&f, &lease);
+            check_bound(l, &data[(p * ps) as usize..(end * ps) as usize], &got, &format!("{c} lease of {p}..{end}"));
+            f.release(lease).expect("release");
+        }
+        f.free(&r).expect("free");
+        assert_eq!(used(quarter), 0, "{c}: freed, the region left pages in the fp32 slots");
+    }
+    let r = f.alloc((frames_of(&f, g) + 2) * ps, placed(Compression::Fp8Bf16)).expect("alloc");
+    let data = values(Element::Bf16, ((frames_of(&f, g) + 2) * ps) as usize, 59);
+    f.write(&r, 0, &data).expect("write");
+    assert!(used(quarter) == 0 && used(half) >= 2, "bf16 pages outside the bf16 slots");
+    match f.acquire(&r, 0..ps, quarter, Mode::Read) {
+        Err(e @ FabricError::Directory(_)) => assert!(e.to_string().contains("packed tier"), "{e}"),
+        other => panic!("a lease in the fp32 slots: {other:?}"),
+    }
+    match f.alloc(ps, Placement { device: Some(quarter), ..placed(Compression::Fp8F32) }) {
+        Err(e @ FabricError::Directory(_)) => assert!(e.to_string().contains("packed tier"), "{e}"),
+        other => panic!("a region placed in the fp32 slots: {other:?}"),
+    }
+    f.free(&r).expect("free");
+    drop(f);
+    assert!(!path.exists(), "the fabric removes its storage file");
+    cfg.memory.packed_arena = vfabric::ByteSize(0);
+    let f = fabric(&cfg);
+    let used = |loc: Location| f.stats().directory.devices.iter().find(|d| d.location == loc).map_or(0, |d| d.used);
+    let r = f.alloc((frames_of(&f, g) + 2) * ps, placed(Compression::Int8Bf16)).expect("alloc");
+    f.write(&r, 0, &values(Element::Bf16, ((frames_of(&f, g) + 2) * ps) as usize, 61)).expect("write");
+    assert!(used(quarter) == 0 && used(Location::Host) >= 2, "bf16 pages in the fp32 slots, or lost");
     f.free(&r).expect("free");
 }

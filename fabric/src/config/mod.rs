@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vfabric_allocator::{Compression, Fit, Location, PageSize};
+use vfabric_allocator::{Compression, Element, Fit, Location, PageSize};
 use vfabric_transport::{Backend, MoverConfig};
 
 use crate::units::ByteSize;
@@ -189,6 +189,10 @@ pub struct MemorySection {
     /// tier: their host memory, holding twice the pages). `0`, the default: none, and those pages take whole
     /// frames of `host_arena`.
     pub packed_arena: ByteSize,
+    /// Pinned host memory per node for the pages of lossy regions of fp32 values, packed in slots of about a
+    /// quarter of a page (four times the pages). `0`, the default: none, and those pages go to `packed_arena`'s
+    /// slots (half of each unused) or, without it, to whole frames of `host_arena`.
+    pub packed_f32_arena: ByteSize,
     /// Size of the physical chunks arenas are made of.
     pub chunk_size: ByteSize,
     /// How frames are placed: `first-fit` or `best-fit`.
@@ -209,6 +213,7 @@ impl Default for MemorySection {
             headroom_percent: 15,
             host_arena: ByteSize(1 << 30),
             packed_arena: ByteSize(0),
+            packed_f32_arena: ByteSize(0),
             chunk_size: ByteSize(1 << 30),
             fit: Fit::FirstFit,
             high_watermark_percent: 90,
@@ -223,6 +228,14 @@ impl MemorySection {
     pub fn page(&self) -> PageSize {
         // Validated in `ClusterConfig::validate`; the default stands in should a caller build one by hand.
         PageSize::new(self.page_size.bytes()).unwrap_or_default()
+    }
+
+    /// The packed tiers' sizes, by their option's name and the values their slots are sized for.
+    pub fn packed_arenas(&self) -> [(&'static str, u64, Element); 2] {
+        [
+            ("packed_arena", self.packed_arena.bytes(), Element::Bf16),
+            ("packed_f32_arena", self.packed_f32_arena.bytes(), Element::F32),
+        ]
     }
 
     /// The arena size for a GPU of `total` bytes.
@@ -555,13 +568,15 @@ impl ClusterConfig {
         if m.host_arena.bytes() < m.page_size.bytes() {
             return Err(bad(format!("memory.host_arena {} is smaller than one page", m.host_arena)));
         }
-        let slot = Location::Packed.frame_bytes(m.page_size.bytes());
-        if m.packed_arena.bytes() > 0 && m.packed_arena.bytes() < slot {
-            return Err(bad(format!(
-                "memory.packed_arena {} is smaller than one slot ({}); 0 turns the packed tier off",
-                m.packed_arena,
-                ByteSize(slot)
-            )));
+        for (name, bytes, element) in m.packed_arenas() {
+            let slot = Location::Packed(element).frame_bytes(m.page_size.bytes());
+            if bytes > 0 && bytes < slot {
+                return Err(bad(format!(
+                    "memory.{name} {} is smaller than one slot ({}); 0 turns that packed tier off",
+                    ByteSize(bytes),
+                    ByteSize(slot)
+                )));
+            }
         }
         if let Some(s) = &self.storage {
             let ps = m.page_size.bytes();

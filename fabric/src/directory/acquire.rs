@@ -53,7 +53,7 @@ impl Directory {
         if Some(dev) == self.storage {
             return Err(DirectoryError::StorageTier("holds no leases"));
         }
-        if Some(dev) == self.packed {
+        if self.loc(dev).is_packed() {
             return Err(DirectoryError::PackedTier("holds no leases"));
         }
         let slot = req.region.slot;

@@ -1,7 +1,7 @@
 //! Regions: allocating and freeing them, looking them (and their pages) up, and checking the byte ranges and
 //! leases that calls on them name.
 
-use vfabric_allocator::{AllocClass, GlobalAddr, Location, TenantId};
+use vfabric_allocator::{AllocClass, Element, GlobalAddr, Location, TenantId};
 
 use super::error::{DirectoryError, LeaseHeld};
 use super::lease::Mode;
@@ -25,7 +25,7 @@ impl Directory {
         }
         let home = match placement.device {
             Some(Location::Storage) => return Err(DirectoryError::StorageTier("is no region's home")),
-            Some(Location::Packed) => return Err(DirectoryError::PackedTier("is no region's home")),
+            Some(Location::Packed(_)) => return Err(DirectoryError::PackedTier("is no region's home")),
             Some(Location::Host) => self.host_memory_for(placement.compression),
             Some(l) => self.dev(l)?,
             // On a node without GPUs, host memory (the region's).
@@ -83,7 +83,7 @@ impl Directory {
     /// for a lossy region that lives in the packed tier, as its placement would name it.
     pub fn home_of(&self, h: &RegionHandle) -> Result<Location, DirectoryError> {
         Ok(match self.loc(self.region(h)?.home) {
-            Location::Packed => Location::Host,
+            Location::Packed(_) => Location::Host,
             l => l,
         })
     }
@@ -105,7 +105,8 @@ impl Directory {
     }
 
     /// The host memory a region's pages go to when they leave a GPU (and a region placed in host memory lives
-    /// in): the packed tier for a lossy region on a node that has one, else host memory.
+    /// in): for a lossy region, the packed tier whose slots are sized for its values or else the one of bf16
+    /// slots (which hold either), where the node has one; else host memory.
     pub(super) fn host_of(&self, slot: u32) -> DevIdx {
         let compression = self.regions.get(slot as usize).and_then(Option::as_ref).map(|r| r.placement.compression);
         self.host_memory_for(compression.unwrap_or_default())
@@ -113,10 +114,8 @@ impl Directory {
 
     /// [`Directory::host_of`] for a region stored with `compression`.
     fn host_memory_for(&self, compression: vfabric_allocator::Compression) -> DevIdx {
-        match self.packed {
-            Some(p) if compression.is_lossy() => p,
-            _ => self.host,
-        }
+        let tier = |e| self.devs.iter().position(|d| d.location == Location::Packed(e)).map(|i| i as DevIdx);
+        compression.lossy().and_then(|l| tier(l.element).or_else(|| tier(Element::Bf16))).unwrap_or(self.host)
     }
 
     /// Whether a device is host memory (pages as they are, or packed).

@@ -12,7 +12,7 @@ impl Directory {
     /// fragmented). `Done` when such a run already exists.
     pub fn plan_compaction(&mut self, device: Location, n: u32) -> Result<Step<()>, DirectoryError> {
         let dev = self.dev(device)?;
-        if Some(dev) == self.packed {
+        if self.loc(dev).is_packed() {
             return Err(DirectoryError::PackedTier("is not compacted: its slots hold no lease"));
         }
         let d = &self.devs[usize::from(dev)];

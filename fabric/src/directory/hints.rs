@@ -35,7 +35,7 @@ impl Directory {
         if Some(dev) == self.storage {
             return Err(DirectoryError::StorageTier("takes no prefetches"));
         }
-        if Some(dev) == self.packed {
+        if self.loc(dev).is_packed() {
             return Err(DirectoryError::PackedTier("takes no prefetches"));
         }
         let slot = h.slot;

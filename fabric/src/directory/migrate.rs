@@ -19,7 +19,7 @@ impl Directory {
         if Some(dev) == self.storage {
             return Err(DirectoryError::StorageTier("is no region's home"));
         }
-        if Some(dev) == self.packed {
+        if self.loc(dev).is_packed() {
             return Err(DirectoryError::PackedTier("is no region's home"));
         }
         let slot = h.slot;

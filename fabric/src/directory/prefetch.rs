@@ -114,7 +114,7 @@ impl Directory {
         let staging = !self.is_host_memory(dev) && Some(dev) != self.storage && (from..to).any(stored_only);
         let dev = if staging { self.host_of(slot) } else { dev };
         // No runs in the packed tier: it holds no lease to want one, and its pages move only packed or expanded.
-        let runs = runs && !staging && Some(dev) != self.packed;
+        let runs = runs && !staging && !self.loc(dev).is_packed();
         let frames = &self.devs[usize::from(dev)].frames;
         // The pages to copy, in order, up to one that cannot come (leased for writing, pinned where it is, or
         // never written).

@@ -65,9 +65,6 @@ pub struct Directory {
     pub(super) host: DevIdx,
     /// The storage tier, if the node has one: host memory's evictions go there.
     pub(super) storage: Option<DevIdx>,
-    /// The packed tier, if the node has one: lossy regions' pages leaving a GPU go there rather than to host
-    /// memory, each in a slot of about half a page.
-    pub(super) packed: Option<DevIdx>,
     pub(super) regions: Vec<Option<RegionEntry>>,
     pub(super) generations: Vec<u64>,
     pub(super) free_slots: Vec<u32>,
@@ -83,8 +80,8 @@ pub struct Directory {
 
 impl Directory {
     /// A directory over `devices` (location and arena size in bytes); exactly one must be the host, and at most
-    /// one the storage tier and one the packed tier (whose frames are slots of
-    /// [`Location::frame_bytes`], not pages).
+    /// one the storage tier and one packed tier of each slot size (whose frames are
+    /// slots of [`Location::frame_bytes`], not pages).
     pub fn new(cfg: DirectoryConfig, devices: &[(Location, u64)]) -> Result<Self, DirectoryError> {
         if cfg.low_watermark_percent > cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
             return Err(DirectoryError::InvalidWatermarks {
@@ -97,7 +94,7 @@ impl Directory {
             let tier = match location {
                 Location::Gpu(_) => Tier::Gpu,
                 // A slot of the packed tier counts against a tenant's host memory as a page does.
-                Location::Host | Location::Packed => Tier::Host,
+                Location::Host | Location::Packed(_) => Tier::Host,
                 Location::Storage => Tier::Nvme,
             };
             // The arena counts frames of a page: as many as the device holds at its own frame size.
@@ -115,7 +112,6 @@ impl Directory {
         }
         let host = devs.iter().position(|d| d.location == Location::Host).ok_or(DirectoryError::NoHostArena)? as DevIdx;
         let storage = devs.iter().position(|d| d.location == Location::Storage).map(|i| i as DevIdx);
-        let packed = devs.iter().position(|d| d.location == Location::Packed).map(|i| i as DevIdx);
         let ps = cfg.page_size.bytes();
         let space = RangeAllocator::new((MAX_OFFSET + 1) / ps * ps, ps, Fit::FirstFit)
             .map_err(DirectoryError::InvalidAddressSpace)?;
@@ -124,7 +120,6 @@ impl Directory {
             devs,
             host,
             storage,
-            packed,
             regions: Vec::new(),
             generations: Vec::new(),
             free_slots: Vec::new(),

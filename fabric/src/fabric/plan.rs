@@ -61,10 +61,11 @@ impl NodePlan {
             arenas.push((Location::Gpu(g), config.memory.gpu_arena_bytes(total) / ps * ps));
         }
         arenas.push((Location::Host, config.memory.host_arena.bytes() / ps * ps));
-        let slot = Location::Packed.frame_bytes(ps);
-        let packed = config.memory.packed_arena.bytes() / slot * slot;
-        if packed > 0 {
-            arenas.push((Location::Packed, packed));
+        for (_, bytes, element) in config.memory.packed_arenas() {
+            let slot = Location::Packed(element).frame_bytes(ps);
+            if bytes >= slot {
+                arenas.push((Location::Packed(element), bytes / slot * slot));
+            }
         }
         let storage = config.storage.as_ref().map(|s| s.size.bytes() / ps * ps);
         tracing::debug!(node, gpus = gpus.len(), ?arenas, storage, "node planned");

@@ -1,7 +1,7 @@
 //! Conversions between the fabric's types and their forms on the wire, errors included: what a refusal says
 //! ([`refusal`]) and what an answer means to the caller ([`reply_or_error`]).
 
-use vfabric_allocator::{Compression, GlobalAddr, Location};
+use vfabric_allocator::{Compression, Element, GlobalAddr, Location};
 
 use super::message::{ErrorKind, Message, WireLocation, WireMode, WireRegion};
 use crate::directory::{DirectoryError, Mode, Priority, RegionHandle};
@@ -57,7 +57,8 @@ impl From<Location> for WireLocation {
             Location::Gpu(g) => WireLocation::Gpu(g),
             Location::Host => WireLocation::Host,
             Location::Storage => WireLocation::Storage,
-            Location::Packed => WireLocation::Packed,
+            Location::Packed(Element::Bf16) => WireLocation::Packed,
+            Location::Packed(Element::F32) => WireLocation::PackedF32,
         }
     }
 }
@@ -68,7 +69,8 @@ impl From<WireLocation> for Location {
             WireLocation::Gpu(g) => Location::Gpu(g),
             WireLocation::Host => Location::Host,
             WireLocation::Storage => Location::Storage,
-            WireLocation::Packed => Location::Packed,
+            WireLocation::Packed => Location::Packed(Element::Bf16),
+            WireLocation::PackedF32 => Location::Packed(Element::F32),
         }
     }
 }

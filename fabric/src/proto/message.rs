@@ -14,8 +14,10 @@ pub enum WireLocation {
     Host,
     /// The storage tier of the node that receives the message (added last: variant order is the wire format).
     Storage,
-    /// The packed tier of the node that receives the message (added last, as `Storage` was).
+    /// The packed tier of bf16 slots of the node that receives the message (added last, as `Storage` was).
     Packed,
+    /// The packed tier of fp32 slots of the node that receives the message (added last).
+    PackedF32,
 }
 
 /// The access a lease asks for.

@@ -201,7 +201,7 @@ pub(crate) fn prepare(
     config: &MoverConfig,
     ours: fn(&dyn Arena) -> bool,
 ) -> Result<(Plan, Execution), MoveError> {
-    if let Some(a) = [src, dst].into_iter().find(|a| a.location() == Location::Packed) {
+    if let Some(a) = [src, dst].into_iter().find(|a| a.location().is_packed()) {
         return Err(MoveError::EngineUnavailable {
             engine: Engine::CopyEngine,
             from: src.location(),
@@ -306,7 +306,7 @@ pub(crate) fn prepare_coded(
         Coding::Pack(_) => (src, dst),
         Coding::Unpack(_) => (dst, src),
     };
-    if values.location() == Location::Packed || packed.location().frame_bytes(ps) < l.packed_len(ps) {
+    if values.location().is_packed() || packed.location().frame_bytes(ps) < l.packed_len(ps) {
         return Err(MoveError::EngineUnavailable {
             engine: Engine::SmKernel,
             from: src.location(),
