@@ -93,6 +93,61 @@ pub struct LossyRow {
     pub rel_rms_error: f64,
     /// Packed pages that differ from the CPU codec's packing of the same page.
     pub pages_unlike_cpu: u64,
+    /// The CPU codec on one core (what host reads and writes of packed pages run), GB/s of page bytes.
+    pub cpu: CpuCodec,
+}
+
+/// The CPU codec on one core, beside a plain copy of the same pages in host memory.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct CpuCodec {
+    /// Pages (values) copied, GB/s.
+    pub copy_gb_s: f64,
+    /// Pages packed, GB/s of values.
+    pub pack_gb_s: f64,
+    /// Packed pages expanded, GB/s of values.
+    pub unpack_gb_s: f64,
+}
+
+/// Times the CPU codec on one core over the whole pages of `data` (at most 64 MiB of them), best of `iters`
+/// runs (at least 3), beside copying the same pages; checks every value it expands against its bound.
+fn cpu_codec(l: vfabric_allocator::Lossy, data: &[u8], ps: usize, iters: usize) -> Result<CpuCodec, String> {
+    let pages: Vec<&[u8]> = data.chunks_exact(ps).take((64 << 20) / ps).collect();
+    let n = l.packed_len(ps as u64) as usize;
+    let (mut packed, mut back) = (vec![0u8; n * pages.len()], vec![0u8; ps * pages.len()]);
+    let best = |f: &mut dyn FnMut()| {
+        (0..iters.max(3))
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let copy = best(&mut || {
+        for (p, out) in pages.iter().zip(back.chunks_exact_mut(ps)) {
+            out.copy_from_slice(p);
+        }
+        std::hint::black_box(&back);
+    });
+    let pack = best(&mut || {
+        for (p, out) in pages.iter().zip(packed.chunks_exact_mut(n)) {
+            lossy::pack(l, p, out);
+        }
+        std::hint::black_box(&packed);
+    });
+    let unpack = best(&mut || {
+        for (p, out) in packed.chunks_exact(n).zip(back.chunks_exact_mut(ps)) {
+            lossy::unpack(l, p, out);
+        }
+        std::hint::black_box(&back);
+    });
+    for (p, out) in pages.iter().zip(back.chunks_exact(ps)) {
+        if lossy::worst_error(l, p, out).0 > 1.0 {
+            return Err(format!("{l:?}: a value expanded by the CPU codec broke its bound"));
+        }
+    }
+    let gb = |s: f64| (pages.len() * ps) as f64 / s / 1e9;
+    Ok(CpuCodec { copy_gb_s: gb(copy), pack_gb_s: gb(pack), unpack_gb_s: gb(unpack) })
 }
 
 /// The synthetic kinds measured, with their values.
@@ -178,6 +233,7 @@ impl Rig {
             worst_over_bound: worst,
             rel_rms_error: if val2 > 0.0 { (err2 / val2).sqrt() } else { 0.0 },
             pages_unlike_cpu: unlike,
+            cpu: cpu_codec(l, data, ps, self.iters)?,
         })
     }
 }
@@ -271,6 +327,7 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
         "benchmark": "lossy", "date": date, "command": command_line, "device": layer.describe(),
         "bytes": size, "page_size": ps, "iters": args.iters, "rows": rows,
         "packed_tier": tier.as_ref().map(|t| &t.rows),
+        "host_reads": tier.as_ref().map(|t| &t.reads),
     });
     let (j, m) = report::write(&args.out, &name, &doc, &md).map_err(|e| format!("writing results: {e}"))?;
     println!("{md}");
@@ -319,6 +376,28 @@ fn markdown(command_line: &str, date: &str, device: &str, size: u64, ps: u64, ro
             r.worst_over_bound,
             r.rel_rms_error,
             r.pages_unlike_cpu
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n## The CPU codec\n\n- one core, the same pages (at most 64 MiB of each kind) in host memory, best of \
+         the runs: a plain copy of the pages beside packing and expanding them as host reads and writes of packed \
+         pages do; GB/s count page bytes (values)\n"
+    );
+    let _ = writeln!(md, "| data | codec | copy GB/s | pack GB/s (x copy) | expand GB/s (x copy) |");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|");
+    for r in rows {
+        let c = r.cpu;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} | {:.2} ({:.2}) | {:.2} ({:.2}) |",
+            r.data,
+            r.codec,
+            c.copy_gb_s,
+            c.pack_gb_s,
+            c.pack_gb_s / c.copy_gb_s,
+            c.unpack_gb_s,
+            c.unpack_gb_s / c.copy_gb_s
         );
     }
     md

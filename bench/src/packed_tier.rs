@@ -43,10 +43,25 @@ pub struct TierRow {
     pub worst_over_bound: f64,
 }
 
+/// Host reads of a region whose pages sit in host memory.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostReadRow {
+    /// The lossy region's compression.
+    pub codec: String,
+    /// Bytes of each region read in one call.
+    pub bytes: u64,
+    /// A plain region's pages, in host frames: GB/s (the baseline).
+    pub plain_gb_s: f64,
+    /// The lossy region's pages, in its packed tier, expanded on the CPU: GB/s of values.
+    pub lossy_gb_s: f64,
+}
+
 /// The walks and their Markdown.
 pub struct TierPart {
     /// For each region: host frames, then the packed tiers.
     pub rows: Vec<TierRow>,
+    /// Host reads of each lossy region beside a plain one.
+    pub reads: Vec<HostReadRow>,
     /// The part's Markdown.
     pub markdown: String,
 }
@@ -146,7 +161,72 @@ pub fn run(base: &ClusterConfig, budget: u64, host: u64, ps: u64, dir: &Path) ->
         }
         section(&mut md, (c, kind), (budget, host, pages, ps), dir, &rows[at..]);
     }
-    Ok(TierPart { rows, markdown: md })
+    // Host reads of a region of a quarter of host memory's bytes, at most 1 GiB, at least 32 pages (its own
+    // node's host memory and packed tier hold it whole).
+    let bytes = (host / 4).min(1 << 30).max(32 * ps) / ps * ps;
+    let mut reads = Vec::new();
+    for (i, (c, kind, _)) in REGIONS.into_iter().enumerate() {
+        let values = compression::synthetic(kind, (64 * ps) as usize, 5 + i as u64);
+        reads.push(host_reads(base, (ps, bytes), c, &values, dir)?);
+    }
+    let _ = writeln!(
+        md,
+        "\n### Host reads of pages in host memory\n\n- a region of {} written from the host over a GPU budget of 4 \
+         pages, then read whole in one call (best of 3): a plain region from host frames (the baseline) beside a \
+         lossy one from its packed tier, expanded on the CPU on up to 8 threads\n\n| codec | plain GB/s | lossy GB/s \
+         | lossy / plain |\n|---|---:|---:|---:|",
+        ByteSize(bytes)
+    );
+    for r in &reads {
+        let _ = writeln!(
+            md,
+            "| {} | {:.2} | {:.2} | {:.2} |",
+            r.codec,
+            r.plain_gb_s,
+            r.lossy_gb_s,
+            r.lossy_gb_s / r.plain_gb_s
+        );
+    }
+    Ok(TierPart { rows, reads, markdown: md })
+}
+
+/// Reads a region of `bytes` held in host memory in one call (best of 3), plain and stored with `c`: GB/s.
+fn host_reads(
+    base: &ClusterConfig,
+    (ps, bytes): (u64, u64),
+    c: Compression,
+    values: &[u8],
+    dir: &Path,
+) -> Result<HostReadRow, String> {
+    let l = c.lossy().ok_or("not a lossy codec")?;
+    let e = |e: FabricError| format!("host reads, {c}: {e}");
+    let slots = bytes / ps + 8;
+    let packed = slots * Location::Packed(l.element).frame_bytes(ps);
+    let memory = tiers::Memory { budget: 4 * ps, host: bytes + 8 * ps, packed: Some((l.element, packed)) };
+    let f = tiers::fabric(base, memory, dir, 8 * ps)?;
+    let mut gb_s = Vec::new();
+    for compression in [Compression::None, c] {
+        let placement = Placement { device: Some(Location::Gpu(0)), compression, ..Placement::default() };
+        let r = f.alloc(bytes, placement).map_err(e)?;
+        let sample = values.len() as u64 / ps;
+        for p in 0..bytes / ps {
+            let at = ((p % sample) * ps) as usize;
+            f.write(&r, p * ps, &values[at..at + ps as usize]).map_err(e)?;
+        }
+        let mut back = vec![0u8; bytes as usize];
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            f.read(&r, 0, &mut back).map_err(e)?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        if compression == c && lossy::worst_error(l, &values[..ps as usize], &back[..ps as usize]).0 > 1.0 {
+            return Err(format!("host reads, {c}: a value broke its bound"));
+        }
+        f.free(&r).map_err(e)?;
+        gb_s.push(bytes as f64 / best / 1e9);
+    }
+    Ok(HostReadRow { codec: c.to_string(), bytes, plain_gb_s: gb_s[0], lossy_gb_s: gb_s[1] })
 }
 
 /// The Markdown of one region's walks.

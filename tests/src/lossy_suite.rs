@@ -301,6 +301,20 @@ pub fn the_fp32_tier_holds_fp32_pages_in_a_quarter_of_the_bytes(cfg: &ClusterCon
         let mut back = vec![0u8; data.len()];
         f.read(&r, 0, &mut back).expect("read");
         check_bound(l, &data, &back, &format!("{c} host read"));
+        // One read of many packed pages (expanded on several threads) gives what reads of a page each, and a
+        // read across pages from the middle of one, give.
+        let mut one_by_one = vec![0u8; data.len()];
+        for (p, page) in one_by_one.chunks_mut(ps as usize).enumerate() {
+            f.read(&r, p as u64 * ps, page).expect("read a page");
+        }
+        assert!(one_by_one == back, "{c}: a read of many pages differs from reads of one");
+        let len = (3 * ps) as usize;
+        let mut across = vec![0u8; len];
+        for page in (0..n - 4).step_by(3) {
+            let at = (page * ps + ps / 2 + 6) as usize;
+            f.read(&r, at as u64, &mut across).expect("read across pages");
+            assert!(across[..] == back[at..at + len], "{c}: a read across pages from {at} differs");
+        }
         for p in (0..n).step_by(4) {
             let end = (p + 4).min(n);
             let lease = f.acquire(&r, p * ps..end * ps, g, Mode::Read).expect("acquire");

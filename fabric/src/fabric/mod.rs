@@ -290,8 +290,15 @@ impl Fabric {
         let pieces = dir.plan_read(region, offset, buf.len() as u64)?;
         let lossy = dir.region(region)?.placement.compression.lossy();
         let ps = self.inner.page_size;
+        // Pages packed in host memory are expanded together at the end (on several cores); the pieces cover
+        // `buf` in order, so each takes its own slice of it.
+        let mut expansions = Vec::new();
+        let mut rest = &mut buf[..];
+        let mut rest_at = 0;
         for p in pieces {
-            let out = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut((p.buf_offset - rest_at) as usize);
+            let (out, tail) = tail.split_at_mut(p.len as usize);
+            (rest, rest_at) = (tail, p.buf_offset + p.len);
             match p.source {
                 ReadSource::Zero => out.fill(0),
                 ReadSource::At(Location::Storage, slot) => {
@@ -318,11 +325,19 @@ impl Fabric {
                     let arena = self.arena_at(dir, loc)?;
                     let at = u64::from(frame) * loc.frame_bytes(ps);
                     match lossy {
-                        Some(l) if loc.is_host_memory() => packed::read(arena.as_ref(), at, l, ps, p.page_offset, out)?,
+                        Some(_) if loc.is_host_memory() => expansions.push(packed::Expansion {
+                            arena: arena.as_ref(),
+                            at,
+                            page_offset: p.page_offset,
+                            out,
+                        }),
                         _ => arena.read(at + p.page_offset, out)?,
                     }
                 }
             }
+        }
+        if let Some(l) = lossy.filter(|_| !expansions.is_empty()) {
+            packed::read_all(l, ps, expansions)?;
         }
         self.inner.counters.host_io.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
