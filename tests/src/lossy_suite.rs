@@ -308,9 +308,10 @@ pub fn the_fp32_tier_holds_fp32_pages_in_a_quarter_of_the_bytes(cfg: &ClusterCon
             f.read(&r, p as u64 * ps, page).expect("read a page");
         }
         assert!(one_by_one == back, "{c}: a read of many pages differs from reads of one");
-        let len = (3 * ps) as usize;
+        // Over a MiB, so that it is expanded on several threads too.
+        let len = ((2 << 20) / ps + 2).min(n / 2) as usize * ps as usize;
         let mut across = vec![0u8; len];
-        for page in (0..n - 4).step_by(3) {
+        for page in (0..n - 1 - len as u64 / ps).step_by(3) {
             let at = (page * ps + ps / 2 + 6) as usize;
             f.read(&r, at as u64, &mut across).expect("read across pages");
             assert!(across[..] == back[at..at + len], "{c}: a read across pages from {at} differs");

@@ -51,7 +51,9 @@ const EXPAND_THREADS: usize = 8;
 /// GB/s a core, a tenth of what host memory copies, so a read of many packed pages uses the cores it can.
 pub(crate) fn read_all(l: Lossy, page_size: u64, mut pieces: Vec<Expansion<'_>>) -> Result<(), FabricError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(EXPAND_THREADS).min(pieces.len());
+    // Under a MiB a thread's start would cost about what it saves.
+    let bytes: usize = pieces.iter().map(|p| p.out.len()).sum();
+    let threads = if bytes < 1 << 20 { 1 } else { cores.min(EXPAND_THREADS).min(pieces.len()) };
     if threads <= 1 {
         return pieces.into_iter().try_for_each(|p| read(p.arena, p.at, l, page_size, p.page_offset, p.out));
     }
@@ -65,9 +67,12 @@ pub(crate) fn read_all(l: Lossy, page_size: u64, mut pieces: Vec<Expansion<'_>>)
                 })
             })
             .collect();
-        running.into_iter().try_for_each(|t| {
-            t.join().unwrap_or(Err(FabricError::Internal("a thread expanding packed pages panicked")))
-        })
+        // Every thread joined (the first error is the answer), so none is left to the scope's end.
+        let done: Vec<_> = running
+            .into_iter()
+            .map(|t| t.join().unwrap_or(Err(FabricError::Internal("a thread expanding packed pages panicked"))))
+            .collect();
+        done.into_iter().collect()
     })
 }
 
