@@ -43,7 +43,7 @@ pub struct TierRow {
     pub worst_over_bound: f64,
 }
 
-/// Host reads of a region whose pages sit in host memory.
+/// Host reads and writes of a region whose pages sit in host memory.
 #[derive(Debug, Clone, Serialize)]
 pub struct HostReadRow {
     /// The lossy region's compression.
@@ -54,6 +54,10 @@ pub struct HostReadRow {
     pub plain_gb_s: f64,
     /// The lossy region's pages, in its packed tier, expanded on the CPU: GB/s of values.
     pub lossy_gb_s: f64,
+    /// Writing the plain region's pages again, in host frames: GB/s (the baseline).
+    pub plain_write_gb_s: f64,
+    /// Writing the lossy region's pages again, packed on the CPU into its packed tier: GB/s of values.
+    pub lossy_write_gb_s: f64,
 }
 
 /// The walks and their Markdown.
@@ -171,26 +175,31 @@ pub fn run(base: &ClusterConfig, budget: u64, host: u64, ps: u64, dir: &Path) ->
     }
     let _ = writeln!(
         md,
-        "\n### Host reads of pages in host memory\n\n- a region of {} written from the host over a GPU budget of 4 \
-         pages, then read whole in one call (best of 3): a plain region from host frames (the baseline) beside a \
-         lossy one from its packed tier, expanded on the CPU on up to 8 threads\n\n| codec | plain GB/s | lossy GB/s \
-         | lossy / plain |\n|---|---:|---:|---:|",
+        "\n### Host reads and writes of pages in host memory\n\n- a region of {} written from the host over a GPU \
+         budget of 4 pages, then read whole in one call and written whole again in one call (best of 3 each): a \
+         plain region in host frames (the baseline) beside a lossy one in its packed tier, expanded and packed on \
+         the CPU on up to 8 threads\n\n| codec | read: plain GB/s | lossy GB/s | lossy / plain | write: plain GB/s \
+         | lossy GB/s | lossy / plain |\n|---|---:|---:|---:|---:|---:|---:|",
         ByteSize(bytes)
     );
     for r in &reads {
         let _ = writeln!(
             md,
-            "| {} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r.codec,
             r.plain_gb_s,
             r.lossy_gb_s,
-            r.lossy_gb_s / r.plain_gb_s
+            r.lossy_gb_s / r.plain_gb_s,
+            r.plain_write_gb_s,
+            r.lossy_write_gb_s,
+            r.lossy_write_gb_s / r.plain_write_gb_s
         );
     }
     Ok(TierPart { rows, reads, markdown: md })
 }
 
-/// Reads a region of `bytes` held in host memory in one call (best of 3), plain and stored with `c`: GB/s.
+/// Reads a region of `bytes` held in host memory in one call and writes it again in one call (best of 3 each),
+/// plain and stored with `c`: GB/s.
 fn host_reads(
     base: &ClusterConfig,
     (ps, bytes): (u64, u64),
@@ -214,19 +223,33 @@ fn host_reads(
             f.write(&r, p * ps, &values[at..at + ps as usize]).map_err(e)?;
         }
         let mut back = vec![0u8; bytes as usize];
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let t = Instant::now();
-            f.read(&r, 0, &mut back).map_err(e)?;
-            best = best.min(t.elapsed().as_secs_f64());
-        }
+        let best_of_3 = |call: &mut dyn FnMut() -> Result<(), FabricError>| -> Result<f64, String> {
+            let mut best = f64::INFINITY;
+            for _ in 0..3 {
+                let t = Instant::now();
+                call().map_err(e)?;
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            Ok(best)
+        };
+        let read = best_of_3(&mut || f.read(&r, 0, &mut back))?;
+        // The same values written again in one call, into the pages where they are now.
+        let again = back.clone();
+        let write = best_of_3(&mut || f.write(&r, 0, &again))?;
         if compression == c && lossy::worst_error(l, &values[..ps as usize], &back[..ps as usize]).0 > 1.0 {
             return Err(format!("host reads, {c}: a value broke its bound"));
         }
         f.free(&r).map_err(e)?;
-        gb_s.push(bytes as f64 / best / 1e9);
+        gb_s.push((bytes as f64 / read / 1e9, bytes as f64 / write / 1e9));
     }
-    Ok(HostReadRow { codec: c.to_string(), bytes, plain_gb_s: gb_s[0], lossy_gb_s: gb_s[1] })
+    Ok(HostReadRow {
+        codec: c.to_string(),
+        bytes,
+        plain_gb_s: gb_s[0].0,
+        lossy_gb_s: gb_s[1].0,
+        plain_write_gb_s: gb_s[0].1,
+        lossy_write_gb_s: gb_s[1].1,
+    })
 }
 
 /// The Markdown of one region's walks.

@@ -323,6 +323,23 @@ pub fn the_fp32_tier_holds_fp32_pages_in_a_quarter_of_the_bytes(cfg: &ClusterCon
             check_bound(l, &data[(p * ps) as usize..(end * ps) as usize], &got, &format!("{c} lease of {p}..{end}"));
             f.release(lease).expect("release");
         }
+        // One write over a MiB into pages packed in host memory (packed again on several threads), from the
+        // middle of one page to the middle of another (whole groups, so that the bound of what it wrote is
+        // that of its own values): what it wrote reads back within its bound, and pages it did not touch are
+        // unchanged.
+        f.read(&r, 0, &mut back).expect("read");
+        let group = LOSSY_GROUP * l.element.bytes();
+        let (at, len) = (ps as usize + 3 * group, (2 << 20) + 5 * group);
+        let new = values(l.element, len, 67);
+        f.write(&r, at as u64, &new).expect("one write over many packed pages");
+        let mut after = vec![0u8; back.len()];
+        f.read(&r, 0, &mut after).expect("read");
+        check_bound(l, &new, &after[at..at + len], &format!("{c}: one write over many pages"));
+        let untouched = |p: usize| (p + 1) * (ps as usize) <= at || p * (ps as usize) >= at + len;
+        for p in (0..n as usize).filter(|&p| untouched(p)) {
+            let page = p * ps as usize..(p + 1) * ps as usize;
+            assert!(after[page.clone()] == back[page], "{c}: page {p}, outside the write, changed");
+        }
         f.free(&r).expect("free");
         assert_eq!(used(quarter), 0, "{c}: freed, the region left pages in the fp32 slots");
     }

@@ -264,17 +264,24 @@ impl Fabric {
         let targets = self.drive(&mut st, |d| d.step_write(region, offset, len))?;
         let lossy = st.dir.region(region)?.placement.compression.lossy();
         let ps = self.inner.page_size;
-        let mut pieces = Vec::new();
+        // Pages packed in host memory are packed again together at the end (on several cores).
+        let (mut pieces, mut repackings) = (Vec::new(), Vec::new());
         for t in targets {
             let arena = self.arena_at(&st.dir, t.location)?;
             slice_parts(parts, t.buf_offset, t.len, &mut pieces);
             let at = u64::from(t.frame) * t.location.frame_bytes(ps);
             match lossy {
-                Some(l) if t.location.is_host_memory() => {
-                    packed::write(arena.as_ref(), at, l, ps, t.page_offset, &pieces)?
-                }
+                Some(_) if t.location.is_host_memory() => repackings.push(packed::Repacking {
+                    arena: arena.as_ref(),
+                    at,
+                    page_offset: t.page_offset,
+                    pieces: pieces.clone(),
+                }),
                 _ => arena.write_parts(at + t.page_offset, &pieces)?,
             }
+        }
+        if let Some(l) = lossy.filter(|_| !repackings.is_empty()) {
+            packed::write_all(l, ps, repackings)?;
         }
         self.inner.counters.host_io.fetch_add(len, Ordering::Relaxed);
         Ok(())
@@ -292,9 +299,7 @@ impl Fabric {
         let ps = self.inner.page_size;
         // Pages packed in host memory are expanded together at the end (on several cores); the pieces cover
         // `buf` in order, so each takes its own slice of it.
-        let mut expansions = Vec::new();
-        let mut rest = &mut buf[..];
-        let mut rest_at = 0;
+        let (mut expansions, mut rest, mut rest_at) = (Vec::new(), &mut buf[..], 0);
         for p in pieces {
             let (_, tail) = std::mem::take(&mut rest).split_at_mut((p.buf_offset - rest_at) as usize);
             let (out, tail) = tail.split_at_mut(p.len as usize);

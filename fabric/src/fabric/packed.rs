@@ -44,41 +44,61 @@ pub(crate) struct Expansion<'a> {
     pub out: &'a mut [u8],
 }
 
-/// The most threads one host read expands pages on.
-const EXPAND_THREADS: usize = 8;
+/// A piece of a host write into a page packed in host memory: the arena and byte of the packed page, the offset
+/// in the page, and the bytes that go there (one after the other).
+pub(crate) struct Repacking<'a> {
+    pub arena: &'a dyn Arena,
+    pub at: u64,
+    pub page_offset: u64,
+    pub pieces: Vec<&'a [u8]>,
+}
 
-/// Carries out `pieces` ([`read`] each), on several threads when there are several: expanding runs at a few
-/// GB/s a core, a tenth of what host memory copies, so a read of many packed pages uses the cores it can.
-pub(crate) fn read_all(l: Lossy, page_size: u64, mut pieces: Vec<Expansion<'_>>) -> Result<(), FabricError> {
+/// The most threads one host read or write packs or expands pages on.
+const CODEC_THREADS: usize = 8;
+
+/// Runs `job` on each of `jobs`, on several threads when they are `bytes` of a MiB or more: the codec runs at a
+/// few GB/s a core, a fraction of what host memory copies, so a call over many packed pages uses the cores it
+/// can. Every thread is joined; the first error is the answer.
+fn on_threads<T: Send>(
+    jobs: &mut [T],
+    bytes: usize,
+    job: impl Fn(&mut T) -> Result<(), FabricError> + Sync,
+) -> Result<(), FabricError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Under a MiB a thread's start would cost about what it saves.
-    let bytes: usize = pieces.iter().map(|p| p.out.len()).sum();
-    let threads = if bytes < 1 << 20 { 1 } else { cores.min(EXPAND_THREADS).min(pieces.len()) };
+    let threads = if bytes < 1 << 20 { 1 } else { cores.min(CODEC_THREADS).min(jobs.len()) };
     if threads <= 1 {
-        return pieces.into_iter().try_for_each(|p| read(p.arena, p.at, l, page_size, p.page_offset, p.out));
+        return jobs.iter_mut().try_for_each(job);
     }
-    let per_thread = pieces.len().div_ceil(threads);
+    let per_thread = jobs.len().div_ceil(threads);
+    let job = &job;
     std::thread::scope(|s| {
-        let running: Vec<_> = pieces
-            .chunks_mut(per_thread)
-            .map(|share| {
-                s.spawn(move || {
-                    share.iter_mut().try_for_each(|p| read(p.arena, p.at, l, page_size, p.page_offset, p.out))
-                })
-            })
-            .collect();
-        // Every thread joined (the first error is the answer), so none is left to the scope's end.
+        let running: Vec<_> =
+            jobs.chunks_mut(per_thread).map(|share| s.spawn(move || share.iter_mut().try_for_each(job))).collect();
         let done: Vec<_> = running
             .into_iter()
-            .map(|t| t.join().unwrap_or(Err(FabricError::Internal("a thread expanding packed pages panicked"))))
+            .map(|t| t.join().unwrap_or(Err(FabricError::Internal("a thread packing or expanding pages panicked"))))
             .collect();
         done.into_iter().collect()
     })
 }
 
+/// Carries out `pieces` ([`read`] each), on several threads when there are several.
+pub(crate) fn read_all(l: Lossy, page_size: u64, mut pieces: Vec<Expansion<'_>>) -> Result<(), FabricError> {
+    let bytes = pieces.iter().map(|p| p.out.len()).sum();
+    on_threads(&mut pieces, bytes, |p| read(p.arena, p.at, l, page_size, p.page_offset, p.out))
+}
+
+/// Carries out `pieces` ([`write`] each), on several threads when there are several.
+pub(crate) fn write_all(l: Lossy, page_size: u64, mut pieces: Vec<Repacking<'_>>) -> Result<(), FabricError> {
+    let bytes = pieces.iter().flat_map(|p| &p.pieces).map(|b| b.len()).sum();
+    on_threads(&mut pieces, bytes, |p| write(p.arena, p.at, l, page_size, p.page_offset, &p.pieces))
+}
+
 /// Writes `pieces` (one after the other) at `page_offset` of the packed page at byte `at` of `arena`: expands
 /// it, writes them, and packs it again (values of the page the write does not cover go through the codec once
-/// more; packing what was expanded changes them by at most the declared bound again).
+/// more; packing what was expanded changes them by at most the declared bound again). A write of the whole page
+/// packs it without expanding the old one.
 pub(crate) fn write(
     arena: &dyn Arena,
     at: u64,
@@ -87,7 +107,12 @@ pub(crate) fn write(
     page_offset: u64,
     pieces: &[&[u8]],
 ) -> Result<(), FabricError> {
-    let mut page = expand(l, &read_packed(arena, at, l, page_size)?, page_size);
+    let whole = page_offset == 0 && pieces.iter().map(|p| p.len() as u64).sum::<u64>() == page_size;
+    let mut page = if whole {
+        vec![0u8; page_size as usize]
+    } else {
+        expand(l, &read_packed(arena, at, l, page_size)?, page_size)
+    };
     let mut o = page_offset as usize;
     for p in pieces {
         page[o..o + p.len()].copy_from_slice(p);
