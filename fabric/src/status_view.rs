@@ -277,8 +277,11 @@ fn reservations(now: &Value) -> String {
     out
 }
 
-/// A location as the fabric names devices (`gpu0`, `host`, `storage`).
+/// A location as the fabric names devices (`gpu0`, `host`, `storage`, `packed`, `packed-f32`).
 fn location(v: &Value) -> String {
+    if let Ok(l) = serde_json::from_value::<vfabric_allocator::Location>(v.clone()) {
+        return l.to_string();
+    }
     match v {
         Value::String(s) => s.to_lowercase(),
         Value::Object(m) => m.iter().map(|(k, n)| format!("{}{n}", k.to_lowercase())).collect(),
@@ -322,5 +325,22 @@ mod tests {
         // Waits: 1.05 s fetching since start; 4.19 s more in 2 s, 2,097 ms a second.
         assert!(first.contains("callers waited since start: fetching 1048.6 ms"), "{first}");
         assert!(text.contains("callers waited, the last 2.0 s: fetching 2097.2 ms/s"), "{text}");
+    }
+
+    #[test]
+    fn packed_tiers_show_by_name_in_slots() {
+        let mut now = status(0, json!([{"id": 9, "location": {"Packed": "F32"}, "tenant": 0, "bytes": 1 << 20}]));
+        now["fabric"]["directory"]["devices"] = json!([
+            {"location": {"Packed": "Bf16"}, "frames": 10, "used": 4, "leased": 0, "largest_free_run": 6},
+            {"location": {"Packed": "F32"}, "frames": 10, "used": 0, "leased": 0, "largest_free_run": 10},
+            {"location": {"Gpu": 0}, "frames": 10, "used": 0, "leased": 0, "largest_free_run": 10},
+        ]);
+        let text = render(&now, None);
+        // 64 KiB pages: bf16 slots of 36 KiB, fp32 slots of 20 KiB.
+        let row = |name: &str| text.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_owned();
+        assert!(row("packed ").contains("360KiB") && row("packed ").contains("144KiB"), "{text}");
+        assert!(row("packed-f32 ").contains("200KiB"), "{text}");
+        assert!(row("gpu0 ").contains("640KiB"), "{text}");
+        assert!(row("9 ").contains("packed-f32"), "{text}");
     }
 }

@@ -254,6 +254,8 @@ pub fn the_packed_tier_holds_lossy_pages_in_half_the_bytes(cfg: &ClusterConfig, 
     let data = values(Element::F32, ((frames_of(&f, g) + 4) * ps) as usize, 47);
     f.write(&r, 0, &data).expect("write");
     assert!(used(Location::Host) == 0 && used(packed) >= 4, "fp32 pages kept out of the bf16 slots");
+    f.read(&r, 0, &mut back[..data.len()]).expect("read");
+    check_bound(Compression::Int8F32.lossy().expect("lossy"), &data, &back[..data.len()], "fp32 pages in bf16 slots");
     f.free(&r).expect("free");
     drop(f);
     assert!(!path.exists(), "the fabric removes its storage file");

@@ -185,9 +185,10 @@ pub struct MemorySection {
     pub headroom_percent: u8,
     /// Pinned host memory per node (the tier GPUs evict to).
     pub host_arena: ByteSize,
-    /// Pinned host memory per node for lossy regions' pages, packed in slots of about half a page (the packed
-    /// tier: their host memory, holding twice the pages). `0`, the default: none, and those pages take whole
-    /// frames of `host_arena`.
+    /// Pinned host memory per node for lossy regions' pages, packed in slots of about half a page (a packed
+    /// tier: their host memory, holding twice the pages), for regions of bf16 values and, on a node without
+    /// `packed_f32_arena`, of fp32 values too. `0`, the default: none, and those pages take whole frames of
+    /// `host_arena`.
     pub packed_arena: ByteSize,
     /// Pinned host memory per node for the pages of lossy regions of fp32 values, packed in slots of about a
     /// quarter of a page (four times the pages). `0`, the default: none, and those pages go to `packed_arena`'s

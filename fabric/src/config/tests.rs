@@ -47,6 +47,14 @@ fn bad_configs_are_reported() {
     assert!(bad("[memory]\npage_sise = \"2MiB\"\n").contains("unknown field"));
     assert!(bad("[memory]\ngpu_budget = -1\n").contains("cannot be negative"));
     assert!(bad("[memory]\nhost_arena = 1.5\n").contains("whole number"));
+    // A packed tier smaller than one of its slots (1,040 KiB of bf16 pages, 520 KiB of fp32 pages).
+    assert!(bad("[memory]\npacked_arena = \"1MiB\"\n").contains("memory.packed_arena"));
+    assert!(bad("[memory]\npacked_f32_arena = \"512KiB\"\n").contains("memory.packed_f32_arena"));
+    let f32_slots = format!("{base}[memory]\npacked_f32_arena = \"520KiB\"\n");
+    assert_eq!(
+        ClusterConfig::from_toml(&f32_slots, "t").expect("one slot").memory.packed_f32_arena,
+        ByteSize(520 << 10)
+    );
     assert!(bad("[mover]\nthreads_per_block = 2048\n").contains("threads_per_block"));
     assert!(bad("[[node]]\nname = \"a\"\n[[node]]\nname = \"a\"\n").contains("twice"));
     assert!(bad("[[node]]\nname = \"a b\"\n").contains("node name"));

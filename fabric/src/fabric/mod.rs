@@ -80,7 +80,7 @@ impl Fabric {
         let page = config.memory.page();
         let ps = page.bytes();
         let mut devices = plan.arenas.clone();
-        // The smaller host memory, in bytes of pages (the packed tier's slots hold a page each): a host write's
+        // The smallest host memory, in bytes of pages (a packed tier's slots hold a page each): a host write's
         // pieces are sized so that each fits in whichever its region's pages land in.
         let host_bytes =
             devices.iter().filter(|d| d.0.is_host_memory()).map(|d| d.1 / d.0.frame_bytes(ps) * ps).min().unwrap_or(0);
@@ -241,9 +241,9 @@ impl Fabric {
     /// Writes `data` into the region at `offset`. Pages never written get memory on the region's device
     /// (evicting other pages to host memory to make room, or landing in host memory when nothing can be
     /// evicted). Refused while any page of the range is leased. With a storage tier, a write of more than a
-    /// quarter of host memory (or of the packed tier's pages, when smaller) goes in pieces of that size, each
+    /// quarter of host memory (or of a packed tier's pages, when smaller) goes in pieces of that size, each
     /// placed in turn while the ones before it move down a tier (a write can then be larger than GPUs and host
-    /// memory together); a failure midway leaves the pieces before it written.
+    /// memory together); a failure midway leaves the pieces before it written, and of the failed piece any part.
     pub fn write(&self, region: &Region, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let piece = self.inner.write_piece as usize;
         if data.len() <= piece {

@@ -73,12 +73,21 @@ fn on_threads<T: Send>(
     let per_thread = jobs.len().div_ceil(threads);
     let job = &job;
     std::thread::scope(|s| {
-        let running: Vec<_> =
-            jobs.chunks_mut(per_thread).map(|share| s.spawn(move || share.iter_mut().try_for_each(job))).collect();
-        let done: Vec<_> = running
-            .into_iter()
-            .map(|t| t.join().unwrap_or(Err(FabricError::Internal("a thread packing or expanding pages panicked"))))
-            .collect();
+        let mut done = Vec::new();
+        let mut running = Vec::new();
+        for share in jobs.chunks_mut(per_thread) {
+            // No thread to be had (the system's limit) fails the call with an error, not a panic.
+            let run = move || share.iter_mut().try_for_each(job);
+            match std::thread::Builder::new().name("vfabric-codec".into()).spawn_scoped(s, run) {
+                Ok(t) => running.push(t),
+                Err(_) => done.push(Err(FabricError::Internal("no thread could be started for the codec"))),
+            }
+        }
+        done.extend(
+            running.into_iter().map(|t| {
+                t.join().unwrap_or(Err(FabricError::Internal("a thread packing or expanding pages panicked")))
+            }),
+        );
         done.into_iter().collect()
     })
 }

@@ -297,7 +297,7 @@ mod tests {
     #[test]
     fn e4m3_encoding_matches_the_reference_on_every_kind_of_float() {
         // Every 61st bit pattern (70 million floats: every exponent, both signs, NaNs and infinities), then
-        // every pattern around the rounding boundaries of the normal range and below it.
+        // every pattern around each code's value and around the midpoint between neighbouring codes (the ties).
         let mut checked = 0u64;
         let mut check = |u: u32| {
             let q = f32::from_bits(u);
@@ -306,10 +306,13 @@ mod tests {
         };
         (0..=u32::MAX).step_by(61).for_each(&mut check);
         for c in 0..=0x7eu8 {
-            let v = decode_e4m3(c);
-            for u in v.to_bits().saturating_sub(1 << 12)..=v.to_bits().saturating_add(1 << 12) {
-                check(u);
-                check(u | 0x8000_0000);
+            let (v, next) = (decode_e4m3(c), decode_e4m3(c + 1));
+            let mid = if c < 0x7e { (v + next) / 2.0 } else { 448.0 };
+            for centre in [v.to_bits(), mid.to_bits()] {
+                for u in centre.saturating_sub(1 << 12)..=centre.saturating_add(1 << 12) {
+                    check(u);
+                    check(u | 0x8000_0000);
+                }
             }
         }
         assert!(checked > 70_000_000);
@@ -321,13 +324,17 @@ mod tests {
             let l = c.lossy().unwrap();
             for seed in [3, 5, 7] {
                 let mut page = page_of(l.element, 16 * LOSSY_GROUP, seed);
-                // A group with a NaN, one with an infinity, one of subnormals, one all tiny, one saturating.
-                let specials = [(1, f32::NAN), (2, f32::INFINITY), (3, 1e-40), (4, 1e-33), (5, -3e38)];
+                // A group with a NaN, one with an infinity, one with a subnormal value, one all tiny, one
+                // saturating.
+                let specials = [(1, f32::NAN), (2, f32::INFINITY), (6, 1e-40), (4, 1e-33), (5, -3e38)];
                 for (g, v) in specials {
                     set_value(&mut page, g * LOSSY_GROUP + 9, l.element, v);
                 }
-                for i in 3 * LOSSY_GROUP..4 * LOSSY_GROUP {
-                    set_value(&mut page, i, l.element, f32::from_bits(i as u32 * 977 % 0x7f_ffff));
+                // A group whose values but its largest (1.0) scale below e4m3's normal range, into its subnormal
+                // codes, and around int8's smallest steps.
+                for i in 0..LOSSY_GROUP {
+                    let v = if i == 0 { 1.0 } else { i as f32 * 1.3e-7 * if i % 2 == 0 { 1.0 } else { -300.0 } };
+                    set_value(&mut page, 3 * LOSSY_GROUP + i, l.element, v);
                 }
                 let n = l.packed_len(page.len() as u64) as usize;
                 let (mut fast, mut slow) = (vec![0xeeu8; n + 8], vec![0xeeu8; n + 8]);
