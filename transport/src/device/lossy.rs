@@ -71,16 +71,13 @@ pub fn decode_e4m3(c: u8) -> f32 {
     sign * (1.0 + m / 8.0) * 2f32.powi(e - 7)
 }
 
-/// A value already scaled to the code's range, as its code.
+/// A value already scaled to int8's range, as its code: clamped, then rounded (the same as rounding then
+/// clamping, for the bounds are whole). `max` then `min`, not `clamp`: NaN becomes -127 as with the kernel's
+/// `fmaxf`, where `clamp` keeps it NaN.
 #[inline]
-fn encode(q: f32, code: LossyCode) -> u8 {
-    match code {
-        LossyCode::Fp8E4m3 => encode_e4m3(q),
-        // Clamped, then rounded: the same as rounding then clamping, for the bounds are whole. `max` then
-        // `min`, not `clamp`: NaN becomes -127 as with the kernel's `fmaxf`, where `clamp` keeps it NaN.
-        #[allow(clippy::manual_clamp)]
-        LossyCode::Int8 => round_small(q.max(-127.0).min(127.0)) as i8 as u8,
-    }
+#[allow(clippy::manual_clamp)]
+fn encode_int8(q: f32) -> u8 {
+    round_small(q.max(-127.0).min(127.0)) as i8 as u8
 }
 
 /// Every e4m3 code's value, by code.
@@ -95,14 +92,6 @@ pub fn value(page: &[u8], i: usize, element: Element) -> f32 {
     match element {
         Element::Bf16 => bf16_to_f32(u16::from_le_bytes([page[2 * i], page[2 * i + 1]])),
         Element::F32 => f32::from_le_bytes(page[4 * i..4 * i + 4].try_into().unwrap_or_default()),
-    }
-}
-
-/// Puts value `i` of a page of `element`s.
-pub fn set_value(page: &mut [u8], i: usize, element: Element, v: f32) {
-    match element {
-        Element::Bf16 => page[2 * i..2 * i + 2].copy_from_slice(&f32_to_bf16(v).to_le_bytes()),
-        Element::F32 => page[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
     }
 }
 
@@ -141,7 +130,7 @@ pub fn pack(lossy: Lossy, page: &[u8], out: &mut [u8]) {
         let (inv, scale) = if m > LOSSY_TINY { (top / m, m / top) } else { (0.0, 0.0) };
         match lossy.code {
             LossyCode::Fp8E4m3 => codes.iter_mut().zip(&values).for_each(|(o, v)| *o = encode_e4m3(v * inv)),
-            LossyCode::Int8 => codes.iter_mut().zip(&values).for_each(|(o, v)| *o = encode(v * inv, LossyCode::Int8)),
+            LossyCode::Int8 => codes.iter_mut().zip(&values).for_each(|(o, v)| *o = encode_int8(v * inv)),
         }
         scale_at.copy_from_slice(&scale.to_le_bytes());
     }
@@ -226,6 +215,14 @@ pub fn worst_error(lossy: Lossy, page: &[u8], back: &[u8]) -> (f64, usize) {
 mod tests {
     use super::*;
     use vfabric_allocator::Compression;
+
+    /// Puts value `i` of a page of `element`s.
+    fn set_value(page: &mut [u8], i: usize, element: Element, v: f32) {
+        match element {
+            Element::Bf16 => page[2 * i..2 * i + 2].copy_from_slice(&f32_to_bf16(v).to_le_bytes()),
+            Element::F32 => page[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
+        }
+    }
 
     /// The format written out value by value, with the float library's rounding: the oracle the fast codec
     /// (and so the GPU's kernels, which the GPU tests hold to the fast codec) must match bit for bit.
