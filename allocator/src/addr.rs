@@ -114,6 +114,11 @@ impl PageSize {
     /// 2 MiB, the largest page size and the default.
     pub const MIB_2: PageSize = PageSize(2 * 1024 * 1024);
 
+    /// 4 KiB: not a page size a region may take ([`PageSize::new`] refuses it), but the frame of the compressed
+    /// tier's arena, whose frames are blocks ([`crate::COMPRESSED_BLOCK`]) so that quotas charge the bytes a
+    /// compressed page takes.
+    pub const BLOCK: PageSize = PageSize(crate::compression::COMPRESSED_BLOCK as u32);
+
     /// Validates `bytes` as a page size: a power of two from 64 KiB to 2 MiB inclusive.
     pub fn new(bytes: u64) -> Result<Self, AllocError> {
         let min = u64::from(Self::KIB_64.0);

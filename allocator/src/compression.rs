@@ -51,6 +51,10 @@ pub const COMPRESSIONS: [Compression; 7] = [
     Compression::Int8F32,
 ];
 
+/// Bytes of a block of the compressed tier ([`crate::Location::Compressed`]): a page compressed there takes a
+/// run of blocks as long as its packed form, so a page must save at least one to go there.
+pub const COMPRESSED_BLOCK: u64 = 4096;
+
 /// Values per scale in a lossy page.
 pub const LOSSY_GROUP: usize = 256;
 
@@ -169,6 +173,11 @@ impl Compression {
     /// Whether pages change through it.
     pub fn is_lossy(self) -> bool {
         self.lossy().is_some()
+    }
+
+    /// Whether it packs pages without changing them (`lz4`, `zstd`).
+    pub fn is_lossless(self) -> bool {
+        matches!(self, Compression::Lz4 | Compression::Zstd)
     }
 
     /// Its number on the wire.

@@ -72,8 +72,8 @@ pub mod tenant;
 
 pub use addr::{GlobalAddr, NodeId, PageSize, MAX_OFFSET, OFFSET_BITS};
 pub use compression::{
-    packed_slot_len, Compression, Element, Lossy, LossyCode, ParseCompressionError, COMPRESSIONS, LOSSY_GROUP,
-    LOSSY_TINY,
+    packed_slot_len, Compression, Element, Lossy, LossyCode, ParseCompressionError, COMPRESSED_BLOCK, COMPRESSIONS,
+    LOSSY_GROUP, LOSSY_TINY,
 };
 pub use error::AllocError;
 pub use extent::{Fragmentation, FreeExtents};

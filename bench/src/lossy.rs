@@ -23,8 +23,8 @@ use vfabric_transport::{
 
 use crate::common::ConfigArgs;
 use crate::compression;
-use crate::packed_tier;
 use crate::report;
+use crate::{compressed_tier, packed_tier};
 
 /// Options of `vfabric-bench lossy`.
 #[derive(Args, Debug, Clone)]
@@ -59,9 +59,12 @@ pub struct LossyArgs {
     /// The packed tier part: where the storage tier's file goes (a filesystem with O_DIRECT).
     #[arg(long, default_value = "bench/out/lossy-tier")]
     pub tier_dir: PathBuf,
-    /// Skips the packed tier part.
+    /// Skips the tier parts (the packed tiers and the compressed tier).
     #[arg(long)]
     pub no_tier: bool,
+    /// Runs the compressed tier part only of the tier parts.
+    #[arg(long)]
+    pub compressed_only: bool,
 }
 
 /// One kind of data through one codec.
@@ -315,19 +318,23 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
         let (budget, host) = if emulated { (32 << 20, 32 << 20) } else { (2 << 30, 4 << 30) };
         let budget = args.tier_budget.map_or(budget, |b| b.bytes()) / ps * ps;
         let host = args.tier_host.map_or(host, |h| h.bytes()) / ps * ps;
-        Some(packed_tier::run(&cfg, budget, host, ps, &args.tier_dir)?)
+        let packed =
+            if args.compressed_only { None } else { Some(packed_tier::run(&cfg, budget, host, ps, &args.tier_dir)?) };
+        Some((packed, compressed_tier::run(&cfg, budget, host, ps, &args.tier_dir)?))
     };
     let (date, stamp) = report::now_stamps();
     let mut md = markdown(command_line, &date, &layer.describe(), size, ps, &rows);
-    if let Some(t) = &tier {
-        md += &t.markdown;
+    if let Some((t, c)) = &tier {
+        md += t.as_ref().map_or("", |t| &t.markdown);
+        md += &c.1;
     }
     let name = args.name.clone().unwrap_or_else(|| format!("lossy-{stamp}"));
     let doc = json!({
         "benchmark": "lossy", "date": date, "command": command_line, "device": layer.describe(),
         "bytes": size, "page_size": ps, "iters": args.iters, "rows": rows,
-        "packed_tier": tier.as_ref().map(|t| &t.rows),
-        "host_reads": tier.as_ref().map(|t| &t.reads),
+        "packed_tier": tier.as_ref().and_then(|t| t.0.as_ref()).map(|t| &t.rows),
+        "host_reads": tier.as_ref().and_then(|t| t.0.as_ref()).map(|t| &t.reads),
+        "compressed_tier": tier.as_ref().map(|t| &t.1 .0),
     });
     let (j, m) = report::write(&args.out, &name, &doc, &md).map_err(|e| format!("writing results: {e}"))?;
     println!("{md}");
@@ -336,7 +343,7 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
     if !over.is_empty() {
         return Err(format!("{} cases broke their bound or differ from the CPU codec", over.len()));
     }
-    if let Some(r) = tier.iter().flat_map(|t| &t.rows).find(|r| r.worst_over_bound > 1.0) {
+    if let Some(r) = tier.iter().flat_map(|t| t.0.iter()).flat_map(|t| &t.rows).find(|r| r.worst_over_bound > 1.0) {
         return Err(format!("the packed tier part ({}): a value broke its bound", r.setup));
     }
     Ok(())

@@ -3,12 +3,13 @@
 
 mod baselines;
 mod common;
+mod compressed_tier;
 mod compression;
 mod local;
 mod lossy;
-mod packed_tier;
 mod metrics_cost;
 mod migrate;
+mod packed_tier;
 mod pager;
 mod remote;
 mod report;

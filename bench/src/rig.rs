@@ -104,6 +104,7 @@ fn seed_of(l: Location) -> u64 {
         Location::Host => 0x1FF,
         Location::Storage => 0x2FF,
         Location::Packed(e) => 0x3FF + 0x100 * e.bytes() as u64,
+        Location::Compressed => 0x7FF,
     }
 }
 

@@ -447,10 +447,12 @@ fn main() -> ExitCode {
             let ps = plan.page_size;
             let storage = plan.storage.map(|bytes| (vfabric::Location::Storage, bytes));
             for (location, bytes) in plan.arenas.iter().copied().chain(storage) {
-                // The storage tier is a file of slots, not an arena; the packed tier's slots are shorter than a page.
+                // The storage tier is a file of slots, not an arena; the packed tier's slots are shorter than a page, and
+                // the compressed tier's blocks shorter still.
                 let (what, unit) = match location {
                     vfabric::Location::Storage => ("file", "slots"),
                     vfabric::Location::Packed(_) => ("arena", "slots"),
+                    vfabric::Location::Compressed => ("arena", "blocks"),
                     _ => ("arena", "frames"),
                 };
                 let frame = location.frame_bytes(ps);

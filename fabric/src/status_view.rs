@@ -119,6 +119,12 @@ fn render(now: &Value, before: Option<(Duration, &Value)>) -> String {
             fragmented
         );
     }
+    // The compressed tier holds pages in runs of blocks: how many, and how much smaller than as pages.
+    for d in dir["devices"].as_array().into_iter().flatten().filter(|d| location(&d["location"]) == "compressed") {
+        let (pages, held) = (num(d, "copies"), num(d, "used") * vfabric_allocator::COMPRESSED_BLOCK);
+        let ratio = if held == 0 { 0.0 } else { (pages * page) as f64 / held as f64 };
+        out += &format!("compressed: {pages} pages ({}) in {} ({ratio:.2}x)\n", ByteSize(pages * page), ByteSize(held));
+    }
     out += &format!(
         "\nregions {}, pages {}, leases {}, directory metadata {}\n",
         num(dir, "regions"),
@@ -342,5 +348,18 @@ mod tests {
         assert!(row("packed-f32 ").contains("200KiB"), "{text}");
         assert!(row("gpu0 ").contains("640KiB"), "{text}");
         assert!(row("9 ").contains("packed-f32"), "{text}");
+    }
+
+    #[test]
+    fn the_compressed_tier_shows_in_blocks_with_its_pages() {
+        let mut now = status(0, json!([]));
+        now["fabric"]["directory"]["devices"] = json!([
+            {"location": "Compressed", "frames": 64, "used": 16, "leased": 0, "largest_free_run": 48, "copies": 2},
+        ]);
+        let text = render(&now, None);
+        let row = |name: &str| text.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_owned();
+        // 4 KiB blocks: 256 KiB in all, 64 KiB used; two 64 KiB pages in 64 KiB.
+        assert!(row("compressed ").contains("256KiB") && row("compressed ").contains("64KiB"), "{text}");
+        assert!(text.contains("compressed: 2 pages (128KiB) in 64KiB (2.00x)"), "{text}");
     }
 }

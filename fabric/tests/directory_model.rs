@@ -156,10 +156,22 @@ struct Sim {
     prefetched: u64,
     /// Pages prefetched from the storage tier (into host memory, on their way to a GPU).
     staged: u64,
+    /// Pages moved into the compressed tier.
+    packed: u64,
     /// Whether some regions are lossy (the node has a packed tier).
     lossy: bool,
     /// Whether the node has a packed tier of fp32 slots.
     f32_tier: bool,
+}
+
+/// The host memory frames a stage brought pages to from a GPU, which the fabric packs for the compressed tier:
+/// those of evictions, write-backs and migrations.
+fn arrivals(stage: &Stage) -> Vec<u32> {
+    if !matches!(stage.kind, StageKind::Evict | StageKind::WriteBack | StageKind::Migrate) {
+        return Vec::new();
+    }
+    let from_gpu = |b: &&vfabric::directory::StageBatch| matches!(b.from, Location::Gpu(_)) && b.to == Location::Host;
+    stage.batches.iter().filter(from_gpu).flat_map(|b| b.moves.iter().map(|m| m.dst)).collect()
 }
 
 fn key(r: &RegionHandle, page: u32) -> (u32, u64, u32) {
@@ -185,8 +197,40 @@ impl Sim {
             self.dir.abort(stage);
             return Err(SimError::CopyFailed);
         }
+        let arrived = arrivals(&stage);
         self.dir.commit(stage);
+        self.pack_arrivals(arrived);
         Ok(())
+    }
+
+    /// What the fabric does after a stage commits: the pages of lossless regions that an eviction, write-back
+    /// or migration brought to host memory from a GPU move into the compressed tier, each in a run of a length
+    /// its token draws (1 to 15 blocks of a page's 16; 0 and 16 stand for pages that do not shrink), making
+    /// room there first when no run is free.
+    fn pack_arrivals(&mut self, frames: Vec<u32>) {
+        for frame in frames {
+            let Some((page, _)) = self.dir.compressible(frame) else { continue };
+            let v = self.mem.get(&(Location::Host, frame)).copied().unwrap_or(0xDEAD);
+            let blocks = (v % 17) as u32;
+            if blocks == 0 || blocks >= self.dir.page_blocks() {
+                continue;
+            }
+            let start = match self.dir.compressed_fit(blocks) {
+                Some(s) => s,
+                None => match self.drive(|d| d.step_compressed_room(blocks)) {
+                    Ok(true) => self.dir.compressed_fit(blocks).expect("room was made"),
+                    Ok(false) | Err(SimError::CopyFailed) => continue,
+                    Err(e) => panic!("making room in the compressed tier: {e}"),
+                },
+            };
+            // Making room may have moved the page itself.
+            if self.dir.compressible(frame).map(|c| c.0) != Some(page) {
+                continue;
+            }
+            self.mem.insert((Location::Compressed, start), v);
+            self.dir.place_compressed(frame, page, start, blocks).expect("placing a page in the compressed tier");
+            self.packed += 1;
+        }
     }
 
     fn next_fails(&mut self) -> bool {
@@ -309,7 +353,9 @@ impl Sim {
         if fail {
             self.dir.abort(stage);
         } else {
+            let arrived = arrivals(&stage);
             self.dir.commit(stage);
+            self.pack_arrivals(arrived);
         }
     }
 
@@ -624,6 +670,16 @@ fn with_packed() -> [(Location, u64); 6] {
     ]
 }
 
+/// The same GPUs with a compressed tier of 6 pages' bytes (96 blocks) between host memory and storage: the
+/// pages of lossless regions (a third of them) that leave a GPU move there by their packed length.
+const WITH_COMPRESSED: [(Location, u64); 5] = [
+    (Location::Gpu(0), 8 * PAGE),
+    (Location::Gpu(1), 6 * PAGE),
+    (Location::Host, 10 * PAGE),
+    (Location::Compressed, 6 * PAGE),
+    (Location::Storage, 48 * PAGE),
+];
+
 /// Only the packed tier of bf16 slots: lossy regions of fp32 values take its slots too.
 fn with_bf16_slots() -> Vec<(Location, u64)> {
     with_packed().into_iter().filter(|d| d.0 != Location::Packed(Element::F32)).collect()
@@ -657,6 +713,7 @@ fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Si
         compacted: 0,
         prefetched: 0,
         staged: 0,
+        packed: 0,
         lossy: devices.iter().any(|d| d.0.is_packed()),
         f32_tier: devices.iter().any(|d| d.0 == Location::Packed(Element::F32)),
     }
@@ -673,6 +730,12 @@ proptest! {
     #[test]
     fn with_a_packed_tier_the_directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9], bf16_slots_only in any::<bool>()) {
         let devices = if bf16_slots_only { with_bf16_slots() } else { with_packed().to_vec() };
+        run_model(sim_on(&devices, fail_every, 90, 75), &ops)?;
+    }
+
+    #[test]
+    fn with_a_compressed_tier_the_directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9], storage in any::<bool>()) {
+        let devices: Vec<_> = WITH_COMPRESSED.into_iter().filter(|d| storage || d.0 != Location::Storage).collect();
         run_model(sim_on(&devices, fail_every, 90, 75), &ops)?;
     }
 
@@ -736,6 +799,43 @@ fn oversubscribed_region_round_trips() {
     }
     let st = s.dir.stats();
     assert!(st.devices[0].used <= 8 && st.devices[1].used <= 6, "{st:?}");
+}
+
+/// A lossless region three times a GPU, written and walked on both GPUs over a compressed tier and a storage
+/// tier: its pages leave the GPUs for host memory and move on into the compressed tier by their packed length
+/// (whose full runs make room by evicting to the storage tier), come back from there and from storage, and
+/// every read sees the last write; the compressed tier is empty once the region is freed.
+#[test]
+fn lossless_pages_go_through_the_compressed_tier() {
+    let mut s = sim_on(&WITH_COMPRESSED, 0, 90, 75);
+    let pages = 24u32;
+    let lz4 = Placement { compression: Compression::Lz4, ..Placement::on(Location::Gpu(0)) };
+    let h = s.dir.alloc(u64::from(pages) * PAGE, lz4).expect("alloc");
+    for p in 0..pages {
+        s.model.insert(key(&h, p), 0);
+    }
+    s.regions.push(h);
+    let w = Op::Write { region: 0, page: 0, pages: 3 };
+    for start in (0..pages).step_by(3) {
+        s.apply(&Op::Write { region: 0, page: start, pages: 3 });
+        s.check(&w);
+    }
+    for round in 0..2 {
+        for p in 0..pages {
+            let op = Op::Acquire { region: 0, page: p, pages: 2, device: round, write: p % 5 == 0 };
+            s.apply(&op);
+            s.check(&op);
+            s.apply(&Op::Release { lease: 0 });
+            s.check(&op);
+        }
+    }
+    let tier = s.dir.dev(Location::Compressed).expect("compressed tier");
+    let held = s.dir.stats().devices[usize::from(tier)].copies;
+    assert!(s.packed >= 8 && held > 0, "{} pages packed, {held} held in the compressed tier", s.packed);
+    let op = Op::Free { region: 0 };
+    s.apply(&op);
+    s.check(&op);
+    assert_eq!(s.dir.stats().devices[usize::from(tier)].used, 0, "a freed region left blocks in the compressed tier");
 }
 
 /// A lease wants one run of frames: a fragmented device is compacted first, and with a leased frame in every

@@ -136,7 +136,10 @@ fn directory(e: &DirectoryError, message: String) -> PyErr {
         // A reservation this caller does not hold: a name that names nothing.
         DirectoryError::UnknownReservation(_) => InvalidAddress::err(message),
         // The storage tier named where a GPU or host memory must be: as a device that cannot serve.
-        DirectoryError::StorageTier(_) | DirectoryError::PackedTier(_) | DirectoryError::PackedInHost(_) => {
+        DirectoryError::StorageTier(_)
+        | DirectoryError::PackedTier(_)
+        | DirectoryError::CompressedTier(_)
+        | DirectoryError::PackedInHost(_) => {
             DeviceUnavailable::err(message)
         }
         DirectoryError::InvalidWatermarks { .. }

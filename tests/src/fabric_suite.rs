@@ -547,6 +547,14 @@ macro_rules! fabric_suite_tests {
         }
 
         #[test]
+        fn the_compressed_tier_holds_pages_by_their_packed_length() {
+            $crate::compressed_suite::the_compressed_tier_holds_pages_by_their_packed_length(
+                &$config,
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
         fn reservations_hold_capacity() {
             $crate::fabric_suite::reservations_hold_capacity(&$config);
         }

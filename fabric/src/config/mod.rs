@@ -194,6 +194,11 @@ pub struct MemorySection {
     /// quarter of a page (four times the pages). `0`, the default: none, and those pages go to `packed_arena`'s
     /// slots (half of each unused) or, without it, to whole frames of `host_arena`.
     pub packed_f32_arena: ByteSize,
+    /// Pinned host memory per node for the pages of lossless regions (`compression = "lz4"` or `"zstd"`) that
+    /// shrink, each in a run of 4 KiB blocks as long as its packed form (a compressed tier). Such a page reaches
+    /// `host_arena` from a GPU as it is, is packed on the CPU there, and moves to this tier when that saves at
+    /// least a block; evicted from it to the storage tier, least recently used first. `0`, the default: none.
+    pub compressed_arena: ByteSize,
     /// Size of the physical chunks arenas are made of.
     pub chunk_size: ByteSize,
     /// How frames are placed: `first-fit` or `best-fit`.
@@ -215,6 +220,7 @@ impl Default for MemorySection {
             host_arena: ByteSize(1 << 30),
             packed_arena: ByteSize(0),
             packed_f32_arena: ByteSize(0),
+            compressed_arena: ByteSize(0),
             chunk_size: ByteSize(1 << 30),
             fit: Fit::FirstFit,
             high_watermark_percent: 90,
@@ -578,6 +584,13 @@ impl ClusterConfig {
                     ByteSize(slot)
                 )));
             }
+        }
+        let c = m.compressed_arena.bytes();
+        if c > 0 && c < m.page_size.bytes() {
+            return Err(bad(format!(
+                "memory.compressed_arena {} is smaller than one page ({}); 0 turns the compressed tier off",
+                m.compressed_arena, m.page_size
+            )));
         }
         if let Some(s) = &self.storage {
             let ps = m.page_size.bytes();

@@ -56,6 +56,9 @@ impl Directory {
         if self.loc(dev).is_packed() {
             return Err(DirectoryError::PackedTier("holds no leases"));
         }
+        if Some(dev) == self.compressed {
+            return Err(DirectoryError::CompressedTier("holds no leases"));
+        }
         let slot = req.region.slot;
         {
             let r = self.region(&req.region)?;
@@ -103,9 +106,10 @@ impl Directory {
         // here leave them be (as a prefetch's own room-making does). Waiting for every one of them made each
         // acquire that needed a copy wait for all write-backs queued at PCIe speed.
         if dev != self.host {
-            // Pages only on the storage tier come through host memory.
+            // Pages only on the storage tier or in the compressed tier come through host memory (expanded into
+            // its frames on the CPU, then copied on by the link).
             let away: Vec<u32> = (0..n).filter(|&k| cur[k as usize].is_none()).map(|k| first + k).collect();
-            if let Some(stage) = self.stage_from_storage(slot, &away, &in_request)? {
+            if let Some(stage) = self.stage_from_storage(slot, &away, &in_request, true)? {
                 return Ok(Step::Stage(stage));
             }
         }
@@ -183,30 +187,41 @@ impl Directory {
     }
 
     /// The copy a page is fetched from: a GPU's (NVLink) before host memory's (packed or not), host memory's
-    /// before the storage tier's; `None` for a page never written.
+    /// before the compressed tier's (expanded on the CPU), that before the storage tier's; `None` for a page
+    /// never written.
     pub(super) fn fetch_source(&self, e: &PageEntry) -> Option<Copy> {
+        let host = |c: &Copy| self.is_host_memory(c.dev) && Some(c.dev) != self.compressed;
         e.copies()
             .find(|c| self.devs[usize::from(c.dev)].is_gpu())
+            .or_else(|| e.copies().find(host))
             .or_else(|| e.copies().find(|c| self.is_host_memory(c.dev)))
             .or_else(|| e.copies().next())
     }
 
     /// A stage bringing to host memory (the region's: [`Directory::host_of`]) those of `pages` (of region
     /// `slot`) whose only copy is on the storage tier, so that they can go on to a GPU (no mover reaches storage)
-    /// or take a host write; `None` when there is none. Host memory makes room first (its least used pages go to
-    /// storage), never from pages `keep` names.
+    /// or take a host write; `None` when there is none. With `compressed`, also those whose only copies are there
+    /// or in the compressed tier, brought up from the compressed tier: expanded on the CPU into host memory's
+    /// frames, from where the link takes them on to a GPU, and where a write can change them (a run cannot
+    /// take a write: it changes the page's packed length). Host memory makes room first (its least used pages go to storage), never
+    /// from pages `keep` names.
     pub(super) fn stage_from_storage(
         &mut self,
         slot: u32,
         pages: &[u32],
         keep: &dyn Fn(PageRef) -> bool,
+        compressed: bool,
     ) -> Result<Option<Stage>, DirectoryError> {
-        let Some(st) = self.storage else { return Ok(None) };
+        let cold = |d: DevIdx| Some(d) == self.storage || (compressed && Some(d) == self.compressed);
+        if !(0..self.devs.len()).any(|d| cold(d as DevIdx)) {
+            return Ok(None);
+        }
         let stored: Vec<(u32, Copy)> = pages
             .iter()
             .filter_map(|&i| {
                 let e = self.page(PageRef { slot, page: i });
-                e.owner().filter(|_| e.copies().all(|c| c.dev == st)).map(|c| (i, c))
+                let from = e.copies().find(|c| Some(c.dev) == self.compressed).or(e.owner());
+                from.filter(|_| e.copies().all(|c| cold(c.dev))).map(|c| (i, c))
             })
             .collect();
         if stored.is_empty() {
@@ -232,7 +247,7 @@ impl Directory {
         for (&(i, src), f) in stored.iter().zip(frames) {
             let new = Copy { dev: up, frame: f };
             stage.taken.push(new);
-            stage.copy(Location::Storage, self.loc(up), src.frame, f);
+            stage.copy(self.loc(src.dev), self.loc(up), src.frame, f);
             stage.updates.push(Update::Add { page: PageRef { slot, page: i }, copy: new });
         }
         Ok(Some(stage))

@@ -26,6 +26,7 @@ impl Directory {
         let home = match placement.device {
             Some(Location::Storage) => return Err(DirectoryError::StorageTier("is no region's home")),
             Some(Location::Packed(_)) => return Err(DirectoryError::PackedTier("is no region's home")),
+            Some(Location::Compressed) => return Err(DirectoryError::CompressedTier("is no region's home")),
             Some(Location::Host) => self.host_memory_for(placement.compression),
             Some(l) => self.dev(l)?,
             // On a node without GPUs, host memory (the region's).

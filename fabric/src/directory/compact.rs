@@ -15,6 +15,9 @@ impl Directory {
         if self.loc(dev).is_packed() {
             return Err(DirectoryError::PackedTier("is not compacted: its slots hold no lease"));
         }
+        if Some(dev) == self.compressed {
+            return Err(DirectoryError::CompressedTier("is not compacted: its runs hold no lease"));
+        }
         let d = &self.devs[usize::from(dev)];
         if d.frames.largest_free_run() >= n {
             return Ok(Step::Done(()));

@@ -36,6 +36,10 @@ pub enum DirectoryError {
     /// which go there by themselves when they leave a GPU.
     #[error("the packed tier {0}: lossy regions' pages go there by themselves, leaving a GPU; lease, place or prefetch pages on a GPU or in host memory")]
     PackedTier(&'static str),
+    /// A call that names the compressed tier where only a GPU or host memory can be, or a copy it cannot take:
+    /// it holds lossless regions' pages, which go there by themselves when they shrink.
+    #[error("the compressed tier {0}: lossless regions' pages go there by themselves from host memory; lease, place or prefetch pages on a GPU or in host memory")]
+    CompressedTier(&'static str),
     /// A lease in host memory on a region whose pages are packed there (a lossy compression): its bytes there
     /// are codes, not values. (A lease from another node is served from its home's GPU, which expands them; a
     /// home without GPUs refuses it with this.)

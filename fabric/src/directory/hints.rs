@@ -38,6 +38,9 @@ impl Directory {
         if self.loc(dev).is_packed() {
             return Err(DirectoryError::PackedTier("takes no prefetches"));
         }
+        if Some(dev) == self.compressed {
+            return Err(DirectoryError::CompressedTier("takes no prefetches"));
+        }
         let slot = h.slot;
         // A lossy region's pages in host memory live in the packed tier, where the node has one.
         let dev = if dev == self.host { self.host_of(slot) } else { dev };

@@ -115,19 +115,20 @@ impl Directory {
             }
             return Ok(Step::Stage(stage));
         }
-        // A page kept only on the storage tier takes the write in host memory.
+        // A page kept only on the storage tier or in the compressed tier takes the write in host memory.
         let pages: Vec<u32> = (first..first + n).collect();
         let keep = |p: PageRef| p.slot == slot && p.page >= first && p.page < first + n;
-        if let Some(stage) = self.stage_from_storage(slot, &pages, &keep)? {
+        if let Some(stage) = self.stage_from_storage(slot, &pages, &keep, true)? {
             return Ok(Step::Stage(stage));
         }
         let mut targets = Vec::with_capacity(n as usize);
         for i in first..first + n {
             let page = PageRef { slot, page: i };
-            // A page owned by its copy on the storage tier takes the write in another copy (the one brought up
-            // to host memory above, else a GPU's replica): that copy becomes the owner, and the stored one goes
-            // with the other copies.
-            if self.storage.is_some() && self.page(page).owner().map(|c| c.dev) == self.storage {
+            // A page owned by its copy on the storage tier (or in the compressed tier) takes the write in another
+            // copy (the one brought up to host memory above, else a GPU's replica): that copy becomes the owner,
+            // and the stored one goes with the other copies.
+            let owner = self.page(page).owner().map(|c| c.dev);
+            if owner.is_some() && (owner == self.storage || owner == self.compressed) {
                 let e = self.page(page);
                 let up = e.copy_on(self.host_of(slot)).or_else(|| e.sharers().first().copied());
                 if let Some(c) = up {

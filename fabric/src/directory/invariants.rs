@@ -19,7 +19,7 @@ fn broken(what: String) -> InvariantError {
 impl Directory {
     /// Checks the directory's own invariants (for tests): every copy's frame is used and points back to its
     /// page; no frame holds two copies; pinned frames are exactly the leased copies; no page has two copies on
-    /// one device.
+    /// one device; the compressed tier's runs are exactly its copies', and its used blocks theirs.
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
         let mut seen: HashMap<(DevIdx, u32), PageRef> = HashMap::new();
         for (slot, r) in self.regions.iter().enumerate() {
@@ -92,7 +92,30 @@ impl Directory {
             let prefetching =
                 self.in_flight.iter().flat_map(|f| &f.moves).filter(|m| usize::from(m.1.dev) == di).count();
             let reserved = self.reserved_frames(di as DevIdx) as usize;
-            let used = (d.users.iter().filter(|u| u.is_some()).count() + prefetching + reserved) as u32;
+            // A copy in the compressed tier takes its run of blocks; elsewhere one frame.
+            let held: usize = d
+                .users
+                .iter()
+                .enumerate()
+                .filter(|(_, u)| u.is_some())
+                .map(|(f, _)| d.spans.get(f).map_or(1, |&s| usize::from(s)))
+                .sum();
+            if let Some(f) = d.spans.iter().enumerate().position(|(f, &s)| (s > 0) != d.users[f].is_some()) {
+                return Err(broken(format!("{}: run at block {f} and the copy there disagree", d.location)));
+            }
+            // A run's other blocks are taken, and start nothing of their own.
+            for (f, &s) in d.spans.iter().enumerate().filter(|(_, &s)| s > 1) {
+                let inside = f + 1..f + usize::from(s);
+                let bad = inside.clone().find(|&b| {
+                    d.spans.get(b) != Some(&0)
+                        || d.users[b].is_some()
+                        || d.frames.state(b as u32).is_none_or(|st| st == FrameState::Free)
+                });
+                if let Some(b) = bad {
+                    return Err(broken(format!("{}: block {b} of the run at {f} is free or holds another", d.location)));
+                }
+            }
+            let used = (held + prefetching + reserved) as u32;
             let unpinned =
                 d.users.iter().enumerate().filter(|(f, u)| u.is_some() && d.frames.lease_count(*f as u32) == 0).count();
             if unpinned != d.lru.len() {

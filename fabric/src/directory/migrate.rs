@@ -22,6 +22,9 @@ impl Directory {
         if self.loc(dev).is_packed() {
             return Err(DirectoryError::PackedTier("is no region's home"));
         }
+        if Some(dev) == self.compressed {
+            return Err(DirectoryError::CompressedTier("is no region's home"));
+        }
         let slot = h.slot;
         // A lossy region in host memory lives in the packed tier, where the node has one.
         let dev = if dev == self.host { self.host_of(slot) } else { dev };

@@ -26,6 +26,8 @@
 //! - `evict`: watermarks and eviction stages;
 //! - `acquire`, `prefetch`, `hints`, `host_io`, `migrate`, `compact`: the calls that plan stages (`hints`: a
 //!   caller's own prefetches and write-backs);
+//! - `compressed`: moving host memory's copies of lossless regions' pages into the compressed tier by their
+//!   packed length, and making room there;
 //! - `commit`: committing or aborting a stage;
 //! - `stats`, `invariants`: figures, and the consistency checks tests run;
 //! - `error`: [`DirectoryError`].
@@ -34,6 +36,7 @@ mod acquire;
 mod alloc;
 mod commit;
 mod compact;
+mod compressed;
 mod config;
 mod error;
 mod evict;

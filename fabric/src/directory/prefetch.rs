@@ -51,7 +51,8 @@ impl Directory {
         let here = into(dev);
         let up = self.host_of(slot);
         let staging = if self.is_host_memory(dev) { 0 } else { into(up) };
-        let can_stage = self.storage.is_some() && !self.is_host_memory(dev) && staging < STAGING_DEPTH;
+        let cold = self.storage.is_some() || self.compressed.is_some();
+        let can_stage = cold && !self.is_host_memory(dev) && staging < STAGING_DEPTH;
         if (here >= PREFETCH_DEPTH && !can_stage) || self.cfg.readahead_pages == 0 {
             return Ok(Step::Done(None));
         }
@@ -132,8 +133,9 @@ impl Directory {
                 Some(c) if frames.lease_count(c.frame) > 0 => break,
                 Some(c) => wanted.push((PageRef { slot, page }, Some(c), c)),
                 None => match self.fetch_source(e) {
-                    // A page only on the storage tier reaches a GPU through host memory (staged above).
-                    Some(src) if Some(src.dev) != self.storage || self.is_host_memory(dev) => {
+                    // A page only on the storage tier or in the compressed tier reaches a GPU through host memory
+                    // (staged above).
+                    Some(src) if !self.is_cold(src.dev) || self.is_host_memory(dev) => {
                         wanted.push((PageRef { slot, page }, None, src))
                     }
                     _ => break,
@@ -219,9 +221,15 @@ impl Directory {
         Ok(Step::Done(Some(stage)))
     }
 
-    /// Whether a page's only copy is on the storage tier (and it may move: not leased for writing).
+    /// Whether a page's only copies are on the storage tier or in the compressed tier (and it may move: not
+    /// leased for writing).
     fn stored_only(&self, e: &PageEntry) -> bool {
-        !e.write_leased && e.owner().is_some() && e.copies().all(|c| Some(c.dev) == self.storage)
+        !e.write_leased && e.owner().is_some() && e.copies().all(|c| self.is_cold(c.dev))
+    }
+
+    /// Whether a device is the storage tier or the compressed tier: no copy engine reaches a GPU from either.
+    fn is_cold(&self, dev: DevIdx) -> bool {
+        Some(dev) == self.storage || Some(dev) == self.compressed
     }
 
     /// Whether a stage in flight covers any of `pages` of region `slot`.

@@ -36,6 +36,9 @@ impl Directory {
         tenant: TenantId,
     ) -> Result<Step<u64>, DirectoryError> {
         let dev = self.dev(location)?;
+        if Some(dev) == self.compressed {
+            return Err(DirectoryError::CompressedTier("takes no reservations: its pages take runs of any length"));
+        }
         if bytes == 0 {
             return Err(DirectoryError::ZeroSize);
         }

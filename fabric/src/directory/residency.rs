@@ -35,10 +35,15 @@ impl Directory {
             .map_err(|e| DirectoryError::from_alloc(e, loc))
     }
 
-    /// Gives a frame taken for a copy back to its arena (and its tenant's quota).
+    /// Gives a frame taken for a copy back to its arena (and its tenant's quota): in the compressed tier, the
+    /// run of blocks the copy takes.
     pub(super) fn untake(&mut self, c: Copy) {
         let d = &mut self.devs[usize::from(c.dev)];
-        if let Err(e) = d.frames.free([c.frame], &mut self.quotas) {
+        let blocks = match d.spans.get_mut(c.frame as usize) {
+            Some(s) => u32::from(std::mem::take(s)).max(1),
+            None => 1,
+        };
+        if let Err(e) = d.frames.free(c.frame..c.frame + blocks, &mut self.quotas) {
             tracing::error!(location = %d.location, frame = c.frame, error = %e, "freeing a frame the directory took failed");
         }
     }

@@ -4,7 +4,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use vfabric_allocator::{
-    Fit, FrameArena, FrameArenaConfig, Location, QuotaBook, RangeAllocator, TenantId, Tier, MAX_OFFSET,
+    Fit, FrameArena, FrameArenaConfig, Location, PageSize, QuotaBook, RangeAllocator, TenantId, Tier, COMPRESSED_BLOCK,
+    MAX_OFFSET,
 };
 
 use super::config::DirectoryConfig;
@@ -26,6 +27,9 @@ pub(super) struct DeviceState {
     /// nothing else can go, so that a caller streaming through more than the device holds does not evict what
     /// it is about to use (prefetched and waiting) in favour of what it has just used.
     pub(super) fresh: Vec<bool>,
+    /// In the compressed tier, the blocks of the run each copy takes, at the run's first frame (0 elsewhere);
+    /// empty on every other device, whose copies take one frame each.
+    pub(super) spans: Vec<u16>,
 }
 
 impl DeviceState {
@@ -65,6 +69,9 @@ pub struct Directory {
     pub(super) host: DevIdx,
     /// The storage tier, if the node has one: host memory's evictions go there.
     pub(super) storage: Option<DevIdx>,
+    /// The compressed tier, if the node has one: lossless regions' pages go there from host memory's frames
+    /// when they shrink (see `compressed.rs`).
+    pub(super) compressed: Option<DevIdx>,
     pub(super) regions: Vec<Option<RegionEntry>>,
     pub(super) generations: Vec<u64>,
     pub(super) free_slots: Vec<u32>,
@@ -80,8 +87,9 @@ pub struct Directory {
 
 impl Directory {
     /// A directory over `devices` (location and arena size in bytes); exactly one must be the host, and at most
-    /// one the storage tier and one packed tier of each slot size (whose frames are
-    /// slots of [`Location::frame_bytes`], not pages).
+    /// one the storage tier, one packed tier of each slot size (whose frames are
+    /// slots of [`Location::frame_bytes`], not pages) and one compressed tier (whose frames are blocks of
+    /// [`COMPRESSED_BLOCK`], a page taking a run of them).
     pub fn new(cfg: DirectoryConfig, devices: &[(Location, u64)]) -> Result<Self, DirectoryError> {
         if cfg.low_watermark_percent > cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
             return Err(DirectoryError::InvalidWatermarks {
@@ -94,24 +102,46 @@ impl Directory {
             let tier = match location {
                 Location::Gpu(_) => Tier::Gpu,
                 // A slot of the packed tier counts against a tenant's host memory as a page does.
-                Location::Host | Location::Packed(_) => Tier::Host,
+                Location::Host | Location::Packed(_) | Location::Compressed => Tier::Host,
                 Location::Storage => Tier::Nvme,
             };
-            // The arena counts frames of a page: as many as the device holds at its own frame size.
+            // The arena counts frames of a page: as many as the device holds at its own frame size. The
+            // compressed tier's count blocks, and charge quotas the bytes of the blocks a page takes.
             let ps = cfg.page_size.bytes();
-            let bytes = bytes / location.frame_bytes(ps) * ps;
+            let (frame_size, bytes) = match location {
+                Location::Compressed => (PageSize::BLOCK, bytes / COMPRESSED_BLOCK * COMPRESSED_BLOCK),
+                _ => (cfg.page_size, bytes / location.frame_bytes(ps) * ps),
+            };
             let frames = FrameArena::new(
-                FrameArenaConfig::new(tier, cfg.page_size, bytes).with_headroom(cfg.headroom_percent).with_fit(cfg.fit),
+                FrameArenaConfig::new(tier, frame_size, bytes).with_headroom(cfg.headroom_percent).with_fit(cfg.fit),
             )
             .map_err(|source| DirectoryError::InvalidArena { location, source })?;
             let n = frames.frames() as usize;
-            devs.push(DeviceState { location, frames, users: vec![None; n], lru: Lru::new(n), fresh: vec![false; n] });
+            if location == Location::Compressed && ps / COMPRESSED_BLOCK > u64::from(u16::MAX) {
+                return Err(DirectoryError::InvalidArena {
+                    location,
+                    source: vfabric_allocator::AllocError::InvalidSize {
+                        size: ps,
+                        reason: "a page of the compressed tier takes at most 65,535 blocks",
+                    },
+                });
+            }
+            let spans = if location == Location::Compressed { vec![0; n] } else { Vec::new() };
+            devs.push(DeviceState {
+                location,
+                frames,
+                users: vec![None; n],
+                lru: Lru::new(n),
+                fresh: vec![false; n],
+                spans,
+            });
         }
         if devs.len() > usize::from(DevIdx::MAX) {
             return Err(DirectoryError::TooManyDevices(devs.len()));
         }
         let host = devs.iter().position(|d| d.location == Location::Host).ok_or(DirectoryError::NoHostArena)? as DevIdx;
         let storage = devs.iter().position(|d| d.location == Location::Storage).map(|i| i as DevIdx);
+        let compressed = devs.iter().position(|d| d.location == Location::Compressed).map(|i| i as DevIdx);
         let ps = cfg.page_size.bytes();
         let space = RangeAllocator::new((MAX_OFFSET + 1) / ps * ps, ps, Fit::FirstFit)
             .map_err(DirectoryError::InvalidAddressSpace)?;
@@ -120,6 +150,7 @@ impl Directory {
             devs,
             host,
             storage,
+            compressed,
             regions: Vec::new(),
             generations: Vec::new(),
             free_slots: Vec::new(),

@@ -25,6 +25,8 @@ pub struct DeviceStats {
     pub free_ranges: u64,
     /// Pages whose owner copy is here.
     pub owned: u64,
+    /// Copies held (one a frame, except in the compressed tier, where each takes a run of its frames: blocks).
+    pub copies: u64,
 }
 
 /// Figures about the whole directory.
@@ -95,6 +97,7 @@ impl Directory {
                     largest_free_run: d.frames.largest_free_run(),
                     free_ranges: f.free_ranges,
                     owned: owned[i],
+                    copies: d.users.iter().filter(|u| u.is_some()).count() as u64,
                 }
             })
             .collect();
@@ -102,7 +105,8 @@ impl Directory {
         // the reverse map and the eviction order.
         let per_frame = (std::mem::size_of::<Option<PageRef>>() + Lru::BYTES_PER_FRAME) as u64;
         let frames: u64 = self.devs.iter().map(|d| d.users.len() as u64).sum();
-        let metadata_bytes = table_bytes + sharer_bytes + frames * per_frame;
+        let spans: u64 = self.devs.iter().map(|d| d.spans.len() as u64 * 2).sum();
+        let metadata_bytes = table_bytes + sharer_bytes + frames * per_frame + spans;
         DirectoryStats {
             regions: self.regions.iter().flatten().count(),
             pages,

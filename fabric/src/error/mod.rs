@@ -193,6 +193,7 @@ impl From<DirectoryError> for FabricError {
             | DirectoryError::NoHostArena
             | DirectoryError::StorageTier(_)
             | DirectoryError::PackedTier(_)
+            | DirectoryError::CompressedTier(_)
             | DirectoryError::PackedInHost(_)
             | DirectoryError::UnknownReservation(_)
             | DirectoryError::ReservationRefused { .. }

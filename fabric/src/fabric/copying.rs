@@ -32,8 +32,8 @@ impl Reader {
 
     fn join(mut self) -> Result<u64, FabricError> {
         match self.0.take() {
-            Some(h) => h.join().map_err(|_| FabricError::Internal("a storage tier's reads panicked"))?,
-            None => Err(FabricError::Internal("a storage tier's reads were waited for twice")),
+            Some(h) => h.join().map_err(|_| FabricError::Internal("a stage's copies on a thread panicked"))?,
+            None => Err(FabricError::Internal("a stage's copies on a thread were waited for twice")),
         }
     }
 }
@@ -118,17 +118,24 @@ pub(crate) fn storage_reads_behind(
     moves: Vec<PageMove>,
 ) -> Result<Copying, FabricError> {
     let (storage, host) = (Arc::clone(storage), Arc::clone(host));
-    // The frames it writes were taken by the stage and the slots it reads are pinned by it until it is settled,
-    // which waits for this thread.
-    let handle = std::thread::Builder::new()
-        .name("vfabric-storage-read".into())
-        .spawn(move || storage_batch(&storage, &host, page_size, &moves, false, Compression::None)?.wait())
-        .map_err(|e| {
-            FabricError::Storage(vfabric_transport::storage::StorageError::Ring {
-                what: "starting a reader thread",
-                source: e,
-            })
-        })?;
+    behind("vfabric-storage-read", move || {
+        storage_batch(&storage, &host, page_size, &moves, false, Compression::None)?.wait()
+    })
+}
+
+/// Runs a batch's copies (`copy`, the bytes it moved) on a thread of its own, for a stage that stays in flight.
+/// The frames it writes were taken by the stage and the copies it reads are pinned by it until it is settled,
+/// which waits for the thread.
+pub(crate) fn behind(
+    name: &str,
+    copy: impl FnOnce() -> Result<u64, FabricError> + Send + 'static,
+) -> Result<Copying, FabricError> {
+    let handle = std::thread::Builder::new().name(name.into()).spawn(copy).map_err(|e| {
+        FabricError::Storage(vfabric_transport::storage::StorageError::Ring {
+            what: "starting a copy thread",
+            source: e,
+        })
+    })?;
     Ok(Copying::Behind(Reader(Some(handle))))
 }
 

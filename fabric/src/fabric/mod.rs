@@ -12,6 +12,7 @@
 //! The files: `node` (what the fabric holds, shared with its leases), `lease` ([`Lease`], [`LeasePtr`],
 //! [`LeasedPages`]: the bytes under a lease), `traffic` ([`Traffic`]: what moved), `parts` (payloads in pieces).
 
+mod compressed;
 mod copying;
 mod lease;
 mod node;
@@ -20,6 +21,7 @@ mod parts;
 mod placement;
 mod plan;
 mod reservation;
+mod stages;
 mod stalls;
 mod stats;
 mod traffic;
@@ -39,10 +41,9 @@ use std::time::Instant;
 
 use vfabric_allocator::{Location, NodeId, TenantId, Tier};
 use vfabric_transport::storage::{AlignedBuffer, StorageFile, StorageSpec};
-use vfabric_transport::{Arena, ArenaSpec, DeviceError, DeviceKind, ExportedArena, PageBatch};
+use vfabric_transport::{Arena, ArenaSpec, DeviceError, DeviceKind, ExportedArena};
 
-use copying::Copying;
-use node::{lock, InFlight, Inner, State};
+use node::{lock, Inner, State};
 use parts::slice_parts;
 use stalls::StallCounters;
 use traffic::Counters;
@@ -50,7 +51,7 @@ use traffic::Counters;
 use crate::config::ClusterConfig;
 use crate::directory::{
     AcquireRequest, Directory, DirectoryConfig, DirectoryError, LeaseFrames, Mode, Placement, ReadSource, RegionHandle,
-    Stage, StageKind, Step, PREFETCH_DEPTH, STAGING_DEPTH,
+    Stage, Step,
 };
 use crate::error::FabricError;
 
@@ -81,9 +82,14 @@ impl Fabric {
         let ps = page.bytes();
         let mut devices = plan.arenas.clone();
         // The smallest host memory, in bytes of pages (a packed tier's slots hold a page each): a host write's
-        // pieces are sized so that each fits in whichever its region's pages land in.
-        let host_bytes =
-            devices.iter().filter(|d| d.0.is_host_memory()).map(|d| d.1 / d.0.frame_bytes(ps) * ps).min().unwrap_or(0);
+        // pieces are sized so that each fits in whichever its region's pages land in (never the compressed tier,
+        // which pages reach only from host memory's frames).
+        let host_bytes = devices
+            .iter()
+            .filter(|d| d.0.is_host_memory() && d.0 != Location::Compressed)
+            .map(|d| d.1 / d.0.frame_bytes(ps) * ps)
+            .min()
+            .unwrap_or(0);
         let mut arenas = Vec::new();
         for &(location, bytes) in &devices {
             let t = Instant::now();
@@ -326,6 +332,11 @@ impl Fabric {
                     out.copy_from_slice(&page[p.page_offset as usize..(p.page_offset + p.len) as usize]);
                     self.inner.counters.from_storage.fetch_add(self.inner.page_size, Ordering::Relaxed);
                 }
+                ReadSource::At(Location::Compressed, start) => {
+                    let mut page = vec![0u8; ps as usize];
+                    compressed::expand(self.arena_at(dir, Location::Compressed)?.as_ref(), start, &mut page)?;
+                    out.copy_from_slice(&page[p.page_offset as usize..(p.page_offset + p.len) as usize]);
+                }
                 ReadSource::At(loc, frame) => {
                     let arena = self.arena_at(dir, loc)?;
                     let at = u64::from(frame) * loc.frame_bytes(ps);
@@ -482,199 +493,6 @@ impl Fabric {
 
     fn arena_at(&self, dir: &Directory, location: Location) -> Result<&Arc<dyn Arena>, FabricError> {
         self.inner.arena(dir, location)
-    }
-
-    /// Runs a directory call to completion, carrying out each stage it asks for (and finishing the prefetch
-    /// in flight when it has to wait for it).
-    fn drive<T>(
-        &self,
-        st: &mut State,
-        mut step: impl FnMut(&mut Directory) -> Result<Step<T>, DirectoryError>,
-    ) -> Result<T, FabricError> {
-        // Each stage frees, moves or fills at least one frame; a bound only guards against a directory bug.
-        for _ in 0..1_000_000 {
-            match step(&mut st.dir)? {
-                Step::Done(t) => return Ok(t),
-                Step::Stage(stage) => match self.carry_out(&st.dir, &stage) {
-                    Ok(()) => st.dir.commit(stage),
-                    Err(e) => {
-                        st.dir.abort(stage);
-                        return Err(e);
-                    }
-                },
-                Step::Wait => {
-                    if st.prefetch.is_empty() {
-                        return Err(FabricError::Internal(
-                            "the directory waits for a prefetch the fabric does not have",
-                        ));
-                    }
-                    let t = Instant::now();
-                    self.settle_some(st);
-                    self.inner.stalls.in_flight(t.elapsed());
-                }
-            }
-        }
-        Err(FabricError::Internal("the directory asked for a million stages without finishing"))
-    }
-
-    /// Starts a stage's copies and waits for them, counting the wait.
-    fn carry_out(&self, dir: &Directory, stage: &Stage) -> Result<(), FabricError> {
-        let t = Instant::now();
-        let done = self.start(dir, stage).and_then(|c| self.finish(stage, c));
-        self.inner.stalls.stage(stage.kind, t.elapsed());
-        done
-    }
-
-    /// Starts the prefetches the directory asks for after an acquire of `region` on `device`, if any. Failures
-    /// only cost the prefetch: the acquire that wants the pages later fetches them itself.
-    fn prefetch_walk(&self, st: &mut State, region: &Region, device: Location) {
-        for _ in 0..PREFETCH_DEPTH + STAGING_DEPTH {
-            let stage = match self.drive(st, |d| d.step_prefetch(region, device)) {
-                Ok(Some(stage)) => stage,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::warn!(%region, %device, error = %e, "making room for a prefetch failed");
-                    return;
-                }
-            };
-            if let Err(e) = self.launch(st, stage) {
-                tracing::warn!(%region, %device, error = %e, "starting a prefetch failed");
-                return;
-            }
-        }
-    }
-
-    /// Starts a stage that stays in flight across calls (a prefetch or a write-back); aborts it if a copy
-    /// cannot start.
-    fn launch(&self, st: &mut State, stage: Stage) -> Result<(), FabricError> {
-        let t = Instant::now();
-        let started = self.start(&st.dir, &stage);
-        self.inner.stalls.launch(t.elapsed());
-        match started {
-            Ok(copies) => {
-                st.prefetch.push_back(InFlight { stage, copies });
-                Ok(())
-            }
-            Err(e) => {
-                st.dir.abort(stage);
-                Err(e)
-            }
-        }
-    }
-
-    /// Commits the stage in flight at `i` once its copies have arrived (or, when a copy failed, aborts it: its
-    /// pages stay where they were).
-    fn settle(&self, st: &mut State, i: usize) {
-        let Some(p) = st.prefetch.remove(i) else { return };
-        match self.finish(&p.stage, p.copies) {
-            Ok(()) => st.dir.commit(p.stage),
-            Err(e) => {
-                tracing::warn!(error = %e, pages = p.stage.pages(), "a prefetch failed; its pages stay where they were");
-                st.dir.abort(p.stage);
-            }
-        }
-    }
-
-    /// Commits every stage in flight whose copies have all arrived (or failed), without blocking; returns how
-    /// many. Stages in flight never share a page or a frame, so they commit in any order: a write-back still
-    /// running does not hold up the prefetch an acquire waits for.
-    fn settle_if_done(&self, st: &mut State) -> usize {
-        let mut settled = 0;
-        let mut i = 0;
-        while i < st.prefetch.len() {
-            if st.prefetch[i].copies.iter_mut().any(|t| !t.is_complete()) {
-                i += 1;
-            } else {
-                self.settle(st, i);
-                settled += 1;
-            }
-        }
-        settled
-    }
-
-    /// Blocks until at least one stage in flight has landed, and commits every one that has: what a call the
-    /// directory told to wait needs. Polls (the copies run on the device; a poll is one query per transfer).
-    fn settle_some(&self, st: &mut State) {
-        while !st.prefetch.is_empty() && self.settle_if_done(st) == 0 {
-            std::thread::sleep(std::time::Duration::from_micros(20));
-        }
-    }
-
-    /// Zero-fills a stage's new pages and starts its copies (all batches at once).
-    fn start(&self, dir: &Directory, stage: &Stage) -> Result<Vec<Copying>, FabricError> {
-        let ps = self.inner.page_size;
-        // One fill per run of consecutive frames: a fill waits for the device, so per-page fills would cost a
-        // synchronisation each.
-        let mut zero = stage.zero.clone();
-        zero.sort_unstable();
-        let mut runs: Vec<(Location, u32, u32)> = Vec::new();
-        for (loc, frame) in zero {
-            match runs.last_mut() {
-                Some((l, start, len)) if *l == loc && *start + *len == frame => *len += 1,
-                _ => runs.push((loc, frame, 1)),
-            }
-        }
-        for (loc, start, len) in runs {
-            // A packed tier's slot of zeros is a packed page of zeros (codes and scales 0).
-            let stride = loc.frame_bytes(ps);
-            self.arena_at(dir, loc)?.fill(u64::from(start) * stride, u64::from(len) * stride, 0)?;
-        }
-        let mut copies = Vec::with_capacity(stage.batches.len());
-        for b in &stage.batches {
-            if copying::is_storage(b.from, b.to) {
-                let storage = self
-                    .inner
-                    .storage
-                    .as_ref()
-                    .ok_or(FabricError::Internal("a stage names a storage tier this node has not"))?;
-                let to_storage = b.to == Location::Storage;
-                // Host memory, or the packed tier, on the other side.
-                let host = self.arena_at(dir, if to_storage { b.from } else { b.to })?;
-                if stage.kind == StageKind::Prefetch && !to_storage {
-                    // A prefetch stays in flight across calls: its reads run on a thread of their own.
-                    copies.push(copying::storage_reads_behind(storage, host, ps, b.moves.clone())?);
-                } else {
-                    copies.push(copying::storage_batch(storage, host, ps, &b.moves, to_storage, b.compression)?);
-                }
-                continue;
-            }
-            let batch = PageBatch::from_moves(ps, b.moves.clone());
-            let (src, dst) = (self.arena_at(dir, b.from)?, self.arena_at(dir, b.to)?);
-            copies.push(copying::mover_batch(self.inner.mover.as_ref(), src, dst, &batch, b.compression)?);
-        }
-        Ok(copies)
-    }
-
-    /// Waits for a stage's copies and counts the bytes.
-    fn finish(&self, stage: &Stage, copies: Vec<Copying>) -> Result<(), FabricError> {
-        let ps = self.inner.page_size;
-        let c = &self.inner.counters;
-        let counter = match stage.kind {
-            StageKind::Evict => &c.evicted,
-            StageKind::Compact => &c.compacted,
-            StageKind::Fetch | StageKind::Prefetch => &c.fetched,
-            StageKind::Migrate => &c.migrated,
-            StageKind::WriteBack => &c.written_back,
-        };
-        // Every copy is waited for, failed or not, before the stage can be aborted and its frames reused.
-        let waited: Vec<Result<u64, FabricError>> = copies.into_iter().map(Copying::wait).collect();
-        for (t, b) in waited.into_iter().zip(&stage.batches) {
-            let bytes = t?;
-            if b.to == Location::Storage {
-                c.to_storage.fetch_add(bytes, Ordering::Relaxed);
-            } else if b.from == Location::Storage {
-                c.from_storage.fetch_add(bytes, Ordering::Relaxed);
-            }
-            // Pages moved within one device (into a run of frames) count as compaction, whatever the stage.
-            let which = if b.from == b.to { &c.compacted } else { counter };
-            which.fetch_add(bytes, Ordering::Relaxed);
-            if stage.kind == StageKind::Prefetch && b.from != b.to {
-                c.prefetched.fetch_add(bytes, Ordering::Relaxed);
-            }
-        }
-        counter.fetch_add(stage.zero.len() as u64 * ps, Ordering::Relaxed);
-        c.stages.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 }
 

@@ -59,7 +59,7 @@ const CODEC_THREADS: usize = 8;
 /// Runs `job` on each of `jobs`, on several threads when they are `bytes` of a MiB or more: the codec runs at a
 /// few GB/s a core, a fraction of what host memory copies, so a call over many packed pages uses the cores it
 /// can. Every thread is joined; the first error is the answer.
-fn on_threads<T: Send>(
+pub(crate) fn on_threads<T: Send>(
     jobs: &mut [T],
     bytes: usize,
     job: impl Fn(&mut T) -> Result<(), FabricError> + Sync,

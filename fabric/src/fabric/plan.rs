@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use vfabric_allocator::Location;
+use vfabric_allocator::{Location, COMPRESSED_BLOCK};
 use vfabric_transport::{open, DeviceError, DeviceKind, DeviceLayer, OpenOptions};
 
 use crate::config::{ClusterConfig, ConfigError};
@@ -66,6 +66,10 @@ impl NodePlan {
             if bytes >= slot {
                 arenas.push((Location::Packed(element), bytes / slot * slot));
             }
+        }
+        let compressed = config.memory.compressed_arena.bytes() / COMPRESSED_BLOCK * COMPRESSED_BLOCK;
+        if compressed > 0 {
+            arenas.push((Location::Compressed, compressed));
         }
         let storage = config.storage.as_ref().map(|s| s.size.bytes() / ps * ps);
         tracing::debug!(node, gpus = gpus.len(), ?arenas, storage, "node planned");

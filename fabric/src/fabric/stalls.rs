@@ -23,6 +23,9 @@ pub struct Stalls {
     pub launch_ns: u64,
     /// Waiting for stages in flight (prefetches, write-backs) to land before a call could go on.
     pub in_flight_ns: u64,
+    /// Packing lossless regions' pages that arrived in host memory for the compressed tier (on the CPU, after
+    /// the stage that brought them), and the evictions that made room there (also counted in `evict_ns`).
+    pub pack_ns: u64,
     /// Stages carried out while a caller waited (the first four figures' count).
     pub stages: u64,
     /// Waits for stages in flight (the count behind `in_flight_ns`).
@@ -39,6 +42,7 @@ impl Stalls {
             migrate_ns: self.migrate_ns - earlier.migrate_ns,
             launch_ns: self.launch_ns - earlier.launch_ns,
             in_flight_ns: self.in_flight_ns - earlier.in_flight_ns,
+            pack_ns: self.pack_ns - earlier.pack_ns,
             stages: self.stages - earlier.stages,
             in_flight_waits: self.in_flight_waits - earlier.in_flight_waits,
         }
@@ -53,6 +57,7 @@ pub(crate) struct StallCounters {
     migrate_ns: AtomicU64,
     launch_ns: AtomicU64,
     in_flight_ns: AtomicU64,
+    pack_ns: AtomicU64,
     stages: AtomicU64,
     in_flight_waits: AtomicU64,
 }
@@ -79,6 +84,11 @@ impl StallCounters {
         add(&self.launch_ns, d);
     }
 
+    /// Packing pages for the compressed tier (and making room there), for `d`.
+    pub(crate) fn packing(&self, d: Duration) {
+        add(&self.pack_ns, d);
+    }
+
     /// A wait of `d` for stages in flight.
     pub(crate) fn in_flight(&self, d: Duration) {
         add(&self.in_flight_ns, d);
@@ -94,6 +104,7 @@ impl StallCounters {
             migrate_ns: l(&self.migrate_ns),
             launch_ns: l(&self.launch_ns),
             in_flight_ns: l(&self.in_flight_ns),
+            pack_ns: l(&self.pack_ns),
             stages: l(&self.stages),
             in_flight_waits: l(&self.in_flight_waits),
         }

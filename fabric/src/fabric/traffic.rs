@@ -23,6 +23,12 @@ pub struct Traffic {
     pub migrated: u64,
     /// Bytes written from and read into host buffers.
     pub host_io: u64,
+    /// Bytes of lossless regions' pages packed on arriving in host memory from a GPU, for the compressed tier.
+    pub compress_tried: u64,
+    /// The part of `compress_tried` that shrank by a block and moved into the compressed tier (page bytes)...
+    pub compressed: u64,
+    /// ...and the bytes it takes there (runs of blocks).
+    pub compressed_bytes: u64,
     /// Stages of copies carried out.
     pub stages: u64,
 }
@@ -40,6 +46,9 @@ impl Traffic {
             compacted: self.compacted - earlier.compacted,
             migrated: self.migrated - earlier.migrated,
             host_io: self.host_io - earlier.host_io,
+            compress_tried: self.compress_tried - earlier.compress_tried,
+            compressed: self.compressed - earlier.compressed,
+            compressed_bytes: self.compressed_bytes - earlier.compressed_bytes,
             stages: self.stages - earlier.stages,
         }
     }
@@ -56,6 +65,9 @@ pub(crate) struct Counters {
     pub(crate) compacted: AtomicU64,
     pub(crate) migrated: AtomicU64,
     pub(crate) host_io: AtomicU64,
+    pub(crate) compress_tried: AtomicU64,
+    pub(crate) compressed: AtomicU64,
+    pub(crate) compressed_bytes: AtomicU64,
     pub(crate) stages: AtomicU64,
 }
 
@@ -72,6 +84,9 @@ impl Counters {
             compacted: l(&self.compacted),
             migrated: l(&self.migrated),
             host_io: l(&self.host_io),
+            compress_tried: l(&self.compress_tried),
+            compressed: l(&self.compressed),
+            compressed_bytes: l(&self.compressed_bytes),
             stages: l(&self.stages),
         }
     }

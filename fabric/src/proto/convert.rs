@@ -59,6 +59,7 @@ impl From<Location> for WireLocation {
             Location::Storage => WireLocation::Storage,
             Location::Packed(Element::Bf16) => WireLocation::Packed,
             Location::Packed(Element::F32) => WireLocation::PackedF32,
+            Location::Compressed => WireLocation::Compressed,
         }
     }
 }
@@ -71,6 +72,7 @@ impl From<WireLocation> for Location {
             WireLocation::Storage => Location::Storage,
             WireLocation::Packed => Location::Packed(Element::Bf16),
             WireLocation::PackedF32 => Location::Packed(Element::F32),
+            WireLocation::Compressed => Location::Compressed,
         }
     }
 }

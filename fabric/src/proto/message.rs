@@ -18,6 +18,8 @@ pub enum WireLocation {
     Packed,
     /// The packed tier of fp32 slots of the node that receives the message (added last).
     PackedF32,
+    /// The compressed tier of the node that receives the message (added last).
+    Compressed,
 }
 
 /// The access a lease asks for.

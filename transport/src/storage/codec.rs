@@ -36,11 +36,8 @@ impl Packer {
                 }
                 // Data that does not shrink in its first block (bf16 weights, random bytes) is stored as it is
                 // for the cost of compressing that block, not the page.
-                if page.len() >= 4 * PROBE {
-                    let n = lz4_flex::block::compress_into(&page[..PROBE], &mut self.scratch).ok()?;
-                    if n * 8 > PROBE * 7 {
-                        return None;
-                    }
+                if !self.worth_packing(compression, page) {
+                    return None;
                 }
                 lz4_flex::block::compress_into(page, &mut self.scratch).ok()?
             }
@@ -48,22 +45,44 @@ impl Packer {
                 if self.zstd.is_none() {
                     self.zstd = Some(zstd::bulk::Compressor::new(ZSTD_LEVEL).ok()?);
                 }
-                let z = self.zstd.as_mut()?;
                 if self.scratch.len() < page.len() {
                     self.scratch.resize(page.len(), 0);
                 }
-                // zstd shrinks dense floats by a little: a probe must save a sixteenth to go on.
-                if page.len() >= 4 * PROBE {
-                    let n = z.compress_to_buffer(&page[..PROBE], &mut self.scratch[..PROBE]).ok()?;
-                    if n * 16 > PROBE * 15 {
-                        return None;
-                    }
+                if !self.worth_packing(compression, page) {
+                    return None;
                 }
                 // Into at most the page less a block: what does not fit there is not worth storing packed.
-                z.compress_to_buffer(page, &mut self.scratch[..room]).ok()?
+                self.zstd.as_mut()?.compress_to_buffer(page, &mut self.scratch[..room]).ok()?
             }
         };
         (blocks(n) < page.len()).then(|| &self.scratch[..n])
+    }
+
+    /// Whether `page` is worth packing with a lossless `compression`: its first block shrinks by an eighth
+    /// (LZ4) or a sixteenth (zstd, which shrinks dense floats by a little). Pages under four blocks always are.
+    /// The cost of one block's compression, so that data that does not shrink (bf16 weights, random bytes) is
+    /// told at once; [`Packer::pack`] asks it first.
+    pub fn worth_packing(&mut self, compression: Compression, page: &[u8]) -> bool {
+        if page.len() < 4 * PROBE {
+            return true;
+        }
+        if self.scratch.len() < lz4_flex::block::get_maximum_output_size(PROBE) {
+            self.scratch.resize(lz4_flex::block::get_maximum_output_size(PROBE), 0);
+        }
+        let probe = &page[..PROBE];
+        match compression {
+            Compression::Lz4 => {
+                lz4_flex::block::compress_into(probe, &mut self.scratch).is_ok_and(|n| n * 8 <= PROBE * 7)
+            }
+            Compression::Zstd => {
+                if self.zstd.is_none() {
+                    self.zstd = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+                }
+                let Some(z) = self.zstd.as_mut() else { return false };
+                z.compress_to_buffer(probe, &mut self.scratch[..PROBE]).is_ok_and(|n| n * 16 <= PROBE * 15)
+            }
+            _ => false,
+        }
     }
 }
 

@@ -96,7 +96,7 @@ impl AttachedClient {
         }
         let gpus = shares.iter().filter_map(|a| match a.location {
             Location::Gpu(g) => Some(g + 1),
-            Location::Host | Location::Storage | Location::Packed(_) => None,
+            Location::Host | Location::Storage | Location::Packed(_) | Location::Compressed => None,
         });
         let backend = if cuda { Backend::Cuda } else { Backend::Emulated };
         // The emulated GPUs of a client hold only its own scratch arenas (the imported ones are charged to the agent).

@@ -304,7 +304,7 @@ fn loc_hint(l: Location) -> sys::CUmemLocation {
             sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: i32::from(g) }
         }
         // Storage never reaches a mover (`plan_execution` refuses it); host is the nearest hint.
-        Location::Host | Location::Storage | Location::Packed(_) => {
+        Location::Host | Location::Storage | Location::Packed(_) | Location::Compressed => {
             sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 }
         }
     }

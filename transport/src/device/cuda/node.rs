@@ -110,7 +110,7 @@ impl DeviceLayer for CudaNode {
                 );
                 Ok(Arc::new(arena))
             }
-            Location::Host | Location::Packed(_) => {
+            Location::Host | Location::Packed(_) | Location::Compressed => {
                 let ctx = Arc::clone(self.inner.context(0)?);
                 let shared = SharedHostMemory::create("vfabric-host", spec.bytes)?;
                 let mem = RegisteredHostMemory::register(ctx, shared).map_err(|e| match e {
@@ -140,7 +140,7 @@ impl DeviceLayer for CudaNode {
                 let pieces: Vec<_> = fds.iter().map(AsFd::as_fd).zip(share.pieces.iter().copied()).collect();
                 Ok(Arc::new(self.import_chunks(g, &pieces)?))
             }
-            (location @ (Location::Host | Location::Packed(_)), ShareKind::HostFile) => {
+            (location @ (Location::Host | Location::Packed(_) | Location::Compressed), ShareKind::HostFile) => {
                 let ctx = Arc::clone(self.inner.context(0)?);
                 let fd = fds.into_iter().next().ok_or_else(|| DeviceError::InvalidArgument("no descriptor".into()))?;
                 // Registered when first needed (`Arena::prepare_for_devices`): most clients lease GPU pages only.
@@ -155,7 +155,7 @@ impl DeviceLayer for CudaNode {
         match location {
             Location::Gpu(g) => self.inner.context(g)?.synchronize(),
             // Host memory is reached by this process's GPUs' work: wait for all of it.
-            Location::Host | Location::Packed(_) => {
+            Location::Host | Location::Packed(_) | Location::Compressed => {
                 self.inner.gpus.iter().try_for_each(|g| self.inner.context(g.index)?.synchronize())
             }
             // No GPU work touches the storage tier.

@@ -89,7 +89,7 @@ impl DeviceLayer for EmulatedNode {
                 }
                 Some((Arc::clone(&self.used), usize::from(g), bytes))
             }
-            Location::Host | Location::Packed(_) => None,
+            Location::Host | Location::Packed(_) | Location::Compressed => None,
             Location::Storage => return Err(DeviceError::NoArena(Location::Storage)),
         };
         match EmulatedArena::new(spec.location, bytes, charge.clone()) {
