@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
-use vfabric::{ByteSize, ClusterConfig, Compression, FabricError, Mode, Placement};
+use vfabric::{ByteSize, ClusterConfig, Compression, FabricError, Placement};
 use vfabric_transport::Location;
 
 use crate::compression;
@@ -77,17 +77,8 @@ fn one(
     let wrote = f.traffic().since(&before);
     let devices = f.stats().directory.devices;
     let held = devices.iter().filter(|d| d.location.is_host_memory()).map(|d| d.copies).sum();
-    let before = f.traffic();
-    let t = Instant::now();
-    let step = (budget / ps / 4).clamp(1, 8);
-    for p in (0..pages).step_by(step as usize) {
-        let end = (p + step).min(pages);
-        let lease = f.acquire(&r, p * ps..end * ps, gpu, Mode::Read).map_err(e)?;
-        f.release(lease).map_err(e)?;
-    }
-    let walk_s = t.elapsed().as_secs_f64();
+    let (walk_s, from_storage) = tiers::walk_leases(&f, &r, pages, budget).map_err(e)?;
     let pack_seconds = f.stats().stalls.since(&stalls).pack_ns as f64 / 1e9;
-    let from_storage = f.traffic().since(&before).from_storage;
     let mut back = vec![0u8; ps as usize];
     for p in 0..pages {
         f.read(&r, p * ps, &mut back).map_err(e)?;

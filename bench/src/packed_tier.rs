@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
-use vfabric::{ByteSize, ClusterConfig, FabricError, Mode, Placement};
+use vfabric::{ByteSize, ClusterConfig, FabricError, Placement};
 use vfabric_allocator::{Compression, Element};
 use vfabric_transport::device::lossy;
 use vfabric_transport::Location;
@@ -100,17 +100,7 @@ fn one(
         f.write(&r, p * ps, source(p)).map_err(e)?;
     }
     let held = f.stats().directory.devices.iter().find(|d| d.location == held_in).map_or(0, |d| u64::from(d.used));
-    let before = f.traffic();
-    let t = Instant::now();
-    // Leases of 8 pages, or a quarter of a small budget.
-    let step = (budget / ps / 4).clamp(1, 8);
-    for p in (0..pages).step_by(step as usize) {
-        let end = (p + step).min(pages);
-        let lease = f.acquire(&r, p * ps..end * ps, gpu, Mode::Read).map_err(e)?;
-        f.release(lease).map_err(e)?;
-    }
-    let seconds = t.elapsed().as_secs_f64();
-    let from_storage = f.traffic().since(&before).from_storage;
+    let (seconds, from_storage) = tiers::walk_leases(&f, &r, pages, budget).map_err(e)?;
     let mut worst = 0f64;
     let mut back = vec![0u8; ps as usize];
     for p in (0..pages).step_by(((pages / 32).max(1)) as usize) {

@@ -772,13 +772,10 @@ fn run_model(mut s: Sim, ops: &[Op]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// A region larger than a GPU is written whole (pages beyond the GPU spill to host memory), read back, and
-/// acquired piece by piece on the GPU (fetching and evicting as it goes).
-#[test]
-fn oversubscribed_region_round_trips() {
-    let mut s = sim(0);
-    let pages = 30u32;
-    let h = s.dir.alloc(u64::from(pages) * PAGE, Placement::on(Location::Gpu(0))).expect("alloc");
+/// Allocates a region of `pages` pages placed as `placement`, writes it 3 pages at a time, and walks it two
+/// pages at a time on GPU 0 then GPU 1 (every fifth acquire for writing), checking the model after each step.
+fn write_and_walk_both_gpus(s: &mut Sim, pages: u32, placement: Placement) {
+    let h = s.dir.alloc(u64::from(pages) * PAGE, placement).expect("alloc");
     for p in 0..pages {
         s.model.insert(key(&h, p), 0);
     }
@@ -797,6 +794,14 @@ fn oversubscribed_region_round_trips() {
             s.check(&op);
         }
     }
+}
+
+/// A region larger than a GPU is written whole (pages beyond the GPU spill to host memory), read back, and
+/// acquired piece by piece on the GPU (fetching and evicting as it goes).
+#[test]
+fn oversubscribed_region_round_trips() {
+    let mut s = sim(0);
+    write_and_walk_both_gpus(&mut s, 30, Placement::on(Location::Gpu(0)));
     let st = s.dir.stats();
     assert!(st.devices[0].used <= 8 && st.devices[1].used <= 6, "{st:?}");
 }
@@ -808,27 +813,8 @@ fn oversubscribed_region_round_trips() {
 #[test]
 fn lossless_pages_go_through_the_compressed_tier() {
     let mut s = sim_on(&WITH_COMPRESSED, 0, 90, 75);
-    let pages = 24u32;
     let lz4 = Placement { compression: Compression::Lz4, ..Placement::on(Location::Gpu(0)) };
-    let h = s.dir.alloc(u64::from(pages) * PAGE, lz4).expect("alloc");
-    for p in 0..pages {
-        s.model.insert(key(&h, p), 0);
-    }
-    s.regions.push(h);
-    let w = Op::Write { region: 0, page: 0, pages: 3 };
-    for start in (0..pages).step_by(3) {
-        s.apply(&Op::Write { region: 0, page: start, pages: 3 });
-        s.check(&w);
-    }
-    for round in 0..2 {
-        for p in 0..pages {
-            let op = Op::Acquire { region: 0, page: p, pages: 2, device: round, write: p % 5 == 0 };
-            s.apply(&op);
-            s.check(&op);
-            s.apply(&Op::Release { lease: 0 });
-            s.check(&op);
-        }
-    }
+    write_and_walk_both_gpus(&mut s, 24, lz4);
     let tier = s.dir.dev(Location::Compressed).expect("compressed tier");
     let held = s.dir.stats().devices[usize::from(tier)].copies;
     assert!(s.packed >= 8 && held > 0, "{} pages packed, {held} held in the compressed tier", s.packed);
