@@ -134,7 +134,7 @@ impl Fabric {
         let mover = layer.mover(config.mover)?;
         Ok(Fabric {
             inner: Arc::new(Inner {
-                state: Mutex::new(State { dir, prefetch: VecDeque::new() }),
+                state: Mutex::new(State { dir, prefetch: VecDeque::new(), arrived: Vec::new() }),
                 layer,
                 arenas,
                 mover,

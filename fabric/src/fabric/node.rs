@@ -19,6 +19,9 @@ pub(crate) struct State {
     /// The prefetch stages whose copies are in flight, oldest first (the directory knows they are pending;
     /// their transfers live here). Dropped before the arenas: dropping a transfer waits for it.
     pub(crate) prefetch: VecDeque<InFlight>,
+    /// Frames of host memory that committed stages brought lossless regions' pages to from a GPU, to be packed
+    /// for the compressed tier when the call that committed them is done (`stages.rs`).
+    pub(crate) arrived: Vec<u32>,
 }
 
 pub(crate) struct InFlight {

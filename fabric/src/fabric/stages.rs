@@ -27,12 +27,14 @@ impl Fabric {
         // Each stage frees, moves or fills at least one frame; a bound only guards against a directory bug.
         for _ in 0..1_000_000 {
             match step(&mut st.dir)? {
-                Step::Done(t) => return Ok(t),
+                Step::Done(t) => {
+                    self.pack_arrivals(st);
+                    return Ok(t);
+                }
                 Step::Stage(stage) => match self.carry_out(&st.dir, &stage) {
                     Ok(()) => {
-                        let arrived = arrivals(&stage);
+                        st.arrived.extend(arrivals(&stage));
                         st.dir.commit(stage);
-                        self.pack_arrivals(st, arrived);
                     }
                     Err(e) => {
                         st.dir.abort(stage);
@@ -105,9 +107,8 @@ impl Fabric {
         let Some(p) = st.prefetch.remove(i) else { return };
         match self.finish(&p.stage, p.copies) {
             Ok(()) => {
-                let arrived = arrivals(&p.stage);
+                st.arrived.extend(arrivals(&p.stage));
                 st.dir.commit(p.stage);
-                self.pack_arrivals(st, arrived);
             }
             Err(e) => {
                 tracing::warn!(error = %e, pages = p.stage.pages(), "a prefetch failed; its pages stay where they were");
@@ -241,10 +242,13 @@ impl Fabric {
         Ok(())
     }
 
-    /// Moves lossless regions' pages that a stage brought to host memory's frames from a GPU into the compressed
-    /// tier, each that shrinks by a block packed into a run of its length, making room there as it goes (the
-    /// tier's least recently used pages go to the storage tier). A failure only leaves pages where they are.
-    fn pack_arrivals(&self, st: &mut State, frames: Vec<u32>) {
+    /// Moves lossless regions' pages that stages brought to host memory's frames from a GPU (`State::arrived`)
+    /// into the compressed tier, each that shrinks by a block packed into a run of its length, making room there
+    /// as it goes (the tier's least recently used pages go to the storage tier). Runs when a directory call is
+    /// done, not between its stages, so that making room never evicts what the call is bringing up. A failure
+    /// only leaves pages where they are.
+    fn pack_arrivals(&self, st: &mut State) {
+        let frames = std::mem::take(&mut st.arrived);
         let mut pages: Vec<compressed::Packing> = frames
             .into_iter()
             .filter_map(|frame| {
