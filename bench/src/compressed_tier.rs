@@ -2,15 +2,16 @@
 //! stored with LZ4, larger than a GPU's budget and host memory together, written from the host and walked on the
 //! GPU in order, on two nodes of the same memory: one whose host memory is all whole frames and whose region is
 //! stored as it is (the baseline), one with part of that memory as a compressed tier. Per kind of data (random
-//! bytes, which never shrink; bf16 weights; GELU activations; sparse pages): the pages memory holds, the write's
-//! and the walk's GB/s, and the bytes read from the storage tier. Every page is checked after the walk.
+//! bytes, which never shrink; bf16 weights; GELU activations; sparse pages; zeros; and a trained model's tensors
+//! when given): the pages memory holds, the write's and the walk's GB/s, and the bytes read from the storage
+//! tier. Every page is checked after the walk.
 
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
-use vfabric::{ByteSize, ClusterConfig, Compression, FabricError, Placement};
+use vfabric::{ByteSize, ClusterConfig, Compression, FabricError, Mode, Placement};
 use vfabric_transport::Location;
 
 use crate::compression;
@@ -30,30 +31,66 @@ pub struct CompressedRow {
     pub held: u64,
     /// Pages moved into the compressed tier, and the bytes they take there.
     pub compressed: u64,
+    /// Pages left in host memory's frames without a probe (their region's recent pages did not shrink), writing
+    /// and walking.
+    pub skipped: u64,
     pub compressed_bytes: u64,
     /// Seconds callers waited for packing (and the evictions that made room in the tier), writing and walking.
     pub pack_seconds: f64,
     /// GB/s of the write from the host (pages going down through the tiers as it goes).
     pub write_gb_s: f64,
-    /// GB/s of the walk on the GPU.
+    /// GB/s of the walk on the GPU (the median of `walks_gb_s`).
     pub walk_gb_s: f64,
-    /// Bytes read from the storage tier during the walk.
+    /// GB/s of each walk, in order.
+    pub walks_gb_s: Vec<f64>,
+    /// Bytes read from the storage tier during a walk (on average).
     pub from_storage: u64,
 }
 
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Two runs of one node as one row: their walks together (the median of them all), the mean of their writes.
+fn merged(a: CompressedRow, b: CompressedRow) -> CompressedRow {
+    let mut walks_gb_s = a.walks_gb_s;
+    walks_gb_s.extend(b.walks_gb_s);
+    CompressedRow {
+        walk_gb_s: median(&walks_gb_s),
+        walks_gb_s,
+        write_gb_s: (a.write_gb_s + b.write_gb_s) / 2.0,
+        pack_seconds: a.pack_seconds + b.pack_seconds,
+        skipped: a.skipped + b.skipped,
+        from_storage: (a.from_storage + b.from_storage) / 2,
+        ..a
+    }
+}
+
+/// Walks of each node in memory, each of its two runs.
+const IN_MEMORY_WALKS: usize = 5;
+
 /// The kinds of data walked.
-const KINDS: [&str; 4] = [
+const KINDS: [&str; 5] = [
     "random bytes",
     "bf16 weights, N(0, 0.02)",
     "bf16 activations, GELU(N(0, 1))",
     "sparse: zeros, a number every 4 KiB",
+    "zeros",
 ];
 
-/// Writes, walks and checks a region of `pages` pages of `data` on a node with a GPU budget of `budget`, `frames`
-/// bytes of host frames and a compressed tier of `tier` bytes (none when 0, and the region stored as it is).
+/// Writes, walks `walks` times with leases in `mode` and checks a region of `pages` pages of `data` on a node with
+/// a GPU budget of `budget`, `frames` bytes of host frames and a compressed tier of `tier` bytes (none when 0, and
+/// the region stored as it is).
 fn one(
     base: &ClusterConfig,
-    setup: &'static str,
+    (setup, walks, mode): (&'static str, usize, Mode),
     (budget, frames, tier, pages, ps): (u64, u64, u64, u64, u64),
     (kind, data): (&str, &[u8]),
     dir: &Path,
@@ -77,8 +114,14 @@ fn one(
     let wrote = f.traffic().since(&before);
     let devices = f.stats().directory.devices;
     let held = devices.iter().filter(|d| d.location.is_host_memory()).map(|d| d.copies).sum();
-    let (walk_s, from_storage) = tiers::walk_leases(&f, &r, pages, budget).map_err(e)?;
+    let (mut walks_gb_s, mut from_storage) = (Vec::with_capacity(walks), 0);
+    for _ in 0..walks.max(1) {
+        let (walk_s, read) = tiers::walk_leases(&f, &r, pages, budget, mode).map_err(e)?;
+        walks_gb_s.push((pages * ps) as f64 / walk_s / 1e9);
+        from_storage += read;
+    }
     let pack_seconds = f.stats().stalls.since(&stalls).pack_ns as f64 / 1e9;
+    let skipped = f.traffic().since(&before).compress_skipped / ps;
     let mut back = vec![0u8; ps as usize];
     for p in 0..pages {
         f.read(&r, p * ps, &mut back).map_err(e)?;
@@ -93,48 +136,66 @@ fn one(
         pages,
         held,
         compressed: wrote.compressed / ps,
+        skipped,
         compressed_bytes: wrote.compressed_bytes,
         pack_seconds,
         write_gb_s: (pages * ps) as f64 / write_s / 1e9,
-        walk_gb_s: (pages * ps) as f64 / walk_s / 1e9,
-        from_storage,
+        walk_gb_s: median(&walks_gb_s),
+        from_storage: from_storage / walks_gb_s.len() as u64,
+        walks_gb_s,
     })
 }
 
 /// Runs the three nodes over every kind: a GPU budget of `budget` and `host` bytes of host frames (the
 /// baseline); the same memory, half of it a compressed tier; the baseline's frames and a tier of half their
 /// bytes beside them (for pages that never shrink, what packing costs). The region is the budget and three
-/// times `host`.
+/// times `host`. `tensors` (name, bytes) are walked beside the synthetic kinds (with `synthetic`), each at least a
+/// page.
 pub fn run(
     base: &ClusterConfig,
-    budget: u64,
-    host: u64,
-    ps: u64,
+    (budget, host, ps): (u64, u64, u64),
     dir: &Path,
+    tensors: &[(String, Vec<u8>)],
+    synthetic: bool,
 ) -> Result<(Vec<CompressedRow>, String), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let pages = (budget + 3 * host) / ps;
     let tier = host / 2 / ps * ps;
     let mut rows = Vec::new();
-    for (i, kind) in KINDS.into_iter().enumerate() {
-        let data = compression::synthetic(kind, (64 * ps) as usize, 31 + i as u64);
+    let kinds = if synthetic { &KINDS[..] } else { &[] };
+    let synthetic =
+        kinds.iter().enumerate().map(|(i, &k)| (k, compression::synthetic(k, (64 * ps) as usize, 31 + i as u64)));
+    let trained = tensors.iter().filter(|(_, d)| d.len() as u64 >= ps).map(|(n, d)| (n.as_str(), d.clone()));
+    for (kind, data) in synthetic.chain(trained) {
         for (setup, frames, t) in
             [("host frames", host, 0), ("half a tier", host - tier, tier), ("frames and a tier", host, tier)]
         {
             eprintln!("compressed tier, {kind}, {setup}: a region of {}", ByteSize(pages * ps));
-            rows.push(one(base, setup, (budget, frames, t, pages, ps), (kind, &data), dir)?);
+            rows.push(one(base, (setup, 1, Mode::Read), (budget, frames, t, pages, ps), (kind, &data), dir)?);
         }
     }
     // In memory: a region the GPU and the baseline's frames hold together below their watermarks, so that no
-    // storage I/O blurs what packing costs pages that never shrink (each probed as it arrives in host memory,
-    // then left in its frame).
+    // storage I/O blurs what packing costs pages that never shrink (probed as they arrive in host memory until
+    // their region's pages are skipped, then left in their frames). Walked with write leases, so that every
+    // page leaves the GPU as a copy to host memory on every walk (a read lease's would be a drop: the page
+    // keeps its copy there). A walk takes tens of milliseconds: each node walks IN_MEMORY_WALKS times, twice,
+    // the baseline first and then second.
     let small = (budget + host) * 3 / 5 / ps;
     let mut in_memory = Vec::new();
     for (i, kind) in KINDS[..2].iter().enumerate() {
         let data = compression::synthetic(kind, (64 * ps) as usize, 41 + i as u64);
-        for (setup, t) in [("host frames", 0), ("frames and a tier", tier)] {
-            eprintln!("compressed tier, {kind}, {setup}, in memory: a region of {}", ByteSize(small * ps));
-            in_memory.push(one(base, setup, (budget, host, t, small, ps), (kind, &data), dir)?);
+        let mut runs: Vec<Vec<CompressedRow>> = vec![Vec::new(), Vec::new()];
+        for order in [[0, 1], [1, 0]] {
+            for k in order {
+                let (setup, t) = [("host frames", 0), ("frames and a tier", tier)][k];
+                eprintln!("compressed tier, {kind}, {setup}, in memory: a region of {}", ByteSize(small * ps));
+                let sizes = (budget, host, t, small, ps);
+                runs[k].push(one(base, (setup, IN_MEMORY_WALKS, Mode::Write), sizes, (kind, &data), dir)?);
+            }
+        }
+        for mut two in runs {
+            let b = two.pop().expect("two runs");
+            in_memory.push(merged(two.pop().expect("two runs"), b));
         }
     }
     let mut md = format!(
@@ -187,18 +248,22 @@ pub fn run(
     let _ = writeln!(
         md,
         "\n### In memory: pages that never shrink\n\n- a region of {} = 3/5 of the GPU budget and the host frames \
-         together, written and walked as above, on the baseline beside frames and a tier, whose evictions to host \
-         memory probe each page for the tier\n\n| data | node | packing s | write GB/s | walk GB/s | read from \
-         storage | write vs frames | walk vs frames |\n|---|---|---:|---:|---:|---:|---:|---:|",
-        ByteSize(small * ps)
+         together, written as above and walked with write leases (every page leaves the GPU as a copy on every \
+         walk), on the baseline beside frames and a tier, whose evictions to host memory probe each page for the \
+         tier until its region's pages keep failing the probe (then one page in up to 1,025); each node run twice (the baseline first, then second), {} walks a run: the median walk, the \
+         mean write\n\n| data | node | not probed | packing s | write GB/s | walk GB/s | read from storage | write \
+         vs frames | walk vs frames |\n|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ByteSize(small * ps),
+        IN_MEMORY_WALKS
     );
     for two in in_memory.chunks(2) {
         for r in two {
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.3} | {:.2} | {:.2} | {} | {:.2}x | {:.2}x |",
+                "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {:.2}x | {:.2}x |",
                 r.data,
                 r.setup,
+                r.skipped,
                 r.pack_seconds,
                 r.write_gb_s,
                 r.walk_gb_s,

@@ -73,6 +73,7 @@ pub fn synthetic(kind: &str, len: usize, seed: u64) -> Vec<u8> {
                 let g = rng.normal() * 1e-3;
                 out.extend_from_slice(&(g * g).to_le_bytes())
             }
+            "zeros" => out.extend_from_slice(&0u64.to_le_bytes()),
             "sparse: zeros, a number every 4 KiB" => {
                 let at = out.len();
                 out.extend_from_slice(&(if at % 4096 == 0 { (at as u64) | 1 } else { 0 }).to_le_bytes())

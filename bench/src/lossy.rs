@@ -65,6 +65,10 @@ pub struct LossyArgs {
     /// Runs the compressed tier part only of the tier parts.
     #[arg(long)]
     pub compressed_only: bool,
+    /// The compressed tier part walks only the tensors of `--tensors` over the tiers (not the synthetic kinds;
+    /// its comparison in memory still runs).
+    #[arg(long)]
+    pub tensor_walks_only: bool,
 }
 
 /// One kind of data through one codec.
@@ -241,18 +245,18 @@ impl Rig {
     }
 }
 
-/// The raw tensors of `dir` with their values, named by their extension.
-fn tensors(dir: &std::path::Path, limit: usize) -> Result<Vec<(String, Element, Vec<u8>)>, String> {
+/// Raw tensors with their values, named by their extension.
+fn tensors(trained: &[(String, Vec<u8>)]) -> Vec<(String, Element, Vec<u8>)> {
     let mut out = Vec::new();
-    for (name, data) in compression::tensors(dir, limit)? {
+    for (name, data) in trained {
         let element = match name.rsplit('.').next() {
             Some("bf16") => Element::Bf16,
             Some("fp32") => Element::F32,
             _ => continue,
         };
-        out.push((name, element, data));
+        out.push((name.clone(), element, data.clone()));
     }
-    Ok(out)
+    out
 }
 
 /// Runs the benchmark and writes its results.
@@ -301,9 +305,12 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
         .enumerate()
         .map(|(i, &(kind, e))| (kind.to_owned(), e, compression::synthetic(kind, sample, i as u64 + 11)))
         .collect();
-    if let Some(dir) = &args.tensors {
-        sources.extend(tensors(dir, sample)?);
-    }
+    // The trained tensors as they are, for the compressed tier (lossless), and with their values for the codecs.
+    let trained = match &args.tensors {
+        Some(dir) => compression::tensors(dir, sample)?,
+        None => Vec::new(),
+    };
+    sources.extend(tensors(&trained));
     let mut rows = Vec::new();
     for (name, element, data) in &sources {
         for c in COMPRESSIONS.into_iter().filter(|c| c.lossy().is_some_and(|l| l.element == *element)) {
@@ -320,7 +327,10 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
         let host = args.tier_host.map_or(host, |h| h.bytes()) / ps * ps;
         let packed =
             if args.compressed_only { None } else { Some(packed_tier::run(&cfg, budget, host, ps, &args.tier_dir)?) };
-        Some((packed, compressed_tier::run(&cfg, budget, host, ps, &args.tier_dir)?))
+        Some((
+            packed,
+            compressed_tier::run(&cfg, (budget, host, ps), &args.tier_dir, &trained, !args.tensor_walks_only)?,
+        ))
     };
     let (date, stamp) = report::now_stamps();
     let mut md = markdown(command_line, &date, &layer.describe(), size, ps, &rows);

@@ -100,7 +100,7 @@ fn one(
         f.write(&r, p * ps, source(p)).map_err(e)?;
     }
     let held = f.stats().directory.devices.iter().find(|d| d.location == held_in).map_or(0, |d| u64::from(d.used));
-    let (seconds, from_storage) = tiers::walk_leases(&f, &r, pages, budget).map_err(e)?;
+    let (seconds, from_storage) = tiers::walk_leases(&f, &r, pages, budget, vfabric::Mode::Read).map_err(e)?;
     let mut worst = 0f64;
     let mut back = vec![0u8; ps as usize];
     for p in (0..pages).step_by(((pages / 32).max(1)) as usize) {

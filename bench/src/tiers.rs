@@ -156,17 +156,24 @@ pub fn run(base: &ClusterConfig, args: &TierOptions, dir: &Path, budget: u64, ps
     Ok(Tiers { rows, json, markdown: md })
 }
 
-/// Walks `pages` pages of `r` on GPU 0 in order, a read lease of 8 pages at a time (a quarter of a budget of
-/// `budget` bytes when that is less), released at once: the seconds it took and the bytes read from the storage
-/// tier meanwhile.
-pub(crate) fn walk_leases(f: &Fabric, r: &vfabric::Region, pages: u64, budget: u64) -> Result<(f64, u64), FabricError> {
+/// Walks `pages` pages of `r` on GPU 0 in order, a lease in `mode` of 8 pages at a time (a quarter of a budget
+/// of `budget` bytes when that is less), released at once: the seconds it took and the bytes read from the
+/// storage tier meanwhile. (A read lease leaves the page's copy in host memory where it has one, so its eviction
+/// from the GPU is a drop; a write lease makes the GPU's copy the only one, so its eviction is a copy.)
+pub(crate) fn walk_leases(
+    f: &Fabric,
+    r: &vfabric::Region,
+    pages: u64,
+    budget: u64,
+    mode: Mode,
+) -> Result<(f64, u64), FabricError> {
     let ps = f.page_size();
     let before = f.traffic();
     let t = Instant::now();
     let step = (budget / ps / 4).clamp(1, 8);
     for p in (0..pages).step_by(step as usize) {
         let end = (p + step).min(pages);
-        let lease = f.acquire(r, p * ps..end * ps, Location::Gpu(0), Mode::Read)?;
+        let lease = f.acquire(r, p * ps..end * ps, Location::Gpu(0), mode)?;
         f.release(lease)?;
     }
     Ok((t.elapsed().as_secs_f64(), f.traffic().since(&before).from_storage))

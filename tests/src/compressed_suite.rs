@@ -30,7 +30,8 @@ fn page_bytes(p: u64, len: usize, seed: u64) -> Vec<u8> {
 /// storage tier: written through a GPU, an `lz4` region's compressible pages end in the compressed tier (more
 /// than twice the pages its bytes hold whole; past it, they go on to the storage tier), its incompressible ones
 /// stay whole; a region stored as it is never goes there. Every byte comes back: host reads, leases on the
-/// GPU, after host writes into pages wherever they are. The tier takes no lease and is no region's home, and a
+/// GPU, after host writes into pages wherever they are (whole pages written into host memory are packed as
+/// pages from a GPU are). The tier takes no lease and is no region's home, and a
 /// freed region leaves it empty.
 pub fn the_compressed_tier_holds_pages_by_their_packed_length(cfg: &ClusterConfig, dir: &std::path::Path) {
     let (mut cfg, path) = with_storage(cfg, &dir.join("storage-compressed-tier.tier"), 200);
@@ -84,6 +85,16 @@ pub fn the_compressed_tier_holds_pages_by_their_packed_length(cfg: &ClusterConfi
     }
     f.read(&r, 0, &mut back).expect("read");
     assert!(back == data, "a host read after the writes and leases differs");
+    // Whole pages written from the host (those in the tier come up to host memory first) go back into it.
+    let before = f.traffic();
+    for p in 0..n {
+        let page = &data[(p * ps) as usize..((p + 1) * ps) as usize];
+        f.write(&r, p * ps, page).expect("write a whole page");
+    }
+    let t = f.traffic().since(&before);
+    assert!(t.compressed > 0, "whole pages written into host memory were not packed: {t:?}");
+    f.read(&r, 0, &mut back).expect("read");
+    assert!(back == data, "a host read after whole pages were written differs");
     match f.acquire(&r, 0..ps, Location::Compressed, Mode::Read) {
         Err(e @ FabricError::Directory(_)) => assert!(e.to_string().contains("compressed tier"), "{e}"),
         other => panic!("a lease in the compressed tier: {other:?}"),
@@ -95,6 +106,57 @@ pub fn the_compressed_tier_holds_pages_by_their_packed_length(cfg: &ClusterConfi
     f.free(&r).expect("free");
     let c = dev(Location::Compressed);
     assert_eq!((c.copies, c.used), (0, 0), "a freed region left blocks in the compressed tier");
+    drop(f);
+    assert!(!path.exists(), "the fabric removes its storage file");
+}
+
+/// A node with a compressed tier as above: an `lz4` region of random bytes, written through a GPU, is looked at
+/// for its first pages only (the rest stay in host memory without a probe); rewritten with pages that shrink, it
+/// is looked at again within the skip and its pages move into the tier. Every byte comes back.
+pub fn pages_that_never_shrink_are_skipped_until_they_shrink(cfg: &ClusterConfig, dir: &std::path::Path) {
+    let (mut cfg, path) = with_storage(cfg, &dir.join("storage-probe-skip.tier"), 200);
+    let ps = cfg.memory.page_size.bytes();
+    cfg.memory.compressed_arena = ByteSize(8 * ps);
+    let f = fabric(&cfg);
+    let g = gpus(&f)[0];
+    let n = frames_of(&f, g) + 60;
+    let lz4 = Placement { device: Some(g), compression: Compression::Lz4, ..Placement::default() };
+    let r = f.alloc(n * ps, lz4).expect("alloc");
+    let write_all = |noise: bool| -> Vec<u8> {
+        let mut data = Vec::with_capacity((n * ps) as usize);
+        for p in 0..n {
+            // Page 3 of every four is random bytes throughout.
+            let page = page_bytes(if noise { 4 * p + 3 } else { 4 * p }, ps as usize, 5);
+            f.write(&r, p * ps, &page).expect("write");
+            data.extend_from_slice(&page);
+        }
+        data
+    };
+    let before = f.traffic();
+    let data = write_all(true);
+    let t = f.traffic().since(&before);
+    let looked = t.compress_tried - t.compress_skipped;
+    assert!(t.compress_skipped > 0 && t.compressed == 0, "random pages were packed or none skipped: {t:?}");
+    assert!(looked * 2 < t.compress_tried, "most random pages were still looked at: {t:?}");
+    let mut back = vec![0u8; data.len()];
+    f.read(&r, 0, &mut back).expect("read");
+    assert!(back == data, "a host read of the random pages differs");
+
+    // Rewritten with pages that shrink: walks on the GPU evict them to host memory until one is looked at again.
+    let data = write_all(false);
+    for walk in 0.. {
+        if f.traffic().since(&before).compressed > 0 {
+            break;
+        }
+        assert!(walk < 8, "pages that shrink were never looked at again: {:?}", f.traffic().since(&before));
+        for p in 0..n {
+            let lease = f.acquire(&r, p * ps..(p + 1) * ps, g, Mode::Read).expect("acquire");
+            f.release(lease).expect("release");
+        }
+    }
+    f.read(&r, 0, &mut back).expect("read");
+    assert!(back == data, "a host read of the rewritten pages differs");
+    f.free(&r).expect("free");
     drop(f);
     assert!(!path.exists(), "the fabric removes its storage file");
 }

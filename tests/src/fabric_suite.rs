@@ -555,6 +555,14 @@ macro_rules! fabric_suite_tests {
         }
 
         #[test]
+        fn pages_that_never_shrink_are_skipped_until_they_shrink() {
+            $crate::compressed_suite::pages_that_never_shrink_are_skipped_until_they_shrink(
+                &$config,
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
         fn reservations_hold_capacity() {
             $crate::fabric_suite::reservations_hold_capacity(&$config);
         }

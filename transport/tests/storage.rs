@@ -204,3 +204,36 @@ fn a_packed_page_changed_on_disk_is_an_error_naming_its_slot() {
     let ok = read_back(&t, &[0, 3]).expect("the other slots are intact");
     assert!(ok[0][..] == pages[0][..] && ok[1][..] == pages[3][..]);
 }
+
+#[test]
+fn pages_packed_elsewhere_are_stored_as_they_are_and_checked_when_read() {
+    use vfabric_transport::storage::Packer;
+    let t = tier("write-packed", 4);
+    let pages: Vec<AlignedBuffer> = (0..3).map(sparse_page).collect();
+    let mut packer = Packer::default();
+    let packed: Vec<Vec<u8>> =
+        pages.iter().map(|p| packer.pack(Compression::Lz4, p).expect("shrinks").to_vec()).collect();
+    let sum = |b: &[u8]| xxhash_rust::xxh3::xxh3_64(b);
+    // Slot 2's checksum is not its bytes': the bytes changed after they were packed.
+    let reqs: Vec<(u64, &[u8], u64)> =
+        vec![(0, &packed[0], sum(&packed[0])), (1, &packed[1], sum(&packed[1])), (2, &packed[2], sum(&packed[2]) ^ 1)];
+    t.write_packed(&reqs, Compression::Lz4).expect("write packed");
+    let (bytes, held) = t.stored();
+    assert_eq!(held, 3);
+    assert!(bytes <= 3 * 4096, "packed pages take their blocks only: {bytes} bytes");
+    let got = read_back(&t, &[1, 0]).expect("read");
+    assert!(got[0][..] == pages[1][..] && got[1][..] == pages[0][..]);
+    match read_back(&t, &[2]) {
+        Err(e @ StorageError::Corrupt { slot: 2, .. }) => assert!(e.to_string().contains("slot 2"), "{e}"),
+        other => panic!("a page whose bytes do not match its checksum: {:?}", other.map(|_| ())),
+    }
+    // Refused, and nothing changes: a codec that is not lossless, bytes that save no block.
+    let whole = page(9);
+    for (codec, bytes) in [(Compression::None, &packed[0][..]), (Compression::Lz4, &whole[..PAGE as usize - 100])] {
+        match t.write_packed(&[(0, bytes, sum(bytes))], codec) {
+            Err(StorageError::InvalidSpec(_)) => {}
+            other => panic!("{codec}: {other:?}"),
+        }
+    }
+    assert!(read_back(&t, &[0]).expect("slot 0 intact")[0][..] == pages[0][..]);
+}

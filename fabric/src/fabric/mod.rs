@@ -20,6 +20,7 @@ mod packed;
 mod parts;
 mod placement;
 mod plan;
+mod probe_skip;
 mod reservation;
 mod stages;
 mod stalls;
@@ -134,7 +135,12 @@ impl Fabric {
         let mover = layer.mover(config.mover)?;
         Ok(Fabric {
             inner: Arc::new(Inner {
-                state: Mutex::new(State { dir, prefetch: VecDeque::new(), arrived: Vec::new() }),
+                state: Mutex::new(State {
+                    dir,
+                    prefetch: VecDeque::new(),
+                    arrived: Vec::new(),
+                    probes: Default::default(),
+                }),
                 layer,
                 arenas,
                 mover,
@@ -241,7 +247,9 @@ impl Fabric {
     /// Frees a region and all its memory. Refused while any of its pages is leased.
     pub fn free(&self, region: &Region) -> Result<(), FabricError> {
         let mut st = lock(&self.inner.state);
-        self.drive(&mut st, |d| d.free(region))
+        self.drive(&mut st, |d| d.free(region))?;
+        st.probes.forget(region.slot);
+        Ok(())
     }
 
     /// Writes `data` into the region at `offset`. Pages never written get memory on the region's device
@@ -275,6 +283,11 @@ impl Fabric {
         for t in targets {
             let arena = self.arena_at(&st.dir, t.location)?;
             slice_parts(parts, t.buf_offset, t.len, &mut pieces);
+            // A whole page written into host memory's frames is packed for the compressed tier once it is there
+            // (a page written in part is left whole: the next small write would have to bring it up again).
+            if t.location == Location::Host && t.len == ps {
+                st.arrived.push(t.frame);
+            }
             let at = u64::from(t.frame) * t.location.frame_bytes(ps);
             match lossy {
                 Some(_) if t.location.is_host_memory() => repackings.push(packed::Repacking {
@@ -289,6 +302,7 @@ impl Fabric {
         if let Some(l) = lossy.filter(|_| !repackings.is_empty()) {
             packed::write_all(l, ps, repackings)?;
         }
+        self.pack_arrivals(&mut st);
         self.inner.counters.host_io.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }

@@ -8,6 +8,7 @@ use vfabric_transport::storage::StorageFile;
 use vfabric_transport::{Arena, DeviceError, DeviceLayer, Mover};
 
 use super::copying::Copying;
+use super::probe_skip::ProbeSkips;
 
 use super::stalls::StallCounters;
 use super::traffic::Counters;
@@ -19,9 +20,11 @@ pub(crate) struct State {
     /// The prefetch stages whose copies are in flight, oldest first (the directory knows they are pending;
     /// their transfers live here). Dropped before the arenas: dropping a transfer waits for it.
     pub(crate) prefetch: VecDeque<InFlight>,
-    /// Frames of host memory that committed stages brought lossless regions' pages to from a GPU, to be packed
-    /// for the compressed tier when the call that committed them is done (`stages.rs`).
+    /// Frames of host memory that committed stages brought lossless regions' pages to from a GPU (or a host
+    /// write filled whole), to be packed for the compressed tier when the call is done (`stages.rs`).
     pub(crate) arrived: Vec<u32>,
+    /// Which regions' pages are not worth looking at for the compressed tier for now.
+    pub(crate) probes: ProbeSkips,
 }
 
 pub(crate) struct InFlight {

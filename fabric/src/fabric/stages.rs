@@ -164,22 +164,25 @@ impl Fabric {
         let mut copies = Vec::with_capacity(stage.batches.len());
         for b in &stage.batches {
             if b.from == Location::Compressed {
-                // Expanded on the CPU: to a GPU's or host memory's frames, or onto the storage tier.
+                // Expanded on the CPU to a GPU's or host memory's frames, or stored packed on the storage tier.
                 let tier = self.arena_at(dir, b.from)?;
-                let (dst, storage) = match b.to {
-                    Location::Storage => (None, self.inner.storage.as_deref()),
-                    to => (Some(self.arena_at(dir, to)?), None),
-                };
-                if dst.is_none() && storage.is_none() {
-                    return Err(FabricError::Internal("a stage names a storage tier this node has not"));
+                if b.to == Location::Storage {
+                    let storage = self
+                        .inner
+                        .storage
+                        .as_deref()
+                        .ok_or(FabricError::Internal("a stage names a storage tier this node has not"))?;
+                    copies.push(compressed::store_batch(tier.as_ref(), storage, ps, &b.moves)?);
+                    continue;
                 }
-                if let (StageKind::Prefetch, Some(dst)) = (stage.kind, dst) {
+                let dst = self.arena_at(dir, b.to)?;
+                if stage.kind == StageKind::Prefetch {
                     // A prefetch stays in flight across calls: its pages expand on a thread of their own.
-                    let (tier, dst, moves, c) = (Arc::clone(tier), Arc::clone(dst), b.moves.clone(), b.compression);
-                    let expand = move || compressed::expand_batch(&tier, Some(&dst), None, ps, &moves, c)?.wait();
+                    let (tier, dst, moves) = (Arc::clone(tier), Arc::clone(dst), b.moves.clone());
+                    let expand = move || compressed::expand_batch(&tier, &dst, ps, &moves)?.wait();
                     copies.push(copying::behind("vfabric-expand", expand)?);
                 } else {
-                    copies.push(compressed::expand_batch(tier, dst, storage, ps, &b.moves, b.compression)?);
+                    copies.push(compressed::expand_batch(tier, dst, ps, &b.moves)?);
                 }
                 continue;
             }
@@ -242,12 +245,13 @@ impl Fabric {
         Ok(())
     }
 
-    /// Moves lossless regions' pages that stages brought to host memory's frames from a GPU (`State::arrived`)
-    /// into the compressed tier, each that shrinks by a block packed into a run of its length, making room there
-    /// as it goes (the tier's least recently used pages go to the storage tier). Runs when a directory call is
-    /// done, not between its stages, so that making room never evicts what the call is bringing up. A failure
-    /// only leaves pages where they are.
-    fn pack_arrivals(&self, st: &mut State) {
+    /// Moves lossless regions' pages that stages brought to host memory's frames from a GPU, or host writes filled
+    /// whole (`State::arrived`), into the compressed tier: each that shrinks by a block is packed into a run of
+    /// its length, making room there as it goes (the tier's least recently used pages go to the storage tier),
+    /// unless its region's recent pages did not shrink (`ProbeSkips`). Runs when a directory call is done, not
+    /// between its stages, so that making room never evicts what the call is bringing up. A failure only leaves
+    /// pages where they are.
+    pub(super) fn pack_arrivals(&self, st: &mut State) {
         let frames = std::mem::take(&mut st.arrived);
         let mut pages: Vec<compressed::Packing> = frames
             .into_iter()
@@ -269,10 +273,13 @@ impl Fabric {
         };
         let ps = self.inner.page_size;
         let t = Instant::now();
-        if let Err(e) = compressed::pack_all(host.as_ref(), ps, &mut pages) {
-            return tracing::warn!(error = %e, "packing pages for the compressed tier failed; they stay in host memory");
-        }
         let c = &self.inner.counters;
+        match compressed::pack_all(host.as_ref(), ps, &mut pages, &mut st.probes) {
+            Ok(skipped) => c.compress_skipped.fetch_add(skipped * ps, Ordering::Relaxed),
+            Err(e) => {
+                return tracing::warn!(error = %e, "packing pages for the compressed tier failed; they stay in host memory")
+            }
+        };
         for p in pages {
             c.compress_tried.fetch_add(ps, Ordering::Relaxed);
             let Some(run) = p.run else { continue };

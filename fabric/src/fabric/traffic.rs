@@ -25,6 +25,9 @@ pub struct Traffic {
     pub host_io: u64,
     /// Bytes of lossless regions' pages packed on arriving in host memory from a GPU, for the compressed tier.
     pub compress_tried: u64,
+    /// The part of `compress_tried` left in host memory without a look: pages of regions whose recent pages
+    /// did not shrink.
+    pub compress_skipped: u64,
     /// The part of `compress_tried` that shrank by a block and moved into the compressed tier (page bytes)...
     pub compressed: u64,
     /// ...and the bytes it takes there (runs of blocks).
@@ -47,6 +50,7 @@ impl Traffic {
             migrated: self.migrated - earlier.migrated,
             host_io: self.host_io - earlier.host_io,
             compress_tried: self.compress_tried - earlier.compress_tried,
+            compress_skipped: self.compress_skipped - earlier.compress_skipped,
             compressed: self.compressed - earlier.compressed,
             compressed_bytes: self.compressed_bytes - earlier.compressed_bytes,
             stages: self.stages - earlier.stages,
@@ -66,6 +70,7 @@ pub(crate) struct Counters {
     pub(crate) migrated: AtomicU64,
     pub(crate) host_io: AtomicU64,
     pub(crate) compress_tried: AtomicU64,
+    pub(crate) compress_skipped: AtomicU64,
     pub(crate) compressed: AtomicU64,
     pub(crate) compressed_bytes: AtomicU64,
     pub(crate) stages: AtomicU64,
@@ -85,6 +90,7 @@ impl Counters {
             migrated: l(&self.migrated),
             host_io: l(&self.host_io),
             compress_tried: l(&self.compress_tried),
+            compress_skipped: l(&self.compress_skipped),
             compressed: l(&self.compressed),
             compressed_bytes: l(&self.compressed_bytes),
             stages: l(&self.stages),

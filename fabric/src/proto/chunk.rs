@@ -13,7 +13,8 @@
 //! (`network.compression`) packs a chunk that shrinks by an eighth (a chunk of 16 KiB or more only once its
 //! first 4 KiB shrink by an eighth), and sends the others as they are. Its checksum covers the bytes on the
 //! wire; unpacking (checked decoding) must give exactly the raw length, which counts against the payload as a
-//! raw chunk's length does (so a peer cannot make the receiver take more than the payload it agreed to).
+//! raw chunk's length does (so a peer cannot make the receiver take more than the payload it agreed to). A chunk
+//! of one byte repeated is packed as `| raw length | the byte |`.
 //!
 //! Receivers take chunks through [`ChunkRead`]: [`StreamChunks`] over any tokio `AsyncRead` (a staging buffer
 //! per chunk), and `proto::quic::QuicChunks` over a quinn stream (the payload stays in quinn's receive buffers
@@ -22,6 +23,7 @@
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use xxhash_rust::xxh3::xxh3_64;
+use vfabric_transport::storage::uniform;
 
 /// offset (u64 BE), packed flag and length (u32 BE), xxh3-64 of the payload (u64 BE)
 pub const CHUNK_HEADER_LEN: usize = 20;
@@ -186,11 +188,17 @@ const PROBE: usize = 4096;
 
 /// `payload` packed for the wire (`| raw length: u32 BE | LZ4 block |`), when that saves an eighth of it: the
 /// first 4 KiB of a payload of 16 KiB or more must save an eighth first, so dense data (bf16 weights, fp32
-/// states) costs one small compression.
+/// states) costs one small compression. A payload of one byte repeated (zeros) is `| raw length | the byte |`:
+/// LZ4 would expand it a byte at a time, and no LZ4 block of one byte stands for any bytes.
 pub fn pack_chunk(payload: &[u8]) -> Option<Vec<u8>> {
     let raw = u32::try_from(payload.len()).ok().filter(|&n| n <= MAX_CHUNK_LEN)?;
     if payload.len() >= 4 * PROBE && lz4_flex::block::compress(&payload[..PROBE]).len() * 8 > PROBE * 7 {
         return None;
+    }
+    if let Some(b) = uniform(payload).filter(|_| payload.len() >= 8) {
+        let mut out = raw.to_be_bytes().to_vec();
+        out.push(b);
+        return Some(out);
     }
     let mut out = vec![0u8; 4 + lz4_flex::block::get_maximum_output_size(payload.len())];
     out[..4].copy_from_slice(&raw.to_be_bytes());
@@ -406,9 +414,12 @@ pub async fn receive<S: ChunkRead, E: From<ChunkError>>(
             packed.extend_from_slice(p);
         }
         unpacked.resize(raw as usize, 0);
-        match lz4_flex::block::decompress_into(&packed[4..], &mut unpacked) {
-            Ok(n) if n == raw as usize => {}
-            _ => return Err(undecodable(u64::from(raw)).into()),
+        match &packed[4..] {
+            [b] if raw > 0 => unpacked.fill(*b),
+            lz4 => match lz4_flex::block::decompress_into(lz4, &mut unpacked) {
+                Ok(n) if n == raw as usize => {}
+                _ => return Err(undecodable(u64::from(raw)).into()),
+            },
         }
         put(at, &[&unpacked[..]])?;
     }
@@ -536,15 +547,21 @@ mod tests {
             a.write_all(&ChunkHeader::for_packed(0, &packed).encode()).await.expect("header");
             a.write_all(&packed).await.expect("payload");
             write_chunk(&mut a, 64 << 10, &dense).await.expect("raw");
-            let mut back = vec![0u8; 128 << 10];
+            // A chunk of one byte repeated: the byte alone.
+            let ones = pack_chunk(&[0xA5; 64 << 10]).expect("one byte repeated shrinks");
+            assert_eq!(ones, [0, 1, 0, 0, 0xA5]);
+            a.write_all(&ChunkHeader::for_packed(128 << 10, &ones).encode()).await.expect("header");
+            a.write_all(&ones).await.expect("payload");
+            let mut back = vec![0u8; 192 << 10];
             let mut src = StreamChunks::new(&mut b, 64 << 10);
-            receive::<_, ChunkError>(&mut src, Payload::new(128 << 10, 64 << 10), |at, pieces| {
+            receive::<_, ChunkError>(&mut src, Payload::new(192 << 10, 64 << 10), |at, pieces| {
                 copy_pieces(&mut back[at as usize..], pieces);
                 Ok(())
             })
             .await
             .expect("payload");
-            assert!(back[..64 << 10] == sparse[..] && back[64 << 10..] == dense[..]);
+            assert!(back[..64 << 10] == sparse[..] && back[64 << 10..128 << 10] == dense[..]);
+            assert!(back[128 << 10..].iter().all(|&b| b == 0xA5));
         });
     }
 
@@ -562,7 +579,9 @@ mod tests {
 
     #[test]
     fn bad_packed_chunks_are_refused_before_they_take_memory() {
-        let good = pack_chunk(&vec![0u8; 64 << 10]).expect("zeros shrink");
+        let mut sparse = vec![0u8; 64 << 10];
+        sparse[5000] = 1;
+        let good = pack_chunk(&sparse).expect("sparse bytes shrink");
         // More raw bytes than a chunk may hold: refused before anything is unpacked.
         let mut big = good.clone();
         big[..4].copy_from_slice(&(1u32 << 30).to_be_bytes());

@@ -1,7 +1,8 @@
 //! `StorageFile`: a file of page-sized slots the fabric creates, sizes, and removes, read and written with
-//! O_DIRECT through io_uring, every page's xxh3-64 recorded when written and checked when read. A page written
-//! with compression that saves at least a block is stored packed at the start of its slot, through a staging
-//! buffer the tier keeps and reuses; only its blocks are written and read back.
+//! O_DIRECT through io_uring, the xxh3-64 of every slot's bytes recorded when written and checked when read. A
+//! page written with compression that saves at least a block is stored packed at the start of its slot, through
+//! a staging buffer the tier keeps and reuses; only its blocks are written and read back, and its checksum is of
+//! those bytes, checked before they are expanded.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -54,8 +55,8 @@ pub struct StorageFile {
     held: Mutex<Vec<Option<Held>>>,
 }
 
-/// What a slot holds: the checksum of its page, and the length and codec of its packed form when it is stored
-/// packed.
+/// What a slot holds: the checksum of the bytes it stores (its page, or its packed form), and the length and
+/// codec of its packed form when it is stored packed.
 #[derive(Debug, Clone, Copy)]
 struct Held {
     sum: u64,
@@ -189,7 +190,8 @@ impl StorageFile {
                     r.len = blocks(n) as u32;
                     held.push(Held { sum: xxh3_64(&page[..n]), packed: Some((n as u32, compression)) });
                 }
-                None => held.push(Held { sum: xxh3_64(page), packed: None }),
+                // Checksummed below, packed or not.
+                None => held.push(Held { sum: 0, packed: None }),
             }
             requests.push(r);
         }
@@ -203,22 +205,64 @@ impl StorageFile {
         }
         let mut io = self.take_io()?;
         let Io { ring, packer, staging: held_staging } = &mut *io;
-        if compression != Compression::None && lossy.is_none() {
-            let staging = staging(held_staging, pages.len(), ps)?;
+        if lossy.is_none() {
+            let mut staging =
+                if compression != Compression::None { Some(staging(held_staging, pages.len(), ps)?) } else { None };
             for (k, (&(_, page), (r, h))) in pages.iter().zip(requests.iter_mut().zip(&mut held)).enumerate() {
-                let Some(packed) = packer.pack(compression, page) else { continue };
-                let place = &mut staging[k * ps..(k + 1) * ps];
+                let packed = staging.as_deref_mut().and_then(|s| Some((s, packer.pack(compression, page)?)));
+                let Some((staging, packed)) = packed else {
+                    h.sum = xxh3_64(page);
+                    continue;
+                };
                 let n = packed.len();
-                place[..n].copy_from_slice(packed);
-                place[n..blocks(n)].fill(0);
+                h.sum = xxh3_64(packed);
                 h.packed = Some((n as u32, compression));
-                r.ptr = place.as_mut_ptr();
-                r.len = blocks(n) as u32;
+                stage_packed(&mut staging[k * ps..(k + 1) * ps], packed, r);
             }
         }
+        self.write_requests(ring, &requests, held)
+    }
+
+    /// Writes pages already packed with a lossless `compression` (the compressed tier's runs, moving down a
+    /// tier as they are): each `(slot, packed bytes, xxh3-64 of them)`, all in flight together. The checksum is
+    /// the one the caller recorded when it packed them, not computed here: bytes changed since are caught when
+    /// read back, never stored as right. Refused (`InvalidSpec`) for a codec that is not lossless or packed
+    /// bytes that save no block; on a write error, as [`StorageFile::write`].
+    pub fn write_packed(&self, pages: &[(u64, &[u8], u64)], compression: Compression) -> Result<(), StorageError> {
+        let ps = self.page_size as usize;
+        if !compression.is_lossless() {
+            return Err(StorageError::InvalidSpec(format!("{compression} is not a lossless codec")));
+        }
+        if let Some((slot, ..)) = pages.iter().find(|(_, b, _)| b.is_empty() || blocks(b.len()) >= ps) {
+            return Err(StorageError::InvalidSpec(format!("slot {slot}: packed bytes that save no block")));
+        }
+        let mut io = self.take_io()?;
+        let Io { ring, staging: held_staging, .. } = &mut *io;
+        let staging = staging(held_staging, pages.len(), ps)?;
+        let mut requests = Vec::with_capacity(pages.len());
+        let mut held = Vec::with_capacity(pages.len());
+        for (k, &(slot, packed, sum)) in pages.iter().enumerate() {
+            let place = &mut staging[k * ps..(k + 1) * ps];
+            let mut r = self.request(slot, place.as_mut_ptr(), ps, ps)?;
+            stage_packed(place, packed, &mut r);
+            requests.push(r);
+            held.push(Held { sum, packed: Some((packed.len() as u32, compression)) });
+        }
+        self.check_distinct(&requests)?;
+        {
+            let mut table = self.lock_held();
+            for r in &requests {
+                table[r.slot as usize] = None;
+            }
+        }
+        self.write_requests(ring, &requests, held)
+    }
+
+    /// Writes `requests` (their bytes in place) and records each written slot's `held`; the first error.
+    fn write_requests(&self, ring: &mut Ring, requests: &[Request], held: Vec<Held>) -> Result<(), StorageError> {
         // SAFETY: the pages are borrowed until this returns, and the staging is held by the lock; a write only
         // reads them.
-        let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Write, &requests, |_| {})? };
+        let results = unsafe { ring.run(self.file.as_raw_fd(), Op::Write, requests, |_| {})? };
         let mut table = self.lock_held();
         let mut first = None;
         for ((r, h), res) in requests.iter().zip(held).zip(results) {
@@ -284,23 +328,26 @@ impl StorageFile {
         let staging = staging.map(|s| s.as_ptr());
         let check = |k: usize, page: &mut [u8]| -> Result<(), StorageError> {
             let (slot, h) = (requests[k].slot, held[k]);
-            let whole: &[u8] = match (h.packed, staging) {
-                (Some((n, c)), _) if c.is_lossy() => &page[..n as usize],
-                (Some((n, codec)), Some(staging)) => {
-                    // SAFETY: page k's place in the staging, which its request (completed) read into.
-                    let packed = unsafe { std::slice::from_raw_parts(staging.add(k * ps), n as usize) };
-                    if !unpack(codec, packed, page) {
-                        return Err(StorageError::Undecodable { slot });
-                    }
-                    page
+            // A losslessly packed page, in the staging: its packed bytes are checked before they are expanded.
+            let staged = match (h.packed, staging) {
+                // SAFETY: page k's place in the staging, which its request (completed) read into.
+                (Some((n, c)), Some(staging)) if !c.is_lossy() => {
+                    Some((unsafe { std::slice::from_raw_parts(staging.add(k * ps), n as usize) }, c))
                 }
-                _ => page,
+                _ => None,
             };
-            let found = xxh3_64(whole);
+            let found = match (staged, h.packed) {
+                (Some((packed, _)), _) => xxh3_64(packed),
+                (None, Some((n, _))) => xxh3_64(&page[..n as usize]),
+                (None, None) => xxh3_64(page),
+            };
             if found != h.sum {
                 return Err(StorageError::Corrupt { slot, expected: h.sum, found });
             }
-            Ok(())
+            match staged {
+                Some((packed, codec)) if !unpack(codec, packed, page) => Err(StorageError::Undecodable { slot }),
+                _ => Ok(()),
+            }
         };
         let bufs: Vec<(*mut u8, usize)> = pages.iter_mut().map(|(_, b)| (b.as_mut_ptr(), b.len())).collect();
         // SAFETY: the buffers are borrowed mutably until this returns, and the staging is held by the lock. The
@@ -382,6 +429,15 @@ impl StorageFile {
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Vec<Option<Held>>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Puts `packed` at the start of `place` (a slot's staging), zero to its last block, and points `r` at it.
+fn stage_packed(place: &mut [u8], packed: &[u8], r: &mut Request) {
+    let n = packed.len();
+    place[..n].copy_from_slice(packed);
+    place[n..blocks(n)].fill(0);
+    r.ptr = place.as_mut_ptr();
+    r.len = blocks(n) as u32;
 }
 
 impl Drop for StorageFile {

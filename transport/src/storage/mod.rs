@@ -15,7 +15,7 @@ mod ring;
 mod rings;
 
 pub use buffer::{AlignedBuffer, DIRECT_ALIGN};
-pub use codec::{unpack, Packer};
+pub use codec::{uniform, unpack, Packer};
 pub use error::StorageError;
 pub use file::{StorageFile, StorageSpec};
 pub use vfabric_allocator::Compression;
