@@ -261,6 +261,19 @@ fn peers(now: &Value, before: Option<(Duration, &Value)>) -> String {
             lost
         );
     }
+    // How pages moved to and from each peer, and why by that route.
+    for p in &peers {
+        for r in p["routes"].as_array().into_iter().flatten() {
+            out += &format!(
+                "  node {} by {}: {} moves, {} ({})\n",
+                p["node"].as_u64().unwrap_or(0),
+                r["route"].as_str().unwrap_or("?"),
+                r["moves"].as_u64().unwrap_or(0),
+                ByteSize(r["bytes"].as_u64().unwrap_or(0)),
+                r["why"].as_str().unwrap_or("-")
+            );
+        }
+    }
     out
 }
 
@@ -309,7 +322,9 @@ mod tests {
             "name": "a", "node": 0, "cluster": "c", "address": "127.0.0.1:1", "uptime_s": 5.0, "page_size": 65536,
             "fabric": {"directory": {"devices": []}, "traffic": {}, "stalls": {"fetch_ns": sent * 1000}},
             "peers": [{"node": 1, "name": "b", "address": "127.0.0.1:2", "state": "alive", "last_seen_ms": 5,
-                       "rtt_us": 90, "link": {"sent_bytes": sent, "received_bytes": 4096, "lost_packets": 3}}],
+                       "rtt_us": 90, "link": {"sent_bytes": sent, "received_bytes": 4096, "lost_packets": 3},
+                       "routes": [{"route": "quic", "why": "NCCL is not available on this node", "moves": 4,
+                                   "bytes": 8 << 20}]}],
             "replication": {}, "tenants": [], "reservations": reservations,
         })
     }
@@ -320,6 +335,8 @@ mod tests {
         let first = render(&before, None);
         let row = first.lines().find(|l| l.starts_with("1 ")).expect("the peer's row");
         assert!(row.contains("1MiB") && row.contains("4KiB") && row.trim_end().ends_with('3'), "{first}");
+        let route = first.lines().find(|l| l.contains("node 1 by quic")).expect("the peer's route");
+        assert!(route.contains("4 moves, 8MiB (NCCL is not available on this node)"), "{first}");
         // 4 MiB more in 2 s: 2 MiB a second; nothing more received.
         let now = status(5 << 20, json!([{"id": 7, "location": "Host", "tenant": 3, "bytes": 2 << 20}]));
         let text = render(&now, Some((Duration::from_secs(2), &before)));

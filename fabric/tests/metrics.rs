@@ -67,6 +67,11 @@ fn nodes(name: &str) -> Nodes {
         for node in [0, 1] {
             let r = agents[0].alloc(node, 1 << 20, None).await.expect("a region");
             agents[0].write(&r, 0, &[5u8; 65536]).await.expect("a write");
+            if node == 1 {
+                // A lease on n1's pages: a move by a route.
+                let l = agents[0].acquire(&r, 0..65536, Location::Gpu(0), vfabric::Mode::Read).await.expect("lease");
+                agents[0].release(l).await.expect("release");
+            }
         }
         agents[0].serve_local(&socket).await.expect("serve the socket");
         let c = LocalClient::connect(&socket).await.expect("connect");
@@ -88,8 +93,9 @@ fn metrics_describe_the_agent_and_pass_promtool() {
     let addr = n.metrics.local_addr();
     let (code, text) = get(addr, "/metrics");
     assert_eq!(code, 200, "{text}");
-    // n0 holds its own region, the client's and the leased one; n1's is n1's.
-    assert_eq!(value(&text, "vfabric_regions"), Some(3.0), "{text}");
+    // n0 holds its own region, the client's, the leased one and the copy of n1's pages its lease left (kept for
+    // the next); n1's is n1's.
+    assert_eq!(value(&text, "vfabric_regions"), Some(4.0), "{text}");
     assert!(text.lines().any(|l| l.starts_with("vfabric_info{") && l.contains("name=\"n0\"")), "{text}");
     let host = value(&text, "vfabric_device_capacity_bytes{device=\"host\"}");
     assert_eq!(host, Some((16u64 << 20) as f64), "{text}");
@@ -102,6 +108,10 @@ fn metrics_describe_the_agent_and_pass_promtool() {
     // The link to n1, which n0 wrote to; the reservation and the lease held.
     assert!(value(&text, "vfabric_link_sent_bytes_total{peer=\"n1\"}").is_some_and(|v| v >= 65536.0), "{text}");
     assert!(value(&text, "vfabric_link_lanes_open{peer=\"n1\"}").is_some_and(|v| v >= 1.0), "{text}");
+    // The lease on n1's page (2 MiB) came over QUIC (no NCCL on the emulated device).
+    assert_eq!(value(&text, "vfabric_route_moves_total{peer=\"n1\",route=\"quic\"}"), Some(1.0), "{text}");
+    let moved = value(&text, "vfabric_route_bytes_total{peer=\"n1\",route=\"quic\"}");
+    assert_eq!(moved, Some((2u64 << 20) as f64), "{text}");
     assert_eq!(value(&text, "vfabric_reserved_bytes{device=\"host\",tenant=\"3\"}"), Some((2u64 << 20) as f64));
     assert_eq!(value(&text, "vfabric_tenant_leases{tenant=\"0\"}"), Some(1.0), "{text}");
     assert_eq!(value(&text, "vfabric_tenant_leased_bytes{tenant=\"0\"}"), Some((2u64 << 20) as f64), "{text}");
@@ -249,7 +259,7 @@ fn a_prometheus_server_scrapes_the_agent() {
         assert!(t.elapsed() < Duration::from_secs(60), "Prometheus never had vfabric_regions; its log:\n{log}");
         std::thread::sleep(Duration::from_millis(250));
     };
-    assert_eq!(answer["value"][1], "3", "{answer}");
+    assert_eq!(answer["value"][1], "4", "{answer}");
     assert_eq!(answer["metric"]["instance"], target.to_string(), "{answer}");
     // The dashboard's queries are PromQL that Prometheus runs.
     for q in dashboard_queries() {

@@ -343,6 +343,17 @@ fn remote_leases_put_pages_on_this_node_and_keep_the_home_coherent() {
         // n0 leases pages 1..3 for writing: they arrive on n0's GPU with the region's bytes.
         let w = a[0].acquire(&r, ps..3 * ps, g0, vfabric::Mode::Write).await.expect("remote write lease");
         assert_eq!(w.home(&a[0]), 1);
+        // They came over QUIC, and n0's status says why no faster route was open (no NCCL on the emulated
+        // device, or the same GPU of one machine on a real one).
+        let status = a[0].status().await;
+        let n1 = status.peers.iter().find(|p| p.node == 1).expect("n1 in n0's status");
+        match &n1.routes[..] {
+            [q] if q.route == "quic" && q.moves == 1 && q.bytes == 2 * ps => {
+                let why = if a[0].fabric().nccl_available() { "same GPU" } else { "NCCL is not available" };
+                assert!(q.why.contains(why), "{}", q.why);
+            }
+            other => panic!("n0's moves with n1 by route: {other:?}"),
+        }
         assert!(leased_bytes(&a[0], &w) == data[ps as usize..3 * ps as usize], "leased bytes are the region's");
         // Meanwhile the home refuses every other lease on those pages, and host reads of them.
         match a[2].acquire(&r, 2 * ps..3 * ps, g0, vfabric::Mode::Read).await {

@@ -209,6 +209,19 @@ fn peers(s: &AgentStatus, add: &mut dyn FnMut(&dyn Collector)) {
     }
     add(&lanes);
     add(&rtt);
+    let by_route =
+        |name: &str, help: &str| IntCounterVec::new(Opts::new(name, help), &["peer", "route"]).expect("valid");
+    let moves = by_route("vfabric_route_moves_total", "Moves of pages to and from the peer, by the route they took.");
+    let bytes = by_route("vfabric_route_bytes_total", "Bytes of pages moved to and from the peer, by route.");
+    for p in &s.peers {
+        for r in &p.routes {
+            let labels = [p.name.as_str(), r.route.as_str()];
+            moves.with_label_values(&labels).inc_by(r.moves);
+            bytes.with_label_values(&labels).inc_by(r.bytes);
+        }
+    }
+    add(&moves);
+    add(&bytes);
 }
 
 /// Reservations held, by device and tenant.

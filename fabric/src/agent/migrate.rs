@@ -106,6 +106,7 @@ impl Agent {
         }
         // The region must be live before anything is allocated for it.
         self.shared.fabric.version(region, 0..1)?;
+        let route = self.route_to(node, device).await;
         // The copy is the region's tenant's, so that its calls are taken where the pages go.
         let tenant = self.shared.fabric.tenant_of(region)?;
         // Stored and evicted as the region is (a lossy region stays lossy where it goes).
@@ -123,6 +124,7 @@ impl Agent {
             }
             return Err(e);
         }
+        self.count_route(node, &route, region.len);
         Ok(fresh)
     }
 

@@ -22,6 +22,9 @@ pub(crate) struct Peer {
     pub(crate) left: bool,
     /// The tenant it belongs to, as the configuration says (`[[node]] tenant`; its certificate says so too).
     pub(crate) tenant: Option<u32>,
+    /// Its GPUs, as the configuration lists them (`[[node]] gpus`; `None`: all of its machine's, or a node that
+    /// joined unlisted).
+    pub(crate) gpus: Option<Vec<u16>>,
 }
 
 impl Peer {

@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     pub(crate) tenants: Vec<crate::config::TenantSection>,
     /// The latencies of the calls it serves and makes (`[metrics]`).
     pub(crate) metrics: super::call_metrics::CallMetrics,
+    /// Moves of pages to and from each peer, by the route they took (`super::page_route`).
+    pub(crate) routes: std::sync::Mutex<super::page_route::RouteCounts>,
 }
 
 /// How many abandoned requests an agent remembers (a request is abandoned before its grant only while it is

@@ -79,6 +79,7 @@ impl Agent {
                 member: None,
                 left: false,
                 tenant: listed.and_then(|n| n.tenant),
+                gpus: listed.and_then(|n| n.gpus.clone()),
             }));
         }
         // Nothing fails after this: the lane threads live until the runtime that started the agent ends (or
@@ -121,6 +122,7 @@ impl Agent {
             net,
             tenants: config.tenants.clone(),
             metrics: super::call_metrics::CallMetrics::new(),
+            routes: Default::default(),
         });
         let agent = Agent { shared };
         let serving = (0..agent.shared.endpoints.len())

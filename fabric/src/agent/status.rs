@@ -96,6 +96,21 @@ pub struct PeerStatus {
     pub rtt_us: Option<u64>,
     /// The link to it (`None`: no lane is open).
     pub link: Option<LinkStatus>,
+    /// Pages moved to and from it since this agent started, by route.
+    pub routes: Vec<RouteStatus>,
+}
+
+/// A peer's moves of pages by one route.
+#[derive(Debug, Clone, Serialize)]
+pub struct RouteStatus {
+    /// `mover`, `mapped`, `nccl` or `quic` (`super::page_route::PageRoute`).
+    pub route: String,
+    /// Why it was taken, the last time (for `quic`: why no faster route was open).
+    pub why: String,
+    /// Moves that took it.
+    pub moves: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// Replicated regions at a node.
@@ -173,6 +188,7 @@ impl Agent {
                     }),
                     _ => None,
                 },
+                routes: self.routes_of(node),
             });
         }
         let (homed, kept) = self.replication();
@@ -194,6 +210,15 @@ impl Agent {
             peers,
             replication: ReplicationStatus { homed, kept, lag_ms: self.replication_lag().await.as_secs_f64() * 1e3 },
         }
+    }
+
+    /// `node`'s moves by route.
+    fn routes_of(&self, node: u16) -> Vec<RouteStatus> {
+        let counts = self.shared.routes.lock().unwrap_or_else(|p| p.into_inner()).of(node);
+        counts
+            .into_iter()
+            .map(|c| RouteStatus { route: c.route.name().to_owned(), why: c.why, moves: c.moves, bytes: c.bytes })
+            .collect()
     }
 
     /// The tenants with regions here or a quota in the configuration, the operator first.

@@ -56,6 +56,13 @@ pub(crate) struct Repacking<'a> {
 /// The most threads one host read or write packs or expands pages on.
 const CODEC_THREADS: usize = 8;
 
+/// The cores this process may run on, asked once: `available_parallelism` reads the cgroup's quota from its
+/// files each time (tens of microseconds, more than a small call's whole work).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Runs `job` on each of `jobs`, on several threads when they are `bytes` of a MiB or more: the codec runs at a
 /// few GB/s a core, a fraction of what host memory copies, so a call over many packed pages uses the cores it
 /// can. Every thread is joined; the first error is the answer.
@@ -64,9 +71,8 @@ pub(crate) fn on_threads<T: Send>(
     bytes: usize,
     job: impl Fn(&mut T) -> Result<(), FabricError> + Sync,
 ) -> Result<(), FabricError> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Under a MiB a thread's start would cost about what it saves.
-    let threads = if bytes < 1 << 20 { 1 } else { cores.min(CODEC_THREADS).min(jobs.len()) };
+    let threads = if bytes < 1 << 20 { 1 } else { cores().min(CODEC_THREADS).min(jobs.len()) };
     if threads <= 1 {
         return jobs.iter_mut().try_for_each(job);
     }
