@@ -84,6 +84,42 @@ fn chunk_export_and_import() {
 }
 
 /// The node reports what the fabric relies on.
+/// A one-rank NCCL communicator on gpu0 moves bytes between two device addresses of an arena (a send to itself
+/// and its receive in one group: NCCL refuses two ranks on one GPU, so this is what one GPU can run); a rank
+/// outside the communicator and a send without its receive are typed errors, and the communicator still works.
+#[test]
+fn nccl_moves_bytes_between_device_addresses() {
+    use vfabric_transport::cuda::context::GpuContext;
+    use vfabric_transport::cuda::nccl::{nccl_version, NcclId, PeerComm, PeerTransfer};
+    let n = node();
+    assert!(n.nccl_available(), "the GPU machine has NCCL (libnccl.so.2)");
+    eprintln!("NCCL {}", nccl_version().expect("version"));
+    let half = 4usize << 20;
+    let a = n.create_arena(&ArenaSpec::new(Location::Gpu(0), 2 * half as u64)).expect("arena");
+    let data = pattern::bytes(31, 0, half);
+    a.write(0, &data).expect("write");
+    let ctx = Arc::new(GpuContext::retain(0).expect("context"));
+    let mut comm = PeerComm::join(ctx, &NcclId::new().expect("id"), 0, 1).expect("join");
+    let send = PeerTransfer { ptr: a.device_ptr(), len: half, peer: 0 };
+    let recv = PeerTransfer { ptr: a.device_ptr() + half as u64, len: half, peer: 0 };
+    comm.exchange(&[send], &[recv]).expect("exchange");
+    let mut back = vec![0u8; half];
+    a.read(half as u64, &mut back).expect("read");
+    assert!(back == data, "the received bytes are the sent ones");
+    match comm.exchange(&[PeerTransfer { peer: 1, ..send }], &[]) {
+        Err(DeviceError::InvalidArgument(_)) => {}
+        other => panic!("a rank outside the communicator: {other:?}"),
+    }
+    match comm.exchange(&[send], &[]) {
+        Err(e @ DeviceError::Nccl { .. }) => eprintln!("a send without its receive: {e}"),
+        other => panic!("a send to itself without its receive: {other:?}"),
+    }
+    a.write(half as u64, &vec![0u8; half]).expect("clear");
+    comm.exchange(&[send], &[recv]).expect("the communicator works after a refused exchange");
+    a.read(half as u64, &mut back).expect("read");
+    assert!(back == data, "the received bytes are the sent ones, again");
+}
+
 #[test]
 fn node_reports_its_gpus() {
     let node = node();

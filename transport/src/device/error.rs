@@ -91,6 +91,17 @@ pub enum DeviceError {
         #[source]
         source: std::io::Error,
     },
+    /// NCCL's library could not be loaded (libnccl.so.2).
+    #[error("NCCL is not available on this machine (libnccl.so.2 could not be loaded)")]
+    NcclMissing,
+    /// An NCCL call failed.
+    #[error("{call} failed: {status}")]
+    Nccl {
+        /// The call that failed.
+        call: &'static str,
+        /// What NCCL returned.
+        status: String,
+    },
 }
 
 /// Which side of a page batch an error is about.

@@ -14,6 +14,7 @@ pub(crate) mod gpus;
 pub mod host;
 pub mod module;
 pub mod mover;
+pub mod nccl;
 pub mod node;
 mod staging;
 pub mod stream;
