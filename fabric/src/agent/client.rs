@@ -152,13 +152,10 @@ impl Agent {
         }
         // The pages of the range cross the wire, and come back with a write lease's release on the same lane.
         let bytes = pages_of(region.page_size, range.start, range.end.saturating_sub(range.start));
-        let route = self.route_to(home, device).await;
         let lane = self.take_lane(home, bytes)?;
         let (on, agent, region) = (lane.lane, self.clone(), *region);
         let call = async move { agent.acquire_remote(region, range, device, mode, lane).await };
-        let lease = self.on_lane(on, bytes, call).await?;
-        self.count_route(home, &route, bytes);
-        Ok(lease)
+        self.on_lane(on, bytes, call).await
     }
 
     /// Releases a lease from [`Agent::acquire`]; a `Write` lease's pages go back to the region's home first.

@@ -106,7 +106,8 @@ impl Agent {
         }
         // The region must be live before anything is allocated for it.
         self.shared.fabric.version(region, 0..1)?;
-        let route = self.route_to(node, device).await;
+        // The pages leave through host memory here (`copy_direct` reads them into a buffer).
+        let route = self.route_to(node, Location::Host).await;
         // The copy is the region's tenant's, so that its calls are taken where the pages go.
         let tenant = self.shared.fabric.tenant_of(region)?;
         // Stored and evicted as the region is (a lossy region stays lossy where it goes).

@@ -202,15 +202,16 @@ impl Agent {
             mode: mode.into(),
             cached,
         };
+        let route = self.route_to(home, device).await;
         let expect = |m: &Message| if matches!(m, Message::Granted { unchanged: true, .. }) { 0 } else { full };
         let into = ReadInto::Region { copy: &copy, offset: first * ps };
         let request = self.request_id();
         let asked = RequestInFlight { agent: self, home, lane: lane.lane, request, claimed: false };
-        let (id, version) = match self.call_read_as(request, home, &lane, &msg, into, expect).await {
+        let (id, version, moved) = match self.call_read_as(request, home, &lane, &msg, into, expect).await {
             Ok(Message::Granted { lease, first_page, pages: n, version, unchanged })
                 if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
             {
-                (lease, version)
+                (lease, version, if unchanged { 0 } else { full })
             }
             // Whatever arrived of the pages is not to be trusted: the copy goes (`filling`).
             Ok(m) => return Err(unexpected(home, &m)),
@@ -225,21 +226,26 @@ impl Agent {
         // From here on the grant is the lease's, or released below.
         asked.claim();
         match in_place(|| f.acquire(&copy, 0..full, device, mode)) {
-            Ok(l) => Ok(AgentLease {
-                kind: LeaseKind::Remote(RemoteLease {
-                    agent: self.clone(),
-                    home,
-                    lane: lane.lane,
-                    id,
-                    mode,
-                    key,
-                    version,
-                    pages,
-                    copy: filling.keep(),
-                    local: Some(l),
-                    released: false,
-                }),
-            }),
+            Ok(l) => {
+                // Counted once the lease is made: a copy kept from an earlier lease and still current moved
+                // nothing.
+                self.count_route(home, &route, moved);
+                Ok(AgentLease {
+                    kind: LeaseKind::Remote(RemoteLease {
+                        agent: self.clone(),
+                        home,
+                        lane: lane.lane,
+                        id,
+                        mode,
+                        key,
+                        version,
+                        pages,
+                        copy: filling.keep(),
+                        local: Some(l),
+                        released: false,
+                    }),
+                })
+            }
             Err(e) => {
                 drop(filling);
                 let _ = self.call_on(home, &lane, &Message::Release { lease: id }, &[]).await;
@@ -284,6 +290,11 @@ impl Agent {
         };
         match released {
             Ok(Message::Done) => {
+                if mode == Mode::Write {
+                    // The pages went home from host memory (read out of the copy).
+                    let route = self.route_to(home, Location::Host).await;
+                    self.count_route(home, &route, copy.len);
+                }
                 let version = version_after_release(r.version, r.pages, mode == Mode::Write);
                 self.keep_replica(r.key, Replica { copy, version });
                 Ok(())

@@ -56,7 +56,10 @@ pub(crate) fn read_run(arena: &dyn Arena, start: u32, page_size: u64) -> Result<
     arena.read(at, &mut header)?;
     let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as u64;
     let compression = Compression::from_number(header[4]).filter(|c| c.is_lossless());
-    let (Some(compression), true) = (compression, len > 0 && HEADER as u64 + len < page_size) else {
+    // A run is shorter than its page by a block at least (else the page stays in its frame).
+    let (Some(compression), true) =
+        (compression, len > 0 && HEADER as u64 + len <= page_size.saturating_sub(COMPRESSED_BLOCK))
+    else {
         return Err(corrupt(start, "its header names no packed page"));
     };
     if at + HEADER as u64 + len > arena.len() {
@@ -262,7 +265,7 @@ mod tests {
 
     #[test]
     fn runs_expand_to_their_pages_and_a_changed_run_names_its_block() {
-        let pages = [sparse(1), sparse(2), sparse(3)];
+        let pages = [sparse(1), sparse(2), sparse(3), sparse(4)];
         let (tier, starts) = tier_of(&pages);
         let mut back = vec![0u8; PAGE];
         for (p, &s) in pages.iter().zip(&starts) {
@@ -270,9 +273,13 @@ mod tests {
             assert!(back == *p, "the run at block {s}");
         }
         flip(tier.as_ref(), starts[1], 3);
-        // A header naming no codec, or a length past the page.
+        // A header naming no codec, or a length no run of a page has (a run saves a block at least).
         tier.write(u64::from(starts[2]) * COMPRESSED_BLOCK + 4, &[0xEE]).unwrap();
-        for (s, what) in [(starts[1], "checksum"), (starts[2], "names no packed page")] {
+        let long = (PAGE as u64 - COMPRESSED_BLOCK - HEADER as u64 + 1) as u32;
+        tier.write(u64::from(starts[3]) * COMPRESSED_BLOCK, &long.to_le_bytes()).unwrap();
+        for (s, what) in
+            [(starts[1], "checksum"), (starts[2], "names no packed page"), (starts[3], "names no packed page")]
+        {
             match expand(tier.as_ref(), s, &mut back) {
                 Err(e @ FabricError::Checksum(_)) => {
                     assert!(e.to_string().contains(&format!("block {s} ")) && e.to_string().contains(what), "{e}")

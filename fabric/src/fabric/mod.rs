@@ -247,9 +247,10 @@ impl Fabric {
     /// Frees a region and all its memory. Refused while any of its pages is leased.
     pub fn free(&self, region: &Region) -> Result<(), FabricError> {
         let mut st = lock(&self.inner.state);
-        self.drive(&mut st, |d| d.free(region))?;
+        let freed = self.drive(&mut st, |d| d.free(region));
+        // Even when freeing failed late (the slot may already be free for the next region).
         st.probes.forget(region.slot);
-        Ok(())
+        freed
     }
 
     /// Writes `data` into the region at `offset`. Pages never written get memory on the region's device

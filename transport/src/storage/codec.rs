@@ -3,8 +3,8 @@
 //!
 //! A page of one byte repeated (a page of zeros, the commonest) packs to that byte alone, whatever the codec:
 //! LZ4 would pack it well but expand it slowly (a match one byte back, copied a byte at a time: under 0.5 GB/s
-//! a core, where filling a page runs at memory speed), and no LZ4 block or zstd frame is one byte long, so the
-//! two never meet.
+//! a core, where filling a page runs at memory speed), and no one-byte LZ4 block or zstd frame stands for a page
+//! (the one-byte LZ4 block, `[0]`, stands for no bytes), so the two never meet.
 
 use vfabric_allocator::Compression;
 
@@ -100,7 +100,8 @@ pub fn uniform(bytes: &[u8]) -> Option<u8> {
 }
 
 /// Unpacks `packed` (packed with `compression`) into `page`; whether it filled the page exactly (anything else
-/// is a corrupt slot).
+/// is a corrupt slot). One byte fills any page with itself: callers check the packed bytes' checksum first, as
+/// a changed length or byte is caught there.
 pub fn unpack(compression: Compression, packed: &[u8], page: &mut [u8]) -> bool {
     if let ([b], true) = (packed, compression.is_lossless()) {
         page.fill(*b);

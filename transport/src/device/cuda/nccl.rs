@@ -57,12 +57,15 @@ pub fn nccl_version() -> Result<i32, DeviceError> {
 }
 
 /// One rank's end of a communicator, on one GPU, with a stream of its own. Dropping it destroys the
-/// communicator (the other ranks' transfers with it then fail).
+/// communicator, or aborts it after a failed exchange (the other ranks' transfers with it then never complete:
+/// they must abort theirs too).
 pub struct PeerComm {
     comm: sys::ncclComm_t,
     stream: Stream,
     rank: usize,
     ranks: usize,
+    /// An exchange failed: the communicator may hold work that never completes, so it is aborted, not destroyed.
+    failed: bool,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not concurrent; every call
@@ -95,7 +98,7 @@ impl PeerComm {
         // SAFETY: `comm` is a valid out pointer; the GPU's context is current, as NCCL takes the current device.
         unsafe { result::comm_init_rank(&mut comm, ranks as i32, id, rank as i32) }
             .map_err(failed("ncclCommInitRank"))?;
-        Ok(PeerComm { comm, stream, rank, ranks })
+        Ok(PeerComm { comm, stream, rank, ranks, failed: false })
     }
 
     /// This end's rank.
@@ -108,10 +111,16 @@ impl PeerComm {
         self.ranks
     }
 
-    /// Sends `sends` and receives `recvs` in one group, and waits until all have landed. The addresses must be
-    /// device memory of the communicator's GPU that stays mapped until this returns; each send needs its
-    /// matching receive on its peer (NCCL pairs them in the order posted).
-    pub fn exchange(&mut self, sends: &[PeerTransfer], recvs: &[PeerTransfer]) -> Result<(), DeviceError> {
+    /// Sends `sends` and receives `recvs` in one group, and waits until all have landed (blocking: until every
+    /// peer has posted its matching calls). Each send needs its matching receive on its peer (NCCL pairs them in
+    /// the order posted).
+    ///
+    /// # Safety
+    ///
+    /// Every transfer's `ptr..ptr + len` must be device memory of the communicator's GPU, mapped until this
+    /// returns, that nothing else reads (a send) or touches (a receive) meanwhile: NCCL reads and writes it
+    /// as told.
+    pub unsafe fn exchange(&mut self, sends: &[PeerTransfer], recvs: &[PeerTransfer]) -> Result<(), DeviceError> {
         if let Some(t) = sends.iter().chain(recvs).find(|t| t.peer >= self.ranks || t.ptr == 0) {
             return Err(DeviceError::InvalidArgument(format!("a transfer with rank {} of {}", t.peer, self.ranks)));
         }
@@ -121,8 +130,7 @@ impl PeerComm {
         result::group_start().map_err(failed("ncclGroupStart"))?;
         let mut posted = Ok(());
         for t in sends {
-            // SAFETY: the caller vouches for the address (device memory of this GPU, mapped until we return); the
-            // communicator is live.
+            // SAFETY: the caller vouches for the address (this function's contract); the communicator is live.
             let r = unsafe { result::send(t.ptr as *const c_void, t.len, u8s, t.peer as i32, self.comm, stream) };
             posted = posted.and(r.map(|_| ()).map_err(failed("ncclSend")));
         }
@@ -131,19 +139,27 @@ impl PeerComm {
             let r = unsafe { result::recv(t.ptr as *mut c_void, t.len, u8s, t.peer as i32, self.comm, stream) };
             posted = posted.and(r.map(|_| ()).map_err(failed("ncclRecv")));
         }
-        // The group is closed whatever was posted, so that NCCL's group state is left clean.
+        // The group is closed whatever was posted, so that NCCL's group state is left clean; and the stream is
+        // waited for whatever the group end said, so that nothing it launched still uses the memory after this
+        // returns.
         let ended = result::group_end().map(|_| ()).map_err(failed("ncclGroupEnd"));
-        posted?;
-        ended?;
-        self.stream.synchronize()
+        let waited = self.stream.synchronize();
+        let outcome = posted.and(ended).and(waited);
+        self.failed |= outcome.is_err();
+        outcome
     }
 }
 
 impl Drop for PeerComm {
     fn drop(&mut self) {
-        // SAFETY: the communicator is live and nothing else uses it (we own it); its transfers were waited for.
-        if let Err(e) = unsafe { result::comm_destroy(self.comm) } {
-            tracing::warn!(error = ?e, "destroying an NCCL communicator failed");
+        // SAFETY: the communicator is live and nothing else uses it (we own it). Destroying waits for its work;
+        // after a failure that work may never complete, so it is aborted instead.
+        let (call, r) = match self.failed {
+            true => ("ncclCommAbort", unsafe { result::comm_abort(self.comm) }),
+            false => ("ncclCommDestroy", unsafe { result::comm_destroy(self.comm) }),
+        };
+        if let Err(e) = r {
+            tracing::warn!(call, error = ?e, "letting an NCCL communicator go failed");
         }
     }
 }
