@@ -4,7 +4,7 @@
 //! through mapped memory (`local/`). Pure: the agent gathers the facts, [`choose_route`] decides and says why,
 //! and the agent counts each move by the route it took ([`RouteCounts`], shown by `vfabric status`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 /// A way pages move.
@@ -104,6 +104,9 @@ pub fn choose_route(f: &RouteFacts) -> RouteChoice {
 #[derive(Debug, Default)]
 pub struct RouteCounts {
     counts: HashMap<(u16, PageRoute), RouteCount>,
+    /// Every reason each peer's route was taken for: a lease's pages coming to a GPU and its release going home
+    /// from host memory give two, and alternating between them is no news.
+    seen: HashSet<(u16, PageRoute, String)>,
 }
 
 /// One peer's moves by one route.
@@ -121,7 +124,7 @@ pub struct RouteCount {
 
 impl RouteCounts {
     /// Counts a move of `bytes` to or from `peer` by `choice`; whether it is the first by that route to that peer
-    /// or its reason changed (worth a line in the log).
+    /// for that reason (worth a line in the log).
     pub fn count(&mut self, peer: u16, choice: &RouteChoice, bytes: u64) -> bool {
         let c = self.counts.entry((peer, choice.route)).or_insert_with(|| RouteCount {
             route: choice.route,
@@ -131,11 +134,10 @@ impl RouteCounts {
         });
         c.moves += 1;
         c.bytes += bytes;
-        let news = c.why != choice.why;
-        if news {
+        if c.why != choice.why {
             c.why.clone_from(&choice.why);
         }
-        news
+        self.seen.insert((peer, choice.route, choice.why.clone()))
     }
 
     /// `peer`'s moves by each route, in route order.
@@ -197,10 +199,13 @@ mod tests {
         assert!(!c.count(1, &quic, 50), "the same route for the same reason is not");
         let host = choose_route(&RouteFacts { peer: 1, ..Default::default() });
         assert!(c.count(1, &host, 10), "a new reason is news");
+        assert!(!c.count(1, &quic, 1) && !c.count(1, &host, 1), "reasons seen before are not");
+        assert_eq!(c.of(1)[0].why, host.why, "the last reason is the one shown");
+        c.count(1, &host, 0);
         assert!(c.count(2, &quic, 1));
         let n1 = c.of(1);
         assert_eq!(n1.len(), 1);
-        assert_eq!((n1[0].route, n1[0].moves, n1[0].bytes), (PageRoute::Quic, 3, 160));
+        assert_eq!((n1[0].route, n1[0].moves, n1[0].bytes), (PageRoute::Quic, 6, 162));
         assert_eq!(n1[0].why, host.why);
         assert_eq!(c.of(2)[0].moves, 1);
         assert!(c.of(3).is_empty());

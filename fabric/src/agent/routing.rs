@@ -1,7 +1,7 @@
 //! The route of each move of pages to or from a peer: the facts gathered from this agent's state (its GPUs and
 //! its peers' as the configuration lists them, where they listen, whether NCCL loads here), the choice
-//! ([`super::page_route::choose_route`]), and the move counted by it, with a line in the log when a peer's
-//! route or its reason changes.
+//! ([`super::page_route::choose_route`]), and the move counted by it, with a line in the log the first time a
+//! peer's route is taken for a reason.
 
 use vfabric_transport::Location;
 
@@ -43,7 +43,7 @@ impl Agent {
     }
 
     /// Counts a move of `bytes` to or from `peer` by `choice`; logs the route the first time it is taken to a
-    /// peer, and whenever its reason changes.
+    /// peer for a reason.
     pub(crate) fn count_route(&self, peer: u16, choice: &RouteChoice, bytes: u64) {
         let news = self.shared.routes.lock().unwrap_or_else(|p| p.into_inner()).count(peer, choice, bytes);
         if news {
