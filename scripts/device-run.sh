@@ -13,7 +13,9 @@
 #   VFABRIC_LOCAL_NAME   name of vfabric-bench local's result files (default: local-h200x2)
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests agents procs python info demo torch nccl migrate
-#                        pager status sweep local trace storage lossy tiers train remote
+#                        pager status sweep local trace storage lossy tiers train remote routes
+#   VFABRIC_ROUTES_CONFIG, VFABRIC_ROUTES_NAME, VFABRIC_ROUTES_ARGS   the routes step's cluster (default
+#                        h200x2-agents.toml), result name (default lease-routes-h200x2) and extra arguments
 #   VFABRIC_LOSSY_NAME, VFABRIC_LOSSY_ARGS   name of vfabric-bench lossy's result files (default: lossy-h200x1),
 #                        and extra arguments (e.g. --size 64MiB --iters 1 for a short codec part)
 #   VFABRIC_STORAGE_SIZE, VFABRIC_STORAGE_NAME, VFABRIC_STORAGE_ARGS   the storage step's file size (default
@@ -36,7 +38,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LOG="$OUT/device-run.log"
 : > "$LOG"
-STEPS=${VFABRIC_STEPS:-machine pin ptx tests agents procs python info demo torch nccl migrate pager status sweep local trace storage lossy tiers train remote}
+STEPS=${VFABRIC_STEPS:-machine pin ptx tests agents procs python info demo torch nccl migrate pager status sweep local trace storage lossy tiers train remote routes}
 CONFIG=${VFABRIC_CONFIG:-cluster-configs/h200x2.toml}   # the demo, migrate, pager and status steps
 summary=()
 
@@ -72,7 +74,7 @@ machine() {
 
 ptx() {
     local rc=0 k
-    for k in page_copy page_codec; do
+    for k in page_copy page_codec page_sum; do
         nvcc -ptx -arch=compute_90 "transport/kernels/$k.cu" -o "$OUT/$k.ptx" || return 1
         nvcc -cubin -arch=sm_90 -Xptxas -v "transport/kernels/$k.cu" -o "$W/$k.cubin" 2>&1 | grep -E "Compiling|Used|spill"
         if cmp -s "$OUT/$k.ptx" "transport/kernels/$k.ptx"; then
@@ -204,6 +206,15 @@ step train train
 step remote env VFABRIC_BIN="$B" bash scripts/remote-bench-procs.sh config \
     "${VFABRIC_REMOTE_CONFIG:-cluster-configs/h200x2-agents.toml}" g0 g1 --home-device "${VFABRIC_REMOTE_HOME:-gpu1}" \
     ${VFABRIC_REMOTE_ARGS:-} --out "$OUT" --name "${VFABRIC_REMOTE_NAME:-remote-h200x2}"
+# Two agents leasing each other's pages onto their GPU by QUIC and over an NCCL channel, beside NCCL's own
+# send/recv. Each agent names its host apart for NCCL (NCCL_HOSTID), so two agents sharing one GPU (the one-GPU
+# machine: VFABRIC_ROUTES_CONFIG=cluster-configs/h200x1-agents.toml) join a channel through NCCL's network
+# transport on loopback.
+# shellcheck disable=SC2086
+step routes env NCCL_HOSTID=vfabric-g0 NCCL_SOCKET_IFNAME=lo VFABRIC_BENCH=lease-routes VFABRIC_BIN="$B" \
+    VFABRIC_PEER_LOG="$OUT/${VFABRIC_ROUTES_NAME:-lease-routes-h200x2}-peer.log" bash scripts/remote-bench-procs.sh config \
+    "${VFABRIC_ROUTES_CONFIG:-cluster-configs/h200x2-agents.toml}" g0 g1 ${VFABRIC_ROUTES_ARGS:-} \
+    --out "$OUT" --name "${VFABRIC_ROUTES_NAME:-lease-routes-h200x2}"
 
 echo
 echo "===== summary" | tee -a "$LOG"

@@ -10,6 +10,9 @@
 # VFABRIC_NETWORK='k = v; ...'
 # and VFABRIC_MEMORY other [network] and [memory] settings, VFABRIC_MTU the packet size; VFABRIC_AGENT_THREADS=N
 # their runtime's worker threads (0: every core; 1: one thread), VFABRIC_PEER_THREADS the peer's alone.
+# VFABRIC_BENCH=lease-routes runs `vfabric-bench lease-routes` instead of `remote` (no iperf3). With NCCL_HOSTID
+# set, the peer's agent names its host "$NCCL_HOSTID-peer" (two agents on one GPU then join NCCL channels).
+# VFABRIC_PEER_LOG=FILE keeps the peer agent's log there.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 mode=${1:?usage: scripts/remote-bench-procs.sh loopback|netns [args...]}
@@ -22,6 +25,7 @@ VF_NETNS_PREFIX=${VF_NETNS_PREFIX:0:12}
 cleanup() {
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ -n "${VFABRIC_PEER_LOG:-}" ] && [ -f "$work/n1.log" ]; then cp "$work/n1.log" "$VFABRIC_PEER_LOG"; fi
     [ "$mode" = netns ] && scripts/netns.sh down >/dev/null 2>&1
     rm -rf "$work"
 }
@@ -87,12 +91,16 @@ run() { # I CMD...: in node I's namespace, or here. Execs, so that `run ... &` g
     if [ "$mode" = netns ]; then exec scripts/netns.sh exec "$i" "$@"; else exec "$@"; fi
 }
 if [ "$mode" = netns ]; then scripts/netns.sh up 2 > /dev/null || exit 1; fi
-run 1 "$BIN/vfabric" agent --config "$work/cluster.toml" --node "$peer" --threads "${VFABRIC_PEER_THREADS:-${VFABRIC_AGENT_THREADS:-0}}" \
-    > "$work/n1.log" 2>&1 &
+peer_env=()
+if [ -n "${NCCL_HOSTID:-}" ]; then peer_env=(NCCL_HOSTID="$NCCL_HOSTID-peer"); fi
+run 1 env "${peer_env[@]}" "$BIN/vfabric" agent --config "$work/cluster.toml" --node "$peer" \
+    --threads "${VFABRIC_PEER_THREADS:-${VFABRIC_AGENT_THREADS:-0}}" > "$work/n1.log" 2>&1 &
 pids+=($!)
 # The iperf3 baseline: a server on the peer's side, unless the arguments skip it or there is no iperf3.
 iperf=()
 case " $* " in *" --iperf-seconds 0 "*) skip_iperf=1 ;; *) skip_iperf=0 ;; esac
+bench=${VFABRIC_BENCH:-remote}
+[ "$bench" = remote ] || skip_iperf=1
 if [ $skip_iperf = 0 ] && command -v iperf3 > /dev/null; then
     run 1 iperf3 -s -B "$peer_ip" > /dev/null 2>&1 &
     pids+=($!)
@@ -103,5 +111,9 @@ elif [ $skip_iperf = 0 ]; then
 fi
 for _ in $(seq 300); do grep -q "listening on" "$work/n1.log" && break; sleep 0.1; done
 if ! grep -q "listening on" "$work/n1.log"; then echo "the peer agent did not start:"; cat "$work/n1.log"; exit 1; fi
-(run 0 "$BIN/vfabric-bench" remote --cluster "$work/cluster.toml" --node "$this" --peer "$peer" "${iperf[@]}" \
-    --threads "${VFABRIC_AGENT_THREADS:-0}" "$@")
+if [ "$bench" = remote ]; then
+    (run 0 "$BIN/vfabric-bench" remote --cluster "$work/cluster.toml" --node "$this" --peer "$peer" "${iperf[@]}" \
+        --threads "${VFABRIC_AGENT_THREADS:-0}" "$@")
+else
+    (run 0 "$BIN/vfabric-bench" "$bench" --cluster "$work/cluster.toml" --node "$this" --peer "$peer" "$@")
+fi

@@ -5,6 +5,7 @@ mod baselines;
 mod common;
 mod compressed_tier;
 mod compression;
+mod lease_routes;
 mod local;
 mod lossy;
 mod metrics_cost;
@@ -72,6 +73,9 @@ enum Command {
     /// fabric's mover, beside a plain copy) or this node's host memory and a peer's host or GPU (QUIC, beside
     /// iperf3 TCP), as nixlbench and Mooncake's transfer-engine bench measure.
     Sweep(sweep::SweepArgs),
+    /// Leases of a peer's pages onto this node's GPU by each route (QUIC through host memory, an NCCL channel GPU
+    /// to GPU), beside NCCL's own send/recv of the same bytes; one end of two agents in processes of their own.
+    LeaseRoutes(lease_routes::LeaseRoutesArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => trace::run(args, &command_line),
         Command::Status(args) => status::run(args, &command_line),
         Command::Sweep(args) => sweep::run(args, &command_line),
+        Command::LeaseRoutes(args) => lease_routes::run(args, &command_line),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -264,6 +264,79 @@ fn strangers_and_protocol_breakers_are_cut_off() {
     });
 }
 
+/// One request on its own stream of `conn`, and the answer.
+async fn ask(conn: &quinn::Connection, msg: &Message) -> Message {
+    let (mut s, mut rcv) = conn.open_bi().await.expect("stream");
+    write_frame(&mut s, msg, 1 << 20).await.expect("request");
+    s.finish().expect("finish");
+    vfabric::proto::read_frame(&mut rcv, 1 << 20).await.expect("answer").expect("an answer")
+}
+
+/// The requests of the NCCL route, from a member the home cannot serve them for: no NCCL (the emulated device) and
+/// an unknown channel are refused with a typed error, a malformed id closes the connection with the reason; the
+/// region is untouched, and a lease goes by QUIC, saying why.
+#[test]
+fn channel_requests_a_home_cannot_serve_are_refused_with_a_reason() {
+    runtime().block_on(async {
+        let cfg = config(2);
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let r = a[0].alloc(1, 1 << 20, Some(Location::Gpu(0))).await.expect("alloc on n1");
+        a[0].write(&r, 0, &pattern::bytes(5, 0, 1 << 20)).await.expect("write");
+        let id = ca.issue("n0").expect("cert");
+        let ep = quic::endpoint("127.0.0.1:0".parse().expect("addr"), &id, &QuicSettings::default()).expect("endpoint");
+        let conn = quic::connect(&ep, a[1].local_addr(), "n1").await.expect("connect");
+        let hello = Message::Hello {
+            cluster: "loop".into(),
+            node: 0,
+            protocol: vfabric::proto::PROTOCOL_VERSION,
+            lanes: cfg.network.lanes,
+            latency_lane: cfg.network.latency_lane,
+        };
+        assert!(matches!(ask(&conn, &hello).await, Message::Welcome { node: 1, .. }));
+        let refused = |m: Message, kind: ErrorKind, says: &str| match m {
+            Message::Error { kind: k, message } if k == kind && message.contains(says) => {}
+            other => panic!("expected {kind:?} saying {says:?}: {other:?}"),
+        };
+        let join = ask(&conn, &Message::ChannelJoin { link: 1, id: vec![0; 128], gpu: 0 }).await;
+        refused(join, ErrorKind::Unavailable, "NCCL is not available");
+        let by = Message::AcquireBy {
+            link: 1,
+            region: vfabric::proto::WireRegion::from(&r),
+            offset: 0,
+            len: 1 << 20,
+            mode: vfabric::proto::WireMode::Read,
+            cached: None,
+            runs: vec![u32::MAX],
+        };
+        refused(ask(&conn, &by).await, ErrorKind::Unavailable, "no channel 1");
+        // An id of the wrong length breaks the protocol: the connection closes, saying which field.
+        let (mut s, _rcv) = conn.open_bi().await.expect("stream");
+        let bad = Message::ChannelJoin { link: 1, id: vec![0; 5], gpu: 0 };
+        write_frame(&mut s, &bad, 1 << 20).await.expect("request");
+        s.finish().expect("finish");
+        match tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("closed in time") {
+            quinn::ConnectionError::ApplicationClosed(c) => {
+                assert!(String::from_utf8_lossy(&c.reason).contains("ChannelJoin.id"), "{c:?}");
+            }
+            other => panic!("closed another way: {other}"),
+        }
+        // Nothing changed: the region reads back, and a lease onto n0's GPU came by QUIC, saying why.
+        let mut back = vec![0u8; 1 << 20];
+        a[0].read(&r, 0, &mut back).await.expect("read");
+        assert_eq!(pattern::first_mismatch(5, 0, &back), None);
+        let l = a[0].acquire(&r, 0..1 << 20, Location::Gpu(0), vfabric::Mode::Read).await.expect("lease");
+        a[0].release(l).await.expect("release");
+        let status = a[0].status().await;
+        let routes = &status.peers.iter().find(|p| p.node == 1).expect("n1").routes;
+        assert!(routes.iter().any(|x| x.route == "quic" && x.why.contains("NCCL")), "{routes:?}");
+        ep.close(quinn::VarInt::from_u32(0), b"done");
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}
+
 #[test]
 fn a_stopped_agent_fails_calls_instead_of_hanging() {
     runtime().block_on(async {

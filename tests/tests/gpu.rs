@@ -84,13 +84,15 @@ fn chunk_export_and_import() {
 }
 
 /// The node reports what the fabric relies on.
-/// A one-rank NCCL communicator on gpu0 moves bytes between two device addresses of an arena (a send to itself
-/// and its receive in one group: NCCL refuses two ranks on one GPU, so this is what one GPU can run); a rank
-/// outside the communicator and a send without its receive are typed errors, and the communicator still works.
+/// A one-rank NCCL channel on gpu0 moves bytes between two device addresses of an arena (a send to itself and
+/// its receive in one group: what one process can run on one GPU) and sums pages where they lie, as the CPU does;
+/// a rank outside the communicator is refused, a send without its receive times out and breaks the channel (every
+/// later call refused), and a new channel works.
 #[test]
-fn nccl_moves_bytes_between_device_addresses() {
-    use vfabric_transport::cuda::context::GpuContext;
-    use vfabric_transport::cuda::nccl::{nccl_version, NcclId, PeerComm, PeerTransfer};
+fn nccl_channel_moves_and_sums_pages_between_device_addresses() {
+    use std::time::Duration;
+    use vfabric_transport::cuda::nccl::nccl_version;
+    use vfabric_transport::{page_sum, PeerTransfer};
     let n = node();
     assert!(n.nccl_available(), "the GPU machine has NCCL (libnccl.so.2)");
     eprintln!("NCCL {}", nccl_version().expect("version"));
@@ -98,26 +100,44 @@ fn nccl_moves_bytes_between_device_addresses() {
     let a = n.create_arena(&ArenaSpec::new(Location::Gpu(0), 2 * half as u64)).expect("arena");
     let data = pattern::bytes(31, 0, half);
     a.write(0, &data).expect("write");
-    let ctx = Arc::new(GpuContext::retain(0).expect("context"));
-    let mut comm = PeerComm::join(ctx, &NcclId::new().expect("id"), 0, 1).expect("join");
+    let join = || n.join_channel(0, &n.channel_id().expect("id"), (0, 1), Duration::from_secs(30)).expect("join");
+    let mut ch = join();
     let send = PeerTransfer { ptr: a.device_ptr(), len: half, peer: 0 };
     let recv = PeerTransfer { ptr: a.device_ptr() + half as u64, len: half, peer: 0 };
+    let t = Duration::from_secs(10);
     // SAFETY: both halves are gpu0's device memory, mapped until the arena drops at the end; nothing else uses it.
-    let mut exchange = |s: &[PeerTransfer], r: &[PeerTransfer]| unsafe { comm.exchange(s, r) };
-    exchange(&[send], &[recv]).expect("exchange");
+    unsafe { ch.exchange(&[send], &[recv], t) }.expect("exchange");
     let mut back = vec![0u8; half];
     a.read(half as u64, &mut back).expect("read");
     assert!(back == data, "the received bytes are the sent ones");
-    match exchange(&[PeerTransfer { peer: 1, ..send }], &[]) {
+    // The kernel's sums are the CPU's, page by page (64 KiB pages, scattered over both halves).
+    let page = 64usize << 10;
+    let addrs: Vec<u64> = (0..2 * half / page).rev().map(|p| a.device_ptr() + (p * page) as u64).collect();
+    // SAFETY: as above.
+    let sums = unsafe { ch.page_sums(&addrs, page as u64) }.expect("sums");
+    let mut all = vec![0u8; 2 * half];
+    a.read(0, &mut all).expect("read all");
+    let cpu: Vec<u64> = (0..2 * half / page).rev().map(|p| page_sum(&all[p * page..(p + 1) * page])).collect();
+    assert_eq!(sums, cpu, "the GPU's page sums are the CPU's");
+    // SAFETY: as above.
+    match unsafe { ch.exchange(&[PeerTransfer { peer: 1, ..send }], &[], t) } {
         Err(DeviceError::InvalidArgument(_)) => {}
         other => panic!("a rank outside the communicator: {other:?}"),
     }
-    match exchange(&[send], &[]) {
-        Err(e @ DeviceError::Nccl { .. }) => eprintln!("a send without its receive: {e}"),
+    // SAFETY: as above.
+    match unsafe { ch.exchange(&[send], &[], Duration::from_secs(2)) } {
+        Err(e @ (DeviceError::ChannelTimeout { .. } | DeviceError::Nccl { .. })) => {
+            eprintln!("a send without its receive: {e}")
+        }
         other => panic!("a send to itself without its receive: {other:?}"),
     }
+    // SAFETY: as above.
+    assert!(matches!(unsafe { ch.exchange(&[send], &[recv], t) }, Err(DeviceError::ChannelBroken)));
+    drop(ch);
+    let mut ch = join();
     a.write(half as u64, &vec![0u8; half]).expect("clear");
-    exchange(&[send], &[recv]).expect("the communicator works after a refused exchange");
+    // SAFETY: as above.
+    unsafe { ch.exchange(&[send], &[recv], t) }.expect("a new channel works");
     a.read(half as u64, &mut back).expect("read");
     assert!(back == data, "the received bytes are the sent ones, again");
 }

@@ -24,6 +24,8 @@ pub use device::error::{DeviceError, MoveError, Side};
 pub use device::layer::{DeviceKind, DeviceLayer, GpuInfo};
 pub use device::mover::{Coding, Mover, MoverConfig, MoverConfigError, Transfer, TransferReport};
 pub use device::open::{open, Backend, OpenOptions, Opened, ParseBackendError};
+pub use device::page_sum::page_sum;
+pub use device::peer_channel::{ChannelId, PeerChannel, PeerTransfer};
 pub use device::share::{ArenaShare, ExportedArena, ShareKind};
 pub use device::shared_memory::SharedHostMemory;
 pub use device::{cuda, emulated};

@@ -9,9 +9,9 @@ use tokio::sync::OwnedRwLockReadGuard;
 use vfabric_allocator::Location;
 
 use super::acting;
+use super::agent_lease::{AgentLease, LeaseKind};
 use super::forwarding::{routed, Route};
 use super::lane_use::pages_of;
-use super::remote_lease::{AgentLease, LeaseKind};
 use super::replication::{Kept, Replication};
 use super::shared::{in_place, Agent};
 use crate::directory::{Mode, RegionHandle as Region};

@@ -21,15 +21,23 @@
 //! - the client side of the wire: `peers` (dialling, hello, liveness), `calls` (one request and its answer),
 //!   `direct` (a call on the node a region's address names);
 //! - what the agent does: `replication` (a home's writes reach its standbys), `failover` (a standby takes
-//!   over from a dead home), `drain` (a leaving node hands its regions over), `migrate` (regions that move), `remote_lease` ([`AgentLease`]: leases on other nodes'
-//!   pages), `client` (the API), `serve` and `serve_pages` (answering peers), `start` (starting and stopping),
+//!   over from a dead home), `drain` (a leaving node hands its regions over), `migrate` (regions that move),
+//!   `agent_lease` ([`AgentLease`]), `remote_lease` (leases on other nodes' pages, by QUIC), `page_route` and
+//!   `routing` (which way a move goes, and its counts), `channels`, `channel_join`, `channel_pieces` and
+//!   `channel_lease` (NCCL channels between this node's GPUs and peers', and leases whose pages cross them),
+//!   `client` (the API), `serve`, `serve_pages` and `serve_channel` (answering peers), `start` (starting and stopping),
 //!   `membership` (members kept in etcd), `status` (what an agent says about itself), `local` (a node's local clients, over a Unix socket), `launch` (jobs
 //!   under `mpirun` or Slurm).
 
 mod acting;
+mod agent_lease;
 mod backups;
 mod call_metrics;
 mod calls;
+mod channel_join;
+mod channel_lease;
+mod channel_pieces;
+mod channels;
 mod client;
 mod direct;
 mod drain;
@@ -53,6 +61,7 @@ mod replicas;
 mod replication;
 mod routing;
 mod serve;
+mod serve_channel;
 mod serve_pages;
 mod shared;
 #[cfg(feature = "etcd")]
@@ -60,6 +69,7 @@ mod standing;
 mod start;
 mod status;
 
+pub use agent_lease::AgentLease;
 pub use backups::{may_take_over, serves_alone};
 pub use drain::Drained;
 pub use launch::{rank_name, JobRank};
@@ -68,7 +78,7 @@ pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOp
 #[cfg(feature = "etcd")]
 pub use membership::{members_prefix, region_text, takeover_key};
 pub use metrics_server::MetricsServer;
-pub use remote_lease::{version_after_release, AgentLease};
+pub use remote_lease::version_after_release;
 pub use replication::{Kept, Replication};
 pub use shared::Agent;
 pub use status::{AgentStatus, PeerStatus, ReplicationStatus, RouteStatus, TenantStatus};

@@ -56,6 +56,13 @@ pub struct RouteFacts {
     pub same_machine: bool,
     /// NCCL loads on this node.
     pub nccl_here: bool,
+    /// This node's configuration keeps leases off NCCL (`network.nccl = false`).
+    pub nccl_off: bool,
+    /// NCCL_HOSTID names this node's host for NCCL, so two nodes sharing a GPU may still join one communicator
+    /// (each as a host of its own, through NCCL's network transport).
+    pub host_named: bool,
+    /// Why the last join of a communicator with the peer failed (while it is not tried again).
+    pub channel_refused: Option<String>,
     /// A communicator joins this node and the peer.
     pub communicator: bool,
 }
@@ -86,13 +93,22 @@ pub fn choose_route(f: &RouteFacts) -> RouteChoice {
     if !f.nccl_here {
         return quic("NCCL is not available on this node".into());
     }
+    if f.nccl_off {
+        return quic("network.nccl is off on this node".into());
+    }
     // NCCL refuses two ranks of a communicator on one device.
     let shared_gpu = match (&f.my_gpus, &f.peer_gpus) {
         (Some(mine), Some(theirs)) => mine.iter().any(|g| theirs.contains(g)),
         _ => true,
     };
-    if f.same_machine && shared_gpu {
-        return quic(format!("node {peer} may use the same GPU on this machine, and NCCL refuses two ranks on one"));
+    if f.same_machine && shared_gpu && !f.host_named {
+        return quic(format!(
+            "node {peer} may use the same GPU on this machine, and NCCL refuses two ranks on one (unless each \
+             names its host apart: NCCL_HOSTID)"
+        ));
+    }
+    if let Some(why) = &f.channel_refused {
+        return quic(why.clone());
     }
     if !f.communicator {
         return quic(format!("no NCCL communicator joins this node and node {peer}"));
@@ -163,6 +179,9 @@ mod tests {
             my_gpus: Some(vec![0]),
             same_machine: false,
             nccl_here: true,
+            nccl_off: false,
+            host_named: false,
+            channel_refused: None,
             communicator: true,
         }
     }
@@ -173,13 +192,16 @@ mod tests {
         let mover = choose_route(&RouteFacts { home_is_me: true, ..nccl_ready() });
         assert_eq!(mover.route, PageRoute::Mover);
         // Each missing fact falls back to QUIC, naming what was missing.
-        let cases: [(RouteFacts, &str); 6] = [
+        let refused = Some("joining an NCCL channel with node 1 failed: timed out".to_string());
+        let cases: [(RouteFacts, &str); 8] = [
+            (RouteFacts { nccl_off: true, ..nccl_ready() }, "network.nccl is off"),
             (RouteFacts { gpu_here: false, ..nccl_ready() }, "host memory"),
             (RouteFacts { peer_gpus: Some(vec![]), ..nccl_ready() }, "node 1 has no GPU"),
             (RouteFacts { nccl_here: false, ..nccl_ready() }, "NCCL is not available on this node"),
             (RouteFacts { same_machine: true, ..nccl_ready() }, "same GPU"),
             (RouteFacts { same_machine: true, peer_gpus: None, my_gpus: Some(vec![1]), ..nccl_ready() }, "same GPU"),
             (RouteFacts { communicator: false, ..nccl_ready() }, "no NCCL communicator"),
+            (RouteFacts { channel_refused: refused, ..nccl_ready() }, "failed: timed out"),
         ];
         for (facts, why) in cases {
             let c = choose_route(&facts);
@@ -189,6 +211,9 @@ mod tests {
         // Two GPUs of one machine, each node its own: NCCL.
         let two = RouteFacts { same_machine: true, my_gpus: Some(vec![0]), peer_gpus: Some(vec![1]), ..nccl_ready() };
         assert_eq!(choose_route(&two).route, PageRoute::Nccl);
+        // Two nodes on one GPU, each naming its host apart (NCCL_HOSTID): NCCL too.
+        let named = RouteFacts { same_machine: true, host_named: true, ..nccl_ready() };
+        assert_eq!(choose_route(&named).route, PageRoute::Nccl);
     }
 
     #[test]

@@ -1,164 +1,24 @@
 //! Leases on other nodes' pages: the home leases its copy (in host memory; a lossy region's on its GPU) for
 //! this node and sends the pages, which land in a private region on this node's device (the copy), leased
 //! here; a `Write` lease's pages go back at release. Copies are kept after release ([`super::replicas`]) and
-//! reused while the home's version is unchanged.
+//! reused while the home's version is unchanged. Where an NCCL channel joins this node's GPU and the home's,
+//! the pages cross it instead (`super::channel_lease`), and by QUIC when it fails.
 
 use std::ops::Range;
 
 use vfabric_allocator::Location;
 
+use super::agent_lease::{AgentLease, CopyInFill, RemoteLease, RequestInFlight};
 use super::calls::ReadInto;
+use super::channel_lease::{Asked, ByChannel};
 use super::lane_use::LaneUse;
+use super::page_route::{PageRoute, RouteChoice};
 use super::replicas::{Replica, ReplicaKey};
 use super::shared::{in_place, Agent};
 use crate::directory::{Mode, Placement, RegionHandle as Region};
 use crate::error::FabricError;
-use crate::fabric::{Lease, LeasePtr};
 use crate::proto::convert::unexpected;
 use crate::proto::message::{Message, WireRegion};
-
-/// A lease from `Agent::acquire`: device pointers on this node, whatever the region's home.
-///
-/// For a region of another node, the home leases its copy (host memory, or a lossy region's GPU) for the
-/// holder (so its other users see the usual lease conflicts) and sends the pages; they land in a private region on this node's device, leased
-/// here. `Agent::release` sends a `Write` lease's bytes back before the home lets go. Dropping a lease
-/// instead of releasing it lets go at the home too, but a `Write` lease's changes are then lost.
-pub struct AgentLease {
-    pub(crate) kind: LeaseKind,
-}
-
-pub(crate) enum LeaseKind {
-    Local(Lease),
-    Remote(RemoteLease),
-}
-
-pub(crate) struct RemoteLease {
-    agent: Agent,
-    home: u16,
-    /// The lane the lease was granted over: it is released over the same connection (the home ends a lease
-    /// when the connection it came over closes).
-    lane: usize,
-    id: u64,
-    mode: Mode,
-    /// Where the copy goes back in the replica cache, and the home's version of the range.
-    key: ReplicaKey,
-    version: u64,
-    pages: u64,
-    /// The private region on this node that holds the pages, and its lease.
-    copy: Region,
-    local: Option<Lease>,
-    released: bool,
-}
-
-impl AgentLease {
-    fn lease(&self) -> Option<&Lease> {
-        match &self.kind {
-            LeaseKind::Local(l) => Some(l),
-            LeaseKind::Remote(r) => r.local.as_ref(),
-        }
-    }
-
-    /// Device pointers to the leased pages on this node.
-    pub fn ptr(&self) -> Option<&LeasePtr> {
-        self.lease().map(Lease::ptr)
-    }
-
-    /// The local lease (its device, frames and pointers).
-    pub fn local(&self) -> Option<&Lease> {
-        self.lease()
-    }
-
-    /// The node the region lives at.
-    pub fn home(&self, agent: &Agent) -> u16 {
-        match &self.kind {
-            LeaseKind::Local(_) => agent.node(),
-            LeaseKind::Remote(r) => r.home,
-        }
-    }
-}
-
-impl Drop for RemoteLease {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        // Not released: let go at the home (in the background: drop cannot wait) and free the copy here.
-        drop(self.local.take());
-        let (agent, home, lane, id, copy) = (self.agent.clone(), self.home, self.lane, self.id, self.copy);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let release = async {
-                    agent.call_on(home, &agent.hold_lane(home, lane)?, &Message::Release { lease: id }, &[]).await
-                };
-                if let Err(e) = release.await {
-                    tracing::warn!(home, lease = id, error = %e, "releasing a dropped remote lease failed");
-                }
-                let _ = in_place(|| agent.free_private(&copy));
-            });
-        }
-    }
-}
-
-/// An acquire's request to the home until its lease is made: a caller that drops the acquire before (a timeout
-/// around it, a cancelled task) tells the home it abandoned the request (`Message::Abandon`), so that whatever
-/// the home granted it, or is about to, ends now rather than when the connection closes (it would keep the
-/// home's writers out until then).
-struct RequestInFlight<'a> {
-    agent: &'a Agent,
-    home: u16,
-    lane: usize,
-    request: u64,
-    claimed: bool,
-}
-
-impl RequestInFlight<'_> {
-    /// The lease holds the grant now (or the caller released it itself).
-    fn claim(mut self) {
-        self.claimed = true;
-    }
-}
-
-impl Drop for RequestInFlight<'_> {
-    fn drop(&mut self) {
-        if self.claimed {
-            return;
-        }
-        let (agent, home, lane, request) = (self.agent.clone(), self.home, self.lane, self.request);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let abandon = async {
-                    agent.call_on(home, &agent.hold_lane(home, lane)?, &Message::Abandon { request }, &[]).await
-                };
-                if let Err(e) = abandon.await {
-                    tracing::debug!(home, request, error = %e, "telling the home an acquire was abandoned");
-                }
-            });
-        }
-    }
-}
-
-/// This node's copy of a peer's pages while an acquire fills it: freed when dropped before [`CopyInFill::keep`].
-struct CopyInFill<'a> {
-    agent: &'a Agent,
-    copy: Region,
-    kept: bool,
-}
-
-impl CopyInFill<'_> {
-    /// The copy, now the lease's to free.
-    fn keep(mut self) -> Region {
-        self.kept = true;
-        self.copy
-    }
-}
-
-impl Drop for CopyInFill<'_> {
-    fn drop(&mut self) {
-        if !self.kept {
-            let _ = self.agent.free_private(&self.copy);
-        }
-    }
-}
 
 impl Agent {
     /// Acquires `range` of a peer's region (its home region: the pages are there) on `device` of this node,
@@ -184,6 +44,24 @@ impl Agent {
         let pages = (range.start + len).div_ceil(ps) - first;
         let key: ReplicaKey = (region.addr.raw(), region.generation, first, pages, device);
         let full = pages * ps;
+        // Over a channel GPU to GPU when one joins the two ends (joined now if that is all NCCL lacks), by QUIC
+        // otherwise or when the channel fails.
+        let route = match self.route_for_lease(home, device).await {
+            (route, Some(link)) => {
+                let Location::Gpu(gpu) = device else { unreachable!("channels are joined for GPUs only") };
+                let asked = Asked { region, range: range.clone(), first, pages, gpu, mode };
+                match self.acquire_by_channel(home, asked, (link, &route), &lane).await {
+                    Ok(l) => return Ok(l),
+                    Err(ByChannel::Refused(e)) => return Err(e),
+                    Err(ByChannel::Failed(e)) => {
+                        tracing::warn!(home, error = %e, "a lease over an NCCL channel failed: its pages come by QUIC");
+                        let why = format!("a lease over the NCCL channel with node {home} failed: {e}");
+                        RouteChoice { route: PageRoute::Quic, why }
+                    }
+                }
+            }
+            (route, None) => route,
+        };
         let f = &self.shared.fabric;
         // The copy the pages go into, straight from the wire: one from an earlier lease (taken out of the cache
         // while this lease uses it; its version tells the home whether to send the pages at all), or a new one.
@@ -193,7 +71,7 @@ impl Agent {
             None => (in_place(|| self.alloc_private(full, Placement::on(device)))?, None),
         };
         // Freed on every way out but the lease, a caller dropping this call at an await included.
-        let filling = CopyInFill { agent: self, copy, kept: false };
+        let filling = CopyInFill::new(self, copy);
         let msg = Message::Acquire {
             region: WireRegion::from(region),
             offset: range.start,
@@ -202,11 +80,10 @@ impl Agent {
             mode: mode.into(),
             cached,
         };
-        let route = self.route_to(home, device).await;
         let expect = |m: &Message| if matches!(m, Message::Granted { unchanged: true, .. }) { 0 } else { full };
         let into = ReadInto::Region { copy: &copy, offset: first * ps };
         let request = self.request_id();
-        let asked = RequestInFlight { agent: self, home, lane: lane.lane, request, claimed: false };
+        let asked = RequestInFlight::new(self, home, lane.lane, request);
         let (id, version, moved) = match self.call_read_as(request, home, &lane, &msg, into, expect).await {
             Ok(Message::Granted { lease, first_page, pages: n, version, unchanged })
                 if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
@@ -230,21 +107,7 @@ impl Agent {
                 // Counted once the lease is made: a copy kept from an earlier lease and still current moved
                 // nothing.
                 self.count_route(home, &route, moved);
-                Ok(AgentLease {
-                    kind: LeaseKind::Remote(RemoteLease {
-                        agent: self.clone(),
-                        home,
-                        lane: lane.lane,
-                        id,
-                        mode,
-                        key,
-                        version,
-                        pages,
-                        copy: filling.keep(),
-                        local: Some(l),
-                        released: false,
-                    }),
-                })
+                Ok(RemoteLease::granted(self, (home, lane.lane, id, mode), (key, version, pages), filling.keep(), l))
             }
             Err(e) => {
                 drop(filling);

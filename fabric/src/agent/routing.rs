@@ -5,30 +5,65 @@
 
 use vfabric_transport::Location;
 
-use super::page_route::{choose_route, RouteChoice, RouteFacts};
+use super::channels::Link;
+use super::page_route::{choose_route, PageRoute, RouteChoice, RouteFacts};
 use super::shared::Agent;
 
 impl Agent {
     /// The route a move of pages between this node's `device` and `peer` (the home of the pages, or where they
     /// go) takes now.
     pub(crate) async fn route_to(&self, peer: u16, device: Location) -> RouteChoice {
+        choose_route(&self.route_facts(peer, device).await)
+    }
+
+    /// The route of a lease's pages from `peer` to this node's `device`, joining a channel first when it is all
+    /// that NCCL lacks (then the channel comes with the route).
+    pub(crate) async fn route_for_lease(&self, peer: u16, device: Location) -> (RouteChoice, Option<Link>) {
+        let mut facts = self.route_facts(peer, device).await;
+        let (Location::Gpu(gpu), None) = (device, &facts.channel_refused) else {
+            return (choose_route(&facts), None);
+        };
+        let wanted = choose_route(&RouteFacts { communicator: true, ..facts.clone() }).route == PageRoute::Nccl;
+        if !wanted {
+            return (choose_route(&facts), None);
+        }
+        match self.channel_to(peer, gpu).await {
+            Ok(link) => {
+                facts.communicator = true;
+                (choose_route(&facts), Some(link))
+            }
+            Err(why) => {
+                facts.channel_refused = Some(why);
+                (choose_route(&facts), None)
+            }
+        }
+    }
+
+    /// What this agent knows of a move between its `device` and `peer`.
+    async fn route_facts(&self, peer: u16, device: Location) -> RouteFacts {
         let here = self.gpus_and_ip(self.node()).await;
         let there = self.gpus_and_ip(peer).await;
         let same_machine = match (here.1, there.1) {
             (Some(mine), Some(theirs)) => theirs.is_loopback() || theirs == mine,
             _ => false,
         };
-        choose_route(&RouteFacts {
+        let gpu = match device {
+            Location::Gpu(g) => Some(g),
+            _ => None,
+        };
+        RouteFacts {
             home_is_me: self.is_me(peer),
             peer,
-            gpu_here: matches!(device, Location::Gpu(_)),
+            gpu_here: gpu.is_some(),
             peer_gpus: there.0,
             my_gpus: here.0,
             same_machine,
             nccl_here: self.shared.fabric.nccl_available(),
-            // No communicator joins two agents yet: every move between GPUs of two nodes falls back to QUIC.
-            communicator: false,
-        })
+            nccl_off: !self.shared.net.nccl,
+            host_named: std::env::var_os("NCCL_HOSTID").is_some_and(|v| !v.is_empty()),
+            channel_refused: gpu.and_then(|g| self.shared.channels.refused(peer, g)),
+            communicator: gpu.is_some_and(|g| self.shared.channels.ready(peer, g)),
+        }
     }
 
     /// `node`'s GPUs as the configuration lists them, and the address it listens on.

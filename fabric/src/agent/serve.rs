@@ -8,6 +8,7 @@ use vfabric_transport::quic;
 use super::acting;
 use super::lane_use::{pages_of, BULK};
 use super::replication::{Kept, Replication};
+use super::serve_channel::{grant_by_channel, AcquireBy};
 use super::serve_pages::{abandon, grant, home_region, receive_write, send_read, take_back};
 use super::shared::{in_place, Agent, Shared};
 use crate::directory::{Mode, RegionHandle as Region};
@@ -216,6 +217,8 @@ fn pages_moved(agent: &Agent, peer: u16, msg: &Message) -> u64 {
         Message::Write { len, .. } | Message::Read { len, .. } | Message::Replicate { len, .. } => *len,
         // An acquire moves whole pages.
         Message::Acquire { region, offset, len, .. } => pages_of(region.page_size, *offset, *len),
+        // Its pages cross a channel while a thread waits: never on the latency lane's thread, however few.
+        Message::AcquireBy { .. } => u64::MAX,
         // A write lease's pages come back with its release.
         Message::Release { lease } => agent
             .grants()
@@ -258,6 +261,11 @@ async fn answer(
         Message::Acquire { region, offset, len, device: _, mode, cached } => {
             return grant(agent, (peer, connection, request), (&region, offset, len, mode, cached), &mut send).await;
         }
+        Message::AcquireBy { link, region, offset, len, mode, cached, runs } => {
+            let ask = AcquireBy { link, region: &region, offset, len, mode, cached, runs: &runs };
+            return grant_by_channel(agent, (peer, connection, request), ask, &mut send).await;
+        }
+        Message::ChannelJoin { link, id, gpu: _ } => agent.join_peer_channel(peer, link, &id).await,
         Message::Release { lease } => take_back(agent, peer, lease, &mut recv).await,
         Message::Abandon { request } => {
             abandon(agent, peer, request);

@@ -5,6 +5,7 @@
 use super::shared::{in_place, Agent, RemoteGrant};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::{FabricError, ProtocolError};
+use crate::fabric::Lease;
 use crate::proto::chunk::{copy_pieces, receive, Payload};
 use crate::proto::codec::write_frame;
 use crate::proto::convert::refusal;
@@ -47,16 +48,7 @@ pub(crate) async fn grant(
     send: &mut quinn::SendStream,
 ) -> Result<(), ProtocolError> {
     let (f, max) = (&agent.shared.fabric, agent.max_frame());
-    // Once leased, the region cannot move (a migration frees the old copy, which a lease prevents).
-    let leased = match staying_here(agent, region, offset, len).await {
-        Ok((r, _staying, end)) => in_place(|| f.acquire(&r, offset..end, f.serving_device(&r)?, Mode::from(mode))),
-        Err(e) => Err(e),
-    };
-    let versioned = leased.and_then(|lease| {
-        let range = lease.offset()..lease.offset() + lease.len();
-        Ok((f.version(&lease.region(), range)?, lease))
-    });
-    let (version, lease) = match versioned {
+    let (version, lease) = match lease_for_peer(agent, (region, offset, len, mode), |r| f.serving_device(r)).await {
         Ok(v) => v,
         Err(e) => {
             answer(send, &refusal(&e), max).await;
@@ -73,26 +65,8 @@ pub(crate) async fn grant(
     // without another copy; chunk offsets count from the region's start.
     let piece_len = ps.min(agent.shared.net.chunk.bytes().max(1));
     let (start, total, pages_of_lease) = (lease.offset(), lease.len(), lease.pages());
-    // Recorded before the answer goes: the peer may release the lease as soon as its pages are in. Unless the
-    // peer abandoned the request already: then the lease ends now (the answer still goes, to no one).
-    let abandoned = {
-        let mut grants = agent.grants();
-        let mut gone = agent.shared.abandoned.lock().unwrap_or_else(|p| p.into_inner());
-        match gone.iter().position(|&(p, r)| p == peer && Some(r) == request) {
-            Some(at) => {
-                gone.remove(at);
-                Some(lease)
-            }
-            None => {
-                grants.insert(id, RemoteGrant { peer, connection, request, lease });
-                None
-            }
-        }
-    };
-    if let Some(lease) = abandoned {
-        if let Err(e) = in_place(|| agent.shared.fabric.release(lease)) {
-            tracing::warn!(lease = id, error = %e, "releasing the lease of an abandoned request");
-        }
+    // Recorded before the answer goes: the peer may release the lease as soon as its pages are in.
+    if !record_grant(agent, (peer, connection, request), id, lease) {
         abort(send);
         return Ok(());
     }
@@ -117,12 +91,65 @@ pub(crate) async fn grant(
     } else {
         // The caller's call failed (or was dropped) before the pages were in: it holds no lease, and this one
         // ends now instead of when the connection closes (it would keep the home's writers out until then).
-        let unsent = agent.grants().remove(&id);
-        if let Some(Err(e)) = unsent.map(|g| in_place(|| agent.shared.fabric.release(g.lease))) {
-            tracing::warn!(lease = id, error = %e, "releasing a lease whose answer did not go");
-        }
+        let_go(agent, id);
     }
     Ok(())
+}
+
+/// Records `lease` as grant `id` of `peer`'s request, unless the peer abandoned the request already: then the
+/// lease ends now, and `false` says that the answer goes to no one.
+pub(crate) fn record_grant(
+    agent: &Agent,
+    (peer, connection, request): (u16, usize, Option<u64>),
+    id: u64,
+    lease: Lease,
+) -> bool {
+    let abandoned = {
+        let mut grants = agent.grants();
+        let mut gone = agent.shared.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+        match gone.iter().position(|&(p, r)| p == peer && Some(r) == request) {
+            Some(at) => {
+                gone.remove(at);
+                Some(lease)
+            }
+            None => {
+                grants.insert(id, RemoteGrant { peer, connection, request, lease });
+                None
+            }
+        }
+    };
+    match abandoned {
+        Some(lease) => {
+            if let Err(e) = in_place(|| agent.shared.fabric.release(lease)) {
+                tracing::warn!(lease = id, error = %e, "releasing the lease of an abandoned request");
+            }
+            false
+        }
+        None => true,
+    }
+}
+
+/// Ends grant `id`, whose pages did not reach the peer: the peer holds no lease.
+pub(crate) fn let_go(agent: &Agent, id: u64) {
+    let unsent = agent.grants().remove(&id);
+    if let Some(Err(e)) = unsent.map(|g| in_place(|| agent.shared.fabric.release(g.lease))) {
+        tracing::warn!(lease = id, error = %e, "releasing a lease whose pages did not go");
+    }
+}
+
+/// Leases a range of a region of this node for a peer, on the device `device` names for it, in the peer's
+/// mode; with the range's version.
+pub(crate) async fn lease_for_peer(
+    agent: &Agent,
+    (region, offset, len, mode): (&WireRegion, u64, u64, WireMode),
+    device: impl FnOnce(&Region) -> Result<vfabric_transport::Location, FabricError>,
+) -> Result<(u64, Lease), FabricError> {
+    let f = &agent.shared.fabric;
+    // Once leased, the region cannot move (a migration frees the old copy, which a lease prevents).
+    let (r, _staying, end) = staying_here(agent, region, offset, len).await?;
+    let lease = in_place(|| f.acquire(&r, offset..end, device(&r)?, Mode::from(mode)))?;
+    let range = lease.offset()..lease.offset() + lease.len();
+    Ok((f.version(&lease.region(), range)?, lease))
 }
 
 /// Lets go of what request `request` of `peer` was granted (the peer abandoned it before taking the answer),

@@ -79,6 +79,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: super::call_metrics::CallMetrics,
     /// Moves of pages to and from each peer, by the route they took (`super::page_route`).
     pub(crate) routes: std::sync::Mutex<super::page_route::RouteCounts>,
+    /// Channels between this node's GPUs and peers' (`super::channels`).
+    pub(crate) channels: super::channels::Channels,
 }
 
 /// How many abandoned requests an agent remembers (a request is abandoned before its grant only while it is

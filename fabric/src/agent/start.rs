@@ -123,6 +123,7 @@ impl Agent {
             tenants: config.tenants.clone(),
             metrics: super::call_metrics::CallMetrics::new(),
             routes: Default::default(),
+            channels: Default::default(),
         });
         let agent = Agent { shared };
         let serving = (0..agent.shared.endpoints.len())

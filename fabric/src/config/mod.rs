@@ -246,6 +246,12 @@ pub struct NetworkSection {
     /// serve them from then on under the same handles (`Agent::leave`). Off, its regions without a standby go
     /// with it (what a job that ends wants: its ranks stop together).
     pub drain: bool,
+    /// Whether leases of peers' pages onto this node's GPUs may cross GPU to GPU over NCCL: a channel (an NCCL
+    /// communicator of two ranks) joined with the peer over this connection the first time, when both nodes
+    /// have GPUs and NCCL loads here. Off, or when a channel cannot be joined (the reason shows in `vfabric
+    /// status`), they go by QUIC through host memory. Two nodes sharing one GPU join only when each process
+    /// names its host apart for NCCL (`NCCL_HOSTID`).
+    pub nccl: bool,
 }
 
 /// The most nodes a region's writes are kept on (its home and three standbys).
@@ -275,6 +281,7 @@ impl Default for NetworkSection {
             replicas: 1,
             replica_lag_ms: 0,
             drain: true,
+            nccl: true,
         }
     }
 }

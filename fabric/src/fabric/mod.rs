@@ -42,7 +42,7 @@ use std::time::Instant;
 
 use vfabric_allocator::{Location, NodeId, TenantId, Tier};
 use vfabric_transport::storage::{AlignedBuffer, StorageFile, StorageSpec};
-use vfabric_transport::{Arena, ArenaSpec, DeviceError, DeviceKind, ExportedArena};
+use vfabric_transport::{Arena, ArenaSpec, ChannelId, DeviceError, DeviceKind, ExportedArena, PeerChannel};
 
 use node::{lock, Inner, State};
 use parts::slice_parts;
@@ -188,6 +188,24 @@ impl Fabric {
     /// Whether NCCL's library can be loaded on this node.
     pub fn nccl_available(&self) -> bool {
         self.inner.layer.nccl_available()
+    }
+
+    /// A new identity for a channel between one of this node's GPUs and another process's (NCCL), which the
+    /// other end joins too ([`Fabric::join_channel`]).
+    pub fn channel_id(&self) -> Result<ChannelId, FabricError> {
+        Ok(self.inner.layer.channel_id()?)
+    }
+
+    /// Joins channel `id` as rank `rank.0` of `rank.1` on GPU `gpu`, waiting at most `timeout` for the other
+    /// ends (blocking).
+    pub fn join_channel(
+        &self,
+        gpu: u16,
+        id: &ChannelId,
+        rank: (usize, usize),
+        timeout: std::time::Duration,
+    ) -> Result<Box<dyn PeerChannel>, FabricError> {
+        Ok(self.inner.layer.join_channel(gpu, id, rank, timeout)?)
     }
 
     /// Copies `buf.len()` bytes at device address `ptr` on `location` into `buf`: what a kernel reading through a

@@ -481,6 +481,55 @@ pub enum Message {
         /// The abandoned request's id.
         request: u64,
     },
+    /// Joins a channel between GPUs (NCCL) that the sender made: the sender is rank 0 on its GPU `gpu`, this
+    /// node rank 1 on a GPU of its own. Answered with [`Message::Done`] once both ends have joined, or an error
+    /// (no NCCL here, or the join failed or timed out). `link` names the channel in [`Message::AcquireBy`].
+    ChannelJoin {
+        /// The sender's name for the channel (a new join from the same sender with the same GPU replaces it).
+        link: u64,
+        /// The channel's identity (128 bytes).
+        id: Vec<u8>,
+        /// The sender's GPU.
+        gpu: u16,
+    },
+    /// An [`Message::Acquire`] whose pages come over channel `link` (joined by [`Message::ChannelJoin`]),
+    /// GPU to GPU: the home leases the range on its end's GPU and answers [`Message::ChannelGranted`], then sends
+    /// the pages over the channel.
+    AcquireBy {
+        /// The channel.
+        link: u64,
+        /// The region the lease covers.
+        region: WireRegion,
+        /// The first byte of the range.
+        offset: u64,
+        /// The length of the range in bytes.
+        len: u64,
+        /// The access asked for.
+        mode: WireMode,
+        /// The version of the range the requester's copy holds, if any (as for `Acquire`).
+        cached: Option<u64>,
+        /// The requester's copy as runs of pages contiguous in its device memory, in page order: the pages go in
+        /// pieces that lie within one run at each end.
+        runs: Vec<u32>,
+    },
+    /// Answers [`Message::AcquireBy`]: the lease, and how its pages come over the channel.
+    ChannelGranted {
+        /// The lease id, to pass to [`Message::Release`].
+        lease: u64,
+        /// The first page covered, counted from the start of the region.
+        first_page: u64,
+        /// The number of pages covered.
+        pages: u64,
+        /// The range's version.
+        version: u64,
+        /// Whether the requester's copy is current, so no pages follow.
+        unchanged: bool,
+        /// The pieces the pages come in (page counts, in order): each within one run at both ends.
+        pieces: Vec<u32>,
+        /// Each page's sum ([`vfabric_transport::page_sum`]) as the home computed it on its GPU (empty when
+        /// `unchanged`).
+        sums: Vec<u64>,
+    },
 }
 
 impl Message {
@@ -515,6 +564,8 @@ impl Message {
             | Message::Status { .. }
             | Message::Traced { .. }
             | Message::Abandon { .. }
+            | Message::ChannelJoin { .. }
+            | Message::AcquireBy { .. }
             | Message::Stats => true,
             Message::Welcome { .. }
             | Message::Pong { .. }
@@ -527,7 +578,8 @@ impl Message {
             | Message::Attached { .. }
             | Message::Mapped { .. }
             | Message::Figures { .. }
-            | Message::Reserved { .. } => false,
+            | Message::Reserved { .. }
+            | Message::ChannelGranted { .. } => false,
         }
     }
 
@@ -574,114 +626,13 @@ impl Message {
             Message::Status { .. } => "status",
             Message::Traced { .. } => "traced",
             Message::Abandon { .. } => "abandon",
+            Message::ChannelJoin { .. } => "channeljoin",
+            Message::AcquireBy { .. } => "acquireby",
+            Message::ChannelGranted { .. } => "channelgranted",
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashSet;
-
-    fn region() -> WireRegion {
-        WireRegion { addr: (3u64 << 48) | 0x1000, len: 1 << 20, page_size: 1 << 16, slot: 7, generation: 2 }
-    }
-
-    /// One of each variant, in declaration order.
-    fn all() -> Vec<Message> {
-        let region = region();
-        vec![
-            Message::Hello { cluster: "c".into(), node: 1, protocol: 1, lanes: 4, latency_lane: true },
-            Message::Ping { nonce: 9 },
-            Message::Alloc { size: 4096, device: None, replicas: 0, lag_ms: None, compression: 0, priority: 1 },
-            Message::Free { region },
-            Message::Write { region, offset: 0, len: 1 },
-            Message::Read { region, offset: 0, len: 1 },
-            Message::Acquire {
-                region,
-                offset: 0,
-                len: 1,
-                device: WireLocation::Host,
-                mode: WireMode::Read,
-                cached: None,
-            },
-            Message::Release { lease: 1 },
-            Message::Migrate { region, device: WireLocation::Gpu(0) },
-            Message::Invalidate { region, first_page: 0, pages: 1 },
-            Message::Welcome { node: 2, protocol: 1 },
-            Message::Pong { nonce: 9 },
-            Message::Allocated { region },
-            Message::Done,
-            Message::Data { len: 1 },
-            Message::Granted { lease: 1, first_page: 0, pages: 1, version: 0, unchanged: false },
-            Message::Error { kind: ErrorKind::Internal, message: "x".into() },
-            Message::MigrateTo { region, node: 1, device: WireLocation::Gpu(0) },
-            Message::Moved { to: region },
-            Message::Unforward { region, to: region },
-            Message::Attach,
-            Message::Attached { page_size: 1 << 16, cuda: false, arenas: vec![] },
-            Message::AllocWith {
-                size: 1,
-                device: None,
-                priority: 1,
-                tenant: 0,
-                keep: false,
-                compression: 0,
-                reservation: Some(1),
-                replicas: 2,
-                lag_ms: Some(100),
-            },
-            Message::AcquireMapped { region, offset: 0, len: 1, device: WireLocation::Host, mode: WireMode::Write },
-            Message::Mapped { lease: 1, first: 0, pages: WirePages::Run { offset: 0, len: 1 << 16 } },
-            Message::Prefetch { region, offset: 0, len: 1, device: WireLocation::Gpu(0) },
-            Message::Stats,
-            Message::Figures { json: "{}".into() },
-            Message::WriteBack { region, offset: 0, len: 1, device: WireLocation::Gpu(0) },
-            Message::Reserve { device: WireLocation::Gpu(0), bytes: 1 << 20, tenant: 0 },
-            Message::Reserved { id: 1, bytes: 1 << 20 },
-            Message::Unreserve { id: 1 },
-            Message::ReservationLeft { id: 1 },
-            Message::Standby { region, origin: region, replicas: 2, tenant: 3, compression: 4, priority: 2 },
-            Message::Replicate { copy: region, seq: 1, offset: 0, len: 1 },
-            Message::Failover { region },
-            Message::OnBehalf { tenant: 3 },
-            Message::Status { node: Some(2) },
-            Message::Traced { id: 1 << 48 | 7 },
-            Message::Abandon { request: 1 << 48 | 7 },
-        ]
-    }
-
-    #[test]
-    fn requests_and_responses_are_sorted() {
-        let kinds: Vec<bool> = all().iter().map(Message::is_request).collect();
-        let mut expected = vec![true; 10];
-        expected.extend([false; 7]);
-        expected.extend([true, false, true]);
-        expected.extend([true, false, true, true, false, true, true, false, true]);
-        expected.extend([true, false, true, true]);
-        // Standby, Replicate, Failover, OnBehalf, Status, Traced, Abandon.
-        expected.extend([true; 7]);
-        assert_eq!(kinds, expected);
-    }
-
-    #[test]
-    fn names_are_distinct_and_lowercase() {
-        let names: Vec<&str> = all().iter().map(Message::name).collect();
-        let distinct: HashSet<&str> = names.iter().copied().collect();
-        assert_eq!(distinct.len(), names.len(), "{names:?}");
-        assert!(names.iter().all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase())), "{names:?}");
-        assert_eq!(Message::Read { region: region(), offset: 0, len: 0 }.name(), "read");
-        let hello = Message::Hello { cluster: String::new(), node: 0, protocol: 0, lanes: 0, latency_lane: false };
-        assert_eq!(hello.name(), "hello");
-    }
-
-    #[test]
-    fn variant_indices_are_the_wire_format() {
-        // bincode's standard config writes the variant index as a one-byte varint first: pin it, so reordering the
-        // enum (a silent wire break) fails here.
-        for (index, msg) in all().iter().enumerate() {
-            let bytes = bincode::encode_to_vec(msg, bincode::config::standard()).unwrap();
-            assert_eq!(bytes[0] as usize, index, "{}", msg.name());
-        }
-    }
-}
+#[path = "message_tests.rs"]
+mod tests;

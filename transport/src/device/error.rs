@@ -102,6 +102,17 @@ pub enum DeviceError {
         /// What NCCL returned.
         status: String,
     },
+    /// A channel's other end did not do its part in time: the channel's work was aborted.
+    #[error("{what} did not complete within {after:?} (the other end never did its part): the channel is aborted")]
+    ChannelTimeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        after: std::time::Duration,
+    },
+    /// A channel failed earlier and was aborted: every later call on it is refused.
+    #[error("the channel failed earlier and was aborted: join a new one")]
+    ChannelBroken,
 }
 
 /// Which side of a page batch an error is about.

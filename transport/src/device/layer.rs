@@ -10,6 +10,7 @@ use vfabric_allocator::Location;
 use super::arena::{Arena, ArenaSpec};
 use super::error::DeviceError;
 use super::mover::{Mover, MoverConfig};
+use super::peer_channel::{ChannelId, PeerChannel};
 use super::share::ArenaShare;
 
 /// Which implementation of the device layer runs.
@@ -65,6 +66,23 @@ pub trait DeviceLayer: Send + Sync {
     /// Waits until the work this process queued on `location` (kernels, copies on any stream) is done: what a
     /// process does before it lets go of memory another process may then move.
     fn synchronize(&self, location: Location) -> Result<(), DeviceError>;
+    /// A new identity for a channel between GPUs of different processes, which this end and the others then
+    /// join ([`DeviceLayer::join_channel`]). A backend without such channels (the emulated one) refuses.
+    fn channel_id(&self) -> Result<ChannelId, DeviceError> {
+        Err(DeviceError::NcclMissing)
+    }
+    /// Joins channel `id` as rank `rank.0` of `rank.1` on GPU `gpu`, waiting at most `timeout` for every end to
+    /// join (blocking).
+    fn join_channel(
+        &self,
+        gpu: u16,
+        id: &ChannelId,
+        rank: (usize, usize),
+        timeout: std::time::Duration,
+    ) -> Result<Box<dyn PeerChannel>, DeviceError> {
+        let _ = (gpu, id, rank, timeout);
+        Err(DeviceError::NcclMissing)
+    }
     /// The backend's own type (the benchmark's baselines need the CUDA node's contexts).
     fn as_any(&self) -> &dyn Any;
     /// One line that says what this device layer is, for logs and reports.

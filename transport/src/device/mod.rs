@@ -5,7 +5,9 @@
 //!   [`engine`]), [`batch`] (batches and the plans engines execute), [`error`].
 //! - The backends: [`cuda`] (CUDA driver API through cudarc, VMM arenas) and [`emulated`] (host memory, for
 //!   machines without a GPU).
-//! - [`lossy`]: the lossy page format on the CPU (what the codec kernel does on the GPU).
+//! - [`lossy`]: the lossy page format on the CPU (what the codec kernel does on the GPU); [`page_sum`]: page
+//!   checksums on the CPU (what the page-sum kernel does on the GPU).
+//! - [`peer_channel`]: channels between this node's GPUs and other processes' (NCCL in the CUDA backend).
 //! - Sharing arenas with the node's other processes: [`share`] (what an exported arena is made of) and
 //!   [`shared_memory`] (host memory in a shared file).
 //! - [`open`]: the choice between the backends, which sits above both.
@@ -22,5 +24,7 @@ pub mod layer;
 pub mod lossy;
 pub mod mover;
 pub mod open;
+pub mod page_sum;
+pub mod peer_channel;
 pub mod share;
 pub mod shared_memory;

@@ -14,7 +14,7 @@ use vfabric_allocator::Location;
 
 use super::runner::Runner;
 use super::AllocOptions;
-use crate::agent::remote_lease::AgentLease;
+use crate::agent::agent_lease::AgentLease;
 use crate::agent::shared::{in_place, Agent};
 use crate::agent::Replication;
 use crate::directory::{Mode, Placement, RegionHandle as Region};

@@ -16,6 +16,7 @@ use crate::device::arena::{Arena, ArenaSpec};
 use crate::device::error::DeviceError;
 use crate::device::layer::{DeviceKind, DeviceLayer, GpuInfo};
 use crate::device::mover::{Mover, MoverConfig};
+use crate::device::peer_channel::{ChannelId, PeerChannel};
 use crate::device::share::{ArenaShare, ShareKind};
 use crate::device::shared_memory::SharedHostMemory;
 
@@ -85,6 +86,21 @@ impl DeviceLayer for CudaNode {
 
     fn nccl_available(&self) -> bool {
         self.inner.nccl
+    }
+
+    fn channel_id(&self) -> Result<ChannelId, DeviceError> {
+        super::nccl::new_channel_id()
+    }
+
+    fn join_channel(
+        &self,
+        gpu: u16,
+        id: &ChannelId,
+        rank: (usize, usize),
+        timeout: std::time::Duration,
+    ) -> Result<Box<dyn PeerChannel>, DeviceError> {
+        let ctx = Arc::clone(self.inner.context(gpu)?);
+        Ok(Box::new(super::nccl::PeerComm::join(ctx, gpu, id, rank, timeout)?))
     }
 
     fn create_arena(&self, spec: &ArenaSpec) -> Result<Arc<dyn Arena>, DeviceError> {

@@ -1,0 +1,180 @@
+//! Leases on other nodes' pages whose pages come GPU to GPU over a channel (NCCL): the requester's side of
+//! `Message::AcquireBy`. The copy is leased on this node's GPU first (its frames are where the pages land), the
+//! home answers with the pieces and the pages' sums, and the pages arrive into the copy's frames; each page is
+//! summed where it landed and checked against the home's sums before the lease is handed out. The channel is
+//! held from the request to the last check (see `super::channels`).
+
+use std::ops::Range;
+
+use vfabric_allocator::Location;
+
+use super::agent_lease::{AgentLease, CopyInFill, RemoteLease, RequestInFlight};
+use super::calls::ReadInto;
+use super::channel_pieces::{fit, page_addresses, runs_of, spans};
+use super::channels::{exchange_timeout, Link};
+use super::lane_use::LaneUse;
+use super::page_route::RouteChoice;
+use super::replicas::ReplicaKey;
+use super::shared::{in_place, Agent};
+use crate::directory::{Mode, Placement, RegionHandle as Region};
+use crate::error::{FabricError, ProtocolError};
+use crate::fabric::Lease;
+use crate::proto::convert::unexpected;
+use crate::proto::message::{ErrorKind, Message, WireRegion};
+use vfabric_transport::device::page_sum::first_mismatch;
+use vfabric_transport::PeerTransfer;
+
+/// Why a lease by channel did not happen: the home's answer (the caller gets it), or the channel's failure (the
+/// lease goes by QUIC instead).
+pub(crate) enum ByChannel {
+    Refused(FabricError),
+    Failed(FabricError),
+}
+
+/// A lease asked of a home: the region, the range's pages, and where and how.
+pub(crate) struct Asked<'a> {
+    pub(crate) region: &'a Region,
+    pub(crate) range: Range<u64>,
+    pub(crate) first: u64,
+    pub(crate) pages: u64,
+    pub(crate) gpu: u16,
+    pub(crate) mode: Mode,
+}
+
+impl Agent {
+    /// Leases `asked` of `home` with its pages coming over `link` (see the module's docs).
+    pub(crate) async fn acquire_by_channel(
+        &self,
+        home: u16,
+        asked: Asked<'_>,
+        (link, route): (Link, &RouteChoice),
+        lane: &LaneUse,
+    ) -> Result<AgentLease, ByChannel> {
+        let (region, device, mode) = (asked.region, Location::Gpu(asked.gpu), asked.mode);
+        let f = &self.shared.fabric;
+        let ps = region.page_size.max(1);
+        let (first, pages) = (asked.first, asked.pages);
+        let full = pages * ps;
+        let key: ReplicaKey = (region.addr.raw(), region.generation, first, pages, device);
+        let cached = self.replicas().take(&key);
+        let (copy, cached) = match cached {
+            Some(r) => (r.copy, Some(r.version)),
+            None => (in_place(|| self.alloc_private(full, Placement::on(device))).map_err(ByChannel::Failed)?, None),
+        };
+        let filling = CopyInFill::new(self, copy);
+        // The pages land in the copy's frames on the GPU: leased for writing while they do.
+        let local = in_place(|| f.acquire(&copy, 0..full, device, Mode::Write)).map_err(ByChannel::Failed)?;
+        let addrs = page_addresses(local.ptr(), ps);
+        let runs = runs_of(&addrs, ps);
+        let msg = Message::AcquireBy {
+            link: link.link,
+            region: WireRegion::from(region),
+            offset: asked.range.start,
+            len: asked.range.end - asked.range.start,
+            mode: mode.into(),
+            cached,
+            runs: runs.clone(),
+        };
+        let mut ch = link.channel.lock_owned().await;
+        let request = self.request_id();
+        let in_flight = RequestInFlight::new(self, home, lane.lane, request);
+        let answer = self.call_read_as(request, home, lane, &msg, ReadInto::Buf { buf: &mut [], offset: 0 }, |_| 0);
+        let (id, version, unchanged, pieces, sums) = match answer.await {
+            Ok(Message::ChannelGranted { lease, first_page, pages: n, version, unchanged, pieces, sums })
+                if first_page == first && n == pages && (cached.is_some() || !unchanged) =>
+            {
+                (lease, version, unchanged, pieces, sums)
+            }
+            Ok(m) => {
+                // The home may be sending already: this end's channel cannot be trusted to pair what comes next.
+                self.channel_failed(home, asked.gpu, link.link, "the home answered out of turn");
+                return Err(ByChannel::Failed(unexpected(home, &m)));
+            }
+            // The home knows no such channel (it restarted, or let a failed one go), or its end failed: join
+            // anew, later.
+            Err(e @ FabricError::Remote { kind: ErrorKind::Unavailable | ErrorKind::Internal, .. }) => {
+                in_flight.claim();
+                self.channel_failed(home, asked.gpu, link.link, &e.to_string());
+                return Err(ByChannel::Failed(e));
+            }
+            // The home's answer about the region (out of bounds, leased elsewhere, freed, ...): the caller's.
+            Err(e @ FabricError::Remote { .. }) => {
+                in_flight.claim();
+                return Err(ByChannel::Refused(e));
+            }
+            // The call failed on the way (the home may be sending already): the channel cannot be trusted.
+            Err(e) => {
+                self.channel_failed(home, asked.gpu, link.link, &e.to_string());
+                return Err(ByChannel::Failed(e));
+            }
+        };
+        in_flight.claim();
+        // From here on the grant is ours: every failure releases it at the home.
+        let landed = match unchanged {
+            true => Ok(()),
+            false => self.land(&mut **ch, (&addrs, ps), &runs, (&pieces, &sums), pages),
+        };
+        drop(ch);
+        if let Err((e, broken)) = landed {
+            if broken {
+                self.channel_failed(home, asked.gpu, link.link, &e.to_string());
+            }
+            drop(local);
+            let _ = self.call_on(home, lane, &Message::Release { lease: id }, &[]).await;
+            return Err(ByChannel::Failed(e));
+        }
+        // A read lease is handed out as one: the written copy is the pages' current bytes here.
+        let local = match mode {
+            Mode::Write => Ok(local),
+            Mode::Read => in_place(|| {
+                f.release(local)?;
+                f.acquire(&copy, 0..full, device, Mode::Read)
+            }),
+        };
+        let local: Lease = match local {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = self.call_on(home, lane, &Message::Release { lease: id }, &[]).await;
+                return Err(ByChannel::Failed(e));
+            }
+        };
+        self.count_route(home, route, if unchanged { 0 } else { full });
+        Ok(RemoteLease::granted(self, (home, lane.lane, id, mode), (key, version, pages), filling.keep(), local))
+    }
+
+    /// Receives a lease's pages into `addrs` over the channel in `pieces`, and checks each page's sum against the
+    /// home's. `Err` with whether the channel is broken (a failed exchange) or only the pages are bad.
+    fn land(
+        &self,
+        ch: &mut dyn vfabric_transport::PeerChannel,
+        (addrs, ps): (&[u64], u64),
+        runs: &[u32],
+        (pieces, sums): (&[u32], &[u64]),
+        pages: u64,
+    ) -> Result<(), (FabricError, bool)> {
+        // The home is sending already: with no receive posted here, the channel is broken.
+        let refused = |why: String| {
+            tracing::warn!(%why, "a home's grant over a channel does not fit this end");
+            (FabricError::Protocol(ProtocolError::BadField { field: "ChannelGranted.pieces", value: pages }), true)
+        };
+        fit(pieces, runs, pages).map_err(refused)?;
+        if sums.len() as u64 != pages {
+            return Err(refused(format!("{} sums for {pages} pages", sums.len())));
+        }
+        // The home is rank 1 of the channel this end made.
+        let recvs: Vec<PeerTransfer> =
+            spans(pieces).map(|(first, n)| PeerTransfer { ptr: addrs[first], len: n * ps as usize, peer: 1 }).collect();
+        // SAFETY: each piece lies within one run of the copy's frames (`fit`), on the channel's GPU, leased for
+        // writing by this call and touched by nothing else until it returns.
+        in_place(|| Ok(unsafe { ch.exchange(&[], &recvs, exchange_timeout(pages * ps)) }?)).map_err(|e| (e, true))?;
+        // SAFETY: as above; the receive is done.
+        let here = in_place(|| Ok(unsafe { ch.page_sums(addrs, ps) }?)).map_err(|e| (e, true))?;
+        match first_mismatch(sums, &here) {
+            None => Ok(()),
+            Some(p) => Err((
+                FabricError::Checksum(format!("page {p} of a lease came over the channel with another sum")),
+                false,
+            )),
+        }
+    }
+}
