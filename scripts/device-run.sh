@@ -14,8 +14,9 @@
 #   VFABRIC_LOCAL_CONFIG configuration of vfabric-bench local (default: h200x2.toml, whose GPU budget holds 1 GiB)
 #   VFABRIC_STEPS        steps to run (default: all): machine pin ptx tests agents procs python info demo torch nccl migrate
 #                        pager status sweep local trace storage lossy tiers train remote routes
-#   VFABRIC_ROUTES_CONFIG, VFABRIC_ROUTES_NAME, VFABRIC_ROUTES_ARGS   the routes step's cluster (default
-#                        h200x2-agents.toml), result name (default lease-routes-h200x2) and extra arguments
+#   VFABRIC_ROUTES_CONFIG, VFABRIC_ROUTES_HOME, VFABRIC_ROUTES_NAME, VFABRIC_ROUTES_ARGS   the routes step's
+#                        cluster (default h200x2-agents.toml), the home's GPU (default gpu1; gpu0 with
+#                        h200x1-agents.toml), result name (default lease-routes-h200x2) and extra arguments
 #   VFABRIC_LOSSY_NAME, VFABRIC_LOSSY_ARGS   name of vfabric-bench lossy's result files (default: lossy-h200x1),
 #                        and extra arguments (e.g. --size 64MiB --iters 1 for a short codec part)
 #   VFABRIC_STORAGE_SIZE, VFABRIC_STORAGE_NAME, VFABRIC_STORAGE_ARGS   the storage step's file size (default
@@ -213,7 +214,8 @@ step remote env VFABRIC_BIN="$B" bash scripts/remote-bench-procs.sh config \
 # shellcheck disable=SC2086
 step routes env NCCL_HOSTID=vfabric-g0 NCCL_SOCKET_IFNAME=lo VFABRIC_BENCH=lease-routes VFABRIC_BIN="$B" \
     VFABRIC_PEER_LOG="$OUT/${VFABRIC_ROUTES_NAME:-lease-routes-h200x2}-peer.log" bash scripts/remote-bench-procs.sh config \
-    "${VFABRIC_ROUTES_CONFIG:-cluster-configs/h200x2-agents.toml}" g0 g1 ${VFABRIC_ROUTES_ARGS:-} \
+    "${VFABRIC_ROUTES_CONFIG:-cluster-configs/h200x2-agents.toml}" g0 g1 --home-device "${VFABRIC_ROUTES_HOME:-gpu1}" \
+    ${VFABRIC_ROUTES_ARGS:-} \
     --out "$OUT" --name "${VFABRIC_ROUTES_NAME:-lease-routes-h200x2}"
 
 echo

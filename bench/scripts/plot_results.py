@@ -207,9 +207,27 @@ def sweep(d: Doc):
     return fig
 
 
+def lease_routes(d: Doc):
+    """GB/s of leases by route against their size, beside NCCL's own send/recv of the same bytes."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    rows = d.get("rows", [])
+    sizes = sorted({r["bytes"] for r in rows})
+    labels = [f"{s >> 20} MiB" if s < 1 << 30 else f"{s >> 30} GiB" for s in sizes]
+    series = {}
+    for route in sorted({r["route"] for r in rows}):
+        by = {r["bytes"]: r["gb_s"] for r in rows if r["route"] == route}
+        series[route] = [by.get(s, 0) for s in sizes]
+    base = {b["bytes"]: b["gb_s"] for b in d.get("nccl_baseline", [])}
+    if base:
+        series["NCCL send/recv"] = [base.get(s, 0) for s in sizes]
+    _bars(ax, labels, series, "GB/s")
+    ax.set_title("a lease of a peer's pages onto this GPU, by route")
+    return fig
+
+
 PLOTS: Dict[str, Callable[[Doc], Any]] = {
     "migrate": migrate, "pager": pager, "remote": remote, "local": local, "storage": storage, "trace": trace,
-    "status": status, "sweep": sweep,
+    "status": status, "sweep": sweep, "lease-routes": lease_routes,
 }
 
 
@@ -223,6 +241,8 @@ def scenario(d: Any) -> Optional[str]:
     # Older results without a name, by their shape.
     if "iperf3_gbit_s" in d:
         return "remote"
+    if "nccl_baseline" in d and "rows" in d:
+        return "lease-routes"
     return None
 
 

@@ -201,7 +201,10 @@ pub fn run(args: &LeaseRoutesArgs, command_line: &str) -> Result<(), String> {
             md.push_str(&format!("| NCCL send/recv (baseline) | {} | {g:.2} | | 1.00 | |\n", ByteSize(*s)));
         }
     }
+    let (date, _) = report::now_stamps();
     let json = json!({
+        "benchmark": "lease-routes",
+        "date": date,
         "command": command_line,
         "device": device,
         "rows": rows.iter().map(|r| json!({

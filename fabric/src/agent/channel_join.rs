@@ -23,7 +23,8 @@ impl Agent {
         if let Some(known) = channels.to(peer, gpu) {
             return known;
         }
-        let _one = channels.joining.lock().await;
+        let one = channels.join_lock(peer, gpu);
+        let _one = one.lock().await;
         if let Some(known) = channels.to(peer, gpu) {
             return known;
         }
@@ -67,9 +68,17 @@ impl Agent {
     }
 
     /// Joins, as rank 1, the channel `peer` made (`Message::ChannelJoin`), on this node's first GPU.
-    pub(crate) async fn join_peer_channel(&self, peer: u16, link: u64, id: &[u8]) -> Result<Message, FabricError> {
+    pub(crate) async fn join_peer_channel(
+        &self,
+        peer: u16,
+        (link, their_gpu): (u64, u16),
+        id: &[u8],
+    ) -> Result<Message, FabricError> {
         let id = ChannelId::from_bytes(id)
             .ok_or(ProtocolError::BadField { field: "ChannelJoin.id's length", value: id.len() as u64 })?;
+        let Some(_place) = self.shared.channels.join_from(peer) else {
+            return Err(FabricError::Unavailable(format!("a join of node {peer} is running already")));
+        };
         let f = self.shared.fabric.clone();
         let gpu = f.devices().into_iter().find_map(|l| match l {
             Location::Gpu(g) => Some(g),
@@ -81,7 +90,7 @@ impl Agent {
             .map_err(|_| FabricError::Internal("a channel's join thread failed"))?
             // No NCCL here, or the join failed: the peer's pages go by QUIC, and it says why.
             .map_err(|e| FabricError::Unavailable(format!("node {} cannot join the channel: {e}", self.node())))?;
-        self.shared.channels.accept(peer, link, channel, gpu);
+        self.shared.channels.accept(peer, link, their_gpu, channel, gpu);
         tracing::info!(peer, link, gpu, "a peer joined an NCCL channel: its leases' pages move GPU to GPU");
         Ok(Message::Done)
     }

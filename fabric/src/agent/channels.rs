@@ -13,6 +13,10 @@ use vfabric_transport::PeerChannel;
 
 /// One end of a channel, used by one lease at a time.
 pub(crate) type SharedChannel = Arc<tokio::sync::Mutex<Box<dyn PeerChannel>>>;
+/// What keeps joins to one peer from one GPU one at a time.
+type JoinLock = Arc<tokio::sync::Mutex<()>>;
+/// A channel's end held by one lease (movable to the thread that waits on it).
+pub(crate) type OwnedChannel = tokio::sync::OwnedMutexGuard<Box<dyn PeerChannel>>;
 
 /// How long after a failed join a new one is tried.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -24,10 +28,12 @@ pub(crate) fn exchange_timeout(bytes: u64) -> Duration {
     Duration::from_secs(30) + Duration::from_secs(bytes / (100 << 20))
 }
 
-/// A channel a peer joined to reach this node: its end here, the GPU it is on, and when it was joined.
+/// A channel a peer joined to reach this node: its end here, the GPU it is on, the peer's GPU at the other end,
+/// and when it was joined.
 struct Inbound {
     channel: SharedChannel,
     gpu: u16,
+    their_gpu: u16,
     at: Instant,
 }
 
@@ -50,8 +56,22 @@ pub(crate) struct Channels {
     outbound: Mutex<HashMap<(u16, u16), Outbound>>,
     /// From peers, by (peer, the peer's link).
     inbound: Mutex<HashMap<(u16, u64), Inbound>>,
-    /// Joins one at a time (they are rare, and two at once to one peer would both wait for its answer).
-    pub(crate) joining: tokio::sync::Mutex<()>,
+    /// One join at a time for each peer and GPU of this node (two at once would both wait for the peer).
+    joining: Mutex<HashMap<(u16, u16), JoinLock>>,
+    /// Peers whose join into this node is running: one at a time each (a join holds a thread for up to 30 s).
+    joining_from: Mutex<std::collections::HashSet<u16>>,
+}
+
+/// A peer's join into this node, running: let go of its place when it ends.
+pub(crate) struct JoinFrom<'a> {
+    channels: &'a Channels,
+    peer: u16,
+}
+
+impl Drop for JoinFrom<'_> {
+    fn drop(&mut self) {
+        lock(&self.channels.joining_from).remove(&self.peer);
+    }
 }
 
 /// `m`'s guard, also after a panic while it was held.
@@ -60,6 +80,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Channels {
+    /// The lock that keeps joins to `peer` from this node's `gpu` one at a time.
+    pub(crate) fn join_lock(&self, peer: u16, gpu: u16) -> JoinLock {
+        Arc::clone(lock(&self.joining).entry((peer, gpu)).or_default())
+    }
+
+    /// A place for `peer`'s join into this node, unless one of its joins is running already.
+    pub(crate) fn join_from(&self, peer: u16) -> Option<JoinFrom<'_>> {
+        lock(&self.joining_from).insert(peer).then_some(JoinFrom { channels: self, peer })
+    }
+
     /// The channel to `peer` from `gpu` as known now: ready, failed lately (why), or `None` (join one).
     pub(crate) fn to(&self, peer: u16, gpu: u16) -> Option<Result<Link, String>> {
         match lock(&self.outbound).get(&(peer, gpu)) {
@@ -98,9 +128,11 @@ impl Channels {
         }
     }
 
-    /// Keeps a channel `peer` joined as `link` (its oldest goes when it holds [`PER_PEER`] already).
-    pub(crate) fn accept(&self, peer: u16, link: u64, channel: Box<dyn PeerChannel>, gpu: u16) {
+    /// Keeps a channel `peer` joined as `link` from its GPU `their_gpu`: it replaces the one that peer joined
+    /// from that GPU before (the peer retired it), and the peer's oldest goes when it holds [`PER_PEER`].
+    pub(crate) fn accept(&self, peer: u16, link: u64, their_gpu: u16, channel: Box<dyn PeerChannel>, gpu: u16) {
         let mut inbound = lock(&self.inbound);
+        inbound.retain(|(p, _), c| !(*p == peer && c.their_gpu == their_gpu));
         let theirs: Vec<(u64, Instant)> =
             inbound.iter().filter(|((p, _), _)| *p == peer).map(|((_, l), c)| (*l, c.at)).collect();
         if theirs.len() >= PER_PEER {
@@ -109,7 +141,7 @@ impl Channels {
             }
         }
         let channel = Arc::new(tokio::sync::Mutex::new(channel));
-        inbound.insert((peer, link), Inbound { channel, gpu, at: Instant::now() });
+        inbound.insert((peer, link), Inbound { channel, gpu, their_gpu, at: Instant::now() });
     }
 
     /// The channel `peer` joined as `link`, and the GPU of this end.

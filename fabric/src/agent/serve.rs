@@ -10,7 +10,7 @@ use super::lane_use::{pages_of, BULK};
 use super::replication::{Kept, Replication};
 use super::serve_channel::{grant_by_channel, AcquireBy};
 use super::serve_pages::{abandon, grant, home_region, receive_write, send_read, take_back};
-use super::shared::{in_place, Agent, Shared};
+use super::shared::{in_place, Agent, RemoteGrant, Shared};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::{FabricError, ProtocolError};
 use crate::fabric::Lease;
@@ -82,12 +82,18 @@ async fn serve_connection(agent: Agent, conn: quinn::Connection) {
     }
     // The leases granted over this connection end with it (the peer releases each over the connection it came
     // by; its other lanes' connections keep theirs).
-    let gone: Vec<Lease> = {
+    let gone: Vec<RemoteGrant> = {
         let mut grants = agent.grants();
         let id = conn.stable_id();
         let ids: Vec<u64> = grants.iter().filter(|(_, g)| g.connection == id).map(|(k, _)| *k).collect();
-        ids.into_iter().filter_map(|k| grants.remove(&k)).map(|g| g.lease).collect()
+        ids.into_iter().filter_map(|k| grants.remove(&k)).collect()
     };
+    // Those a channel still sends from, once the send ends.
+    let mut leases: Vec<Lease> = Vec::with_capacity(gone.len());
+    for g in gone {
+        leases.push(g.sent().await);
+    }
+    let gone = leases;
     if !gone.is_empty() {
         tracing::warn!(peer = %name, leases = gone.len(), "connection closed: releasing the leases it held");
         let _ = in_place(|| gone.into_iter().try_for_each(|l| agent.shared.fabric.release(l)));
@@ -265,7 +271,7 @@ async fn answer(
             let ask = AcquireBy { link, region: &region, offset, len, mode, cached, runs: &runs };
             return grant_by_channel(agent, (peer, connection, request), ask, &mut send).await;
         }
-        Message::ChannelJoin { link, id, gpu: _ } => agent.join_peer_channel(peer, link, &id).await,
+        Message::ChannelJoin { link, id, gpu } => agent.join_peer_channel(peer, (link, gpu), &id).await,
         Message::Release { lease } => take_back(agent, peer, lease, &mut recv).await,
         Message::Abandon { request } => {
             abandon(agent, peer, request);

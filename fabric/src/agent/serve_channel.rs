@@ -3,12 +3,14 @@
 //! (pieces that fit both ends' memory, and the sums) and the pages follow over the channel. The channel is held
 //! from the sums to the last send, so leases on one channel never interleave.
 
+use std::sync::Arc;
+
 use vfabric_transport::{Location, PeerTransfer};
 
 use super::channel_pieces::{page_addresses, pieces, runs_of, spans};
 use super::channels::exchange_timeout;
 use super::serve_pages::{lease_for_peer, let_go, record_grant};
-use super::shared::{in_place, Agent};
+use super::shared::Agent;
 use crate::error::{FabricError, ProtocolError};
 use crate::proto::codec::write_frame;
 use crate::proto::convert::refusal;
@@ -64,12 +66,25 @@ pub(crate) async fn grant_by_channel(
             return Ok(());
         }
     };
-    // From the sums to the last send, the channel is this lease's.
-    let mut ch = channel.lock_owned().await;
-    let sums = match unchanged {
-        true => Ok(Vec::new()),
-        // SAFETY: the addresses are the lease's pages on the channel's GPU, which stay there while it is held.
-        false => in_place(|| Ok(unsafe { ch.page_sums(&addrs, ps) }?)),
+    // From the sums to the last send, the channel is this lease's; the waits run on a thread of their own (a
+    // single-threaded runtime must keep driving the connection meanwhile).
+    let ch = channel.lock_owned().await;
+    let (ch, sums) = match unchanged {
+        true => (ch, Ok(Vec::new())),
+        false => {
+            let a = addrs.clone();
+            let summed = tokio::task::spawn_blocking(move || {
+                let mut ch = ch;
+                // SAFETY: the addresses are the lease's pages on the channel's GPU; the lease is held by this
+                // call (not yet granted, so no one else can end it) until the sums are in.
+                let r = unsafe { ch.page_sums(&a, ps) };
+                (ch, r)
+            });
+            match summed.await {
+                Ok(done) => done,
+                Err(_) => return Ok(()),
+            }
+        }
     };
     let sums = match sums {
         Ok(s) => s,
@@ -86,11 +101,16 @@ pub(crate) async fn grant_by_channel(
     let id = agent.shared.next_grant.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let granted =
         Message::ChannelGranted { lease: id, first_page, pages, version, unchanged, pieces: cut.clone(), sums };
-    if !record_grant(agent, (peer, connection, request), id, lease) {
+    // Whoever ends the lease while its pages are being sent (the peer's release or abandon, its connection
+    // closing) waits for the send to end first.
+    let busy = Arc::new(tokio::sync::Mutex::new(()));
+    let sending = Arc::clone(&busy).lock_owned().await;
+    if !record_grant(agent, (peer, connection, request), id, (lease, Some(busy))) {
         abort(send);
         return Ok(());
     }
     if write_frame(send, &granted, max).await.is_err() {
+        drop(sending);
         let_go(agent, id);
         return Ok(());
     }
@@ -102,12 +122,19 @@ pub(crate) async fn grant_by_channel(
     let sends: Vec<PeerTransfer> =
         spans(&cut).map(|(first, n)| PeerTransfer { ptr: addrs[first], len: n * ps as usize, peer: 0 }).collect();
     let timeout = exchange_timeout(pages * ps);
-    // SAFETY: each piece lies within one run of the lease's frames (`pieces`), on the channel's GPU, held until
-    // the peer releases the lease, which it cannot before its receive ends (or fails, and so does this send).
-    let sent = in_place(|| Ok(unsafe { ch.exchange(&sends, &[], timeout) }?));
-    if let Err(e) = sent {
+    let sent = tokio::task::spawn_blocking(move || {
+        let mut ch = ch;
+        // SAFETY: each piece lies within one run of the lease's frames (`pieces`), on the channel's GPU; the
+        // lease stays granted until the send ends (`sending`, dropped after it).
+        let r = unsafe { ch.exchange(&sends, &[], timeout) };
+        if r.is_err() {
+            ch.abort();
+        }
+        drop(sending);
+        r
+    });
+    if let Ok(Err(e)) = sent.await {
         tracing::warn!(peer, link = ask.link, lease = id, error = %e, "sending a lease's pages over a channel failed");
-        drop(ch);
         agent.shared.channels.forget(peer, ask.link);
         let_go(agent, id);
     }

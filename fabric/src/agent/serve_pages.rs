@@ -66,7 +66,7 @@ pub(crate) async fn grant(
     let piece_len = ps.min(agent.shared.net.chunk.bytes().max(1));
     let (start, total, pages_of_lease) = (lease.offset(), lease.len(), lease.pages());
     // Recorded before the answer goes: the peer may release the lease as soon as its pages are in.
-    if !record_grant(agent, (peer, connection, request), id, lease) {
+    if !record_grant(agent, (peer, connection, request), id, (lease, None)) {
         abort(send);
         return Ok(());
     }
@@ -102,7 +102,7 @@ pub(crate) fn record_grant(
     agent: &Agent,
     (peer, connection, request): (u16, usize, Option<u64>),
     id: u64,
-    lease: Lease,
+    (lease, sending): (Lease, Option<std::sync::Arc<tokio::sync::Mutex<()>>>),
 ) -> bool {
     let abandoned = {
         let mut grants = agent.grants();
@@ -113,7 +113,7 @@ pub(crate) fn record_grant(
                 Some(lease)
             }
             None => {
-                grants.insert(id, RemoteGrant { peer, connection, request, lease });
+                grants.insert(id, RemoteGrant { peer, connection, request, lease, sending });
                 None
             }
         }
@@ -166,11 +166,26 @@ pub(crate) fn abandon(agent: &Agent, peer: u16, request: u64) {
             }
             gone.push_back((peer, request));
         }
-        ids.into_iter().filter_map(|k| grants.remove(&k)).map(|g| g.lease).collect()
+        ids.into_iter().filter_map(|k| grants.remove(&k)).collect()
     };
-    for lease in leases {
-        if let Err(e) = in_place(|| agent.shared.fabric.release(lease)) {
-            tracing::warn!(peer, request, error = %e, "releasing the lease of an abandoned request");
+    for grant in leases {
+        let release = |lease| {
+            if let Err(e) = in_place(|| agent.shared.fabric.release(lease)) {
+                tracing::warn!(peer, request, error = %e, "releasing the lease of an abandoned request");
+            }
+        };
+        match grant.sending {
+            None => release(grant.lease),
+            // A channel still sends from its pages: let go once the send ends.
+            Some(_) => {
+                let a = agent.clone();
+                tokio::spawn(async move {
+                    let lease = grant.sent().await;
+                    if let Err(e) = in_place(|| a.shared.fabric.release(lease)) {
+                        tracing::warn!(peer, request, error = %e, "releasing the lease of an abandoned request");
+                    }
+                });
+            }
         }
     }
 }
@@ -186,11 +201,12 @@ pub(crate) async fn take_back(
     let held = {
         let mut grants = agent.grants();
         match grants.get(&id) {
-            Some(g) if g.peer == peer => grants.remove(&id).map(|g| g.lease),
+            Some(g) if g.peer == peer => grants.remove(&id),
             _ => None,
         }
     };
-    let lease = held.ok_or(FabricError::UnknownLease(id))?;
+    // A lease a channel still sends from ends once the send does.
+    let lease = held.ok_or(FabricError::UnknownLease(id))?.sent().await;
     // All of a write-back arrives (each chunk verified) before any of it is written: a release that fails
     // midway leaves the pages as they were before the lease.
     let mut data = vec![0u8; if lease.mode() == Mode::Write { lease.len() as usize } else { 0 }];

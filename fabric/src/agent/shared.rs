@@ -96,6 +96,19 @@ pub(crate) struct RemoteGrant {
     /// The peer's id of the request that was granted (`Message::Traced`), which an `Abandon` names.
     pub(crate) request: Option<u64>,
     pub(crate) lease: Lease,
+    /// Held while a channel still sends from the lease's pages (`super::serve_channel`): whoever ends the lease
+    /// waits for it first ([`RemoteGrant::sent`]), so that its frames are not reused under the send.
+    pub(crate) sending: Option<Arc<Mutex<()>>>,
+}
+
+impl RemoteGrant {
+    /// The lease, once no channel sends from its pages any more.
+    pub(crate) async fn sent(self) -> Lease {
+        if let Some(s) = &self.sending {
+            drop(s.lock().await);
+        }
+        self.lease
+    }
 }
 
 impl Agent {

@@ -61,6 +61,10 @@ pub trait PeerChannel: Send {
         timeout: Duration,
     ) -> Result<(), DeviceError>;
 
+    /// Aborts the channel now (its work ends, every later call is refused): what an end does when it can no
+    /// longer tell whether the other end's calls pair with its own.
+    fn abort(&mut self);
+
     /// The sum of each page of `page_len` bytes at the device addresses `pages` (a multiple of 16 bytes), as
     /// [`super::page_sum::page_sum`] gives for the same bytes.
     ///

@@ -223,6 +223,10 @@ impl PeerChannel for PeerComm {
         self.rank
     }
 
+    fn abort(&mut self) {
+        let _ = PeerComm::abort(self, DeviceError::ChannelBroken);
+    }
+
     unsafe fn exchange(
         &mut self,
         sends: &[PeerTransfer],
