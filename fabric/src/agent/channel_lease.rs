@@ -123,6 +123,11 @@ impl Agent {
             runs: runs.clone(),
         };
         let held = link.channel.lock_owned().await;
+        // A lease before this one may have retired the channel while this one waited for it.
+        if !self.shared.channels.current(home, asked.gpu, link.link) {
+            let why = format!("the NCCL channel with node {home} was retired");
+            return Err(ByChannel::Failed(FabricError::Unavailable(why)));
+        }
         let turn = InTurn { agent: self, home, gpu: asked.gpu, link: link.link, channel: Some(held) };
         let request = self.request_id();
         let in_flight = RequestInFlight::new(self, home, lane.lane, request);

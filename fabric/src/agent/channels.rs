@@ -99,6 +99,11 @@ impl Channels {
         }
     }
 
+    /// Whether `link` is still the channel from `gpu` to `peer` (not retired since it was taken).
+    pub(crate) fn current(&self, peer: u16, gpu: u16, link: u64) -> bool {
+        matches!(lock(&self.outbound).get(&(peer, gpu)), Some(Outbound::Ready { link: l, .. }) if *l == link)
+    }
+
     /// Whether a channel joins this node's `gpu` and `peer` now.
     pub(crate) fn ready(&self, peer: u16, gpu: u16) -> bool {
         matches!(lock(&self.outbound).get(&(peer, gpu)), Some(Outbound::Ready { .. }))
