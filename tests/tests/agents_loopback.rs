@@ -179,13 +179,7 @@ fn strangers_and_protocol_breakers_are_cut_off() {
         let ep = quic::endpoint("127.0.0.1:0".parse().expect("addr"), &id, &QuicSettings::default()).expect("endpoint");
         let conn = quic::connect(&ep, a[1].local_addr(), "n1").await.expect("connect");
         let (mut s, mut rcv) = conn.open_bi().await.expect("stream");
-        let hello = Message::Hello {
-            cluster: "loop".into(),
-            node: 0,
-            protocol: vfabric::proto::PROTOCOL_VERSION,
-            lanes: cfg.network.lanes,
-            latency_lane: cfg.network.latency_lane,
-        };
+        let hello = member_hello(&cfg);
         write_frame(&mut s, &hello, 1 << 20).await.expect("hello");
         s.finish().expect("finish");
         let welcome = vfabric::proto::read_frame(&mut rcv, 1 << 20).await.expect("welcome");
@@ -264,6 +258,17 @@ fn strangers_and_protocol_breakers_are_cut_off() {
     });
 }
 
+/// The hello of node n0 of `cfg`'s cluster, as a member says it.
+fn member_hello(cfg: &vfabric::ClusterConfig) -> Message {
+    Message::Hello {
+        cluster: "loop".into(),
+        node: 0,
+        protocol: vfabric::proto::PROTOCOL_VERSION,
+        lanes: cfg.network.lanes,
+        latency_lane: cfg.network.latency_lane,
+    }
+}
+
 /// One request on its own stream of `conn`, and the answer.
 async fn ask(conn: &quinn::Connection, msg: &Message) -> Message {
     let (mut s, mut rcv) = conn.open_bi().await.expect("stream");
@@ -286,13 +291,7 @@ fn channel_requests_a_home_cannot_serve_are_refused_with_a_reason() {
         let id = ca.issue("n0").expect("cert");
         let ep = quic::endpoint("127.0.0.1:0".parse().expect("addr"), &id, &QuicSettings::default()).expect("endpoint");
         let conn = quic::connect(&ep, a[1].local_addr(), "n1").await.expect("connect");
-        let hello = Message::Hello {
-            cluster: "loop".into(),
-            node: 0,
-            protocol: vfabric::proto::PROTOCOL_VERSION,
-            lanes: cfg.network.lanes,
-            latency_lane: cfg.network.latency_lane,
-        };
+        let hello = member_hello(&cfg);
         assert!(matches!(ask(&conn, &hello).await, Message::Welcome { node: 1, .. }));
         let refused = |m: Message, kind: ErrorKind, says: &str| match m {
             Message::Error { kind: k, message } if k == kind && message.contains(says) => {}
