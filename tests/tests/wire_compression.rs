@@ -53,3 +53,54 @@ fn sparse_pages_cross_the_wire_packed() {
         }
     });
 }
+
+/// Without `network.compression`, a region allocated with a lossless compression still crosses the wire
+/// packed: the node that allocated it packs what it writes, and its home packs its answers to reads and the
+/// pages of a lease. A region stored as it is goes whole.
+#[test]
+fn a_lossless_region_crosses_the_wire_packed_on_its_own() {
+    runtime().block_on(async {
+        let cfg = config(2);
+        assert_eq!(cfg.network.compression, vfabric::Compression::None, "the network packs nothing");
+        let ca = ClusterCa::generate("loop").expect("ca");
+        let a = cluster(&cfg, &ca).await;
+        let len = 8usize << 20;
+        let kept = vfabric::agent::Kept {
+            device: Some(Location::Gpu(0)),
+            compression: vfabric::Compression::Zstd,
+            ..Default::default()
+        };
+        let packed = a[0].alloc_with(1, len as u64, kept, 1).await.expect("remote alloc, zstd");
+        let plain = a[0].alloc(1, len as u64, Some(Location::Gpu(0))).await.expect("remote alloc");
+        let mut sparse = vec![0u8; len];
+        for (i, w) in sparse.chunks_mut(4096).enumerate() {
+            w[..8].copy_from_slice(&(i as u64 * 3 + 5).to_le_bytes());
+        }
+        let before = (sent(&a[0]).await, sent(&a[1]).await);
+        a[0].write(&packed, 0, &sparse).await.expect("remote write");
+        let mut back = vec![0u8; len];
+        a[0].read(&packed, 0, &mut back).await.expect("remote read");
+        assert!(back == sparse, "the sparse region read back");
+        let (out, answers) = (sent(&a[0]).await - before.0, sent(&a[1]).await - before.1);
+        assert!(out < len as u64 / 8, "the write sent {out} bytes for {len}");
+        assert!(answers < len as u64 / 8, "the read's answer sent {answers} bytes for {len}");
+        // A lease's pages come from the home packed too, and land whole.
+        let before = sent(&a[1]).await;
+        let lease = a[0].acquire(&packed, 0..len as u64, Location::Gpu(0), vfabric::Mode::Read).await.expect("lease");
+        let leased = sent(&a[1]).await - before;
+        assert!(leased < len as u64 / 8, "the lease's pages took {leased} bytes for {len}");
+        let mut through = vec![0u8; len];
+        lease.local().expect("a lease here").read(0, &mut through).expect("read through the lease");
+        assert!(through == sparse, "the leased pages are the region's");
+        a[0].release(lease).await.expect("release");
+        // The same pages in a region stored as they are cross whole.
+        let before = sent(&a[0]).await;
+        a[0].write(&plain, 0, &sparse).await.expect("remote write");
+        assert!(sent(&a[0]).await - before >= len as u64, "a plain region's pages are sent whole");
+        a[0].read(&plain, 0, &mut back).await.expect("remote read");
+        assert!(back == sparse, "the plain region read back");
+        for x in &a {
+            x.shutdown().await;
+        }
+    });
+}

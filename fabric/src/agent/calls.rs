@@ -67,10 +67,14 @@ impl Agent {
                 let (mut send, mut recv) = conn.open_bi().await?;
                 self.open_request(&mut send, id, msg).await?;
                 let chunk = self.shared.net.chunk.bytes() as usize;
+                let packs = match msg {
+                    Message::Write { region, .. } => self.packs_pages_of(&Region::from(region)),
+                    _ => self.packs(),
+                };
                 let mut stopped = false;
                 for (i, piece) in payload.chunks(chunk).enumerate() {
                     let bytes = self.shared.buffers.copy_of(piece).into_bytes();
-                    match send_chunk(&mut send, (i * chunk) as u64, bytes, self.packs()).await {
+                    match send_chunk(&mut send, (i * chunk) as u64, bytes, packs).await {
                         Ok(()) => {}
                         // The peer answered before taking the payload (a refusal: the region moved, is out of
                         // bounds, ...) and stopped the stream: its answer says why.

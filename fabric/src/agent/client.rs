@@ -69,6 +69,7 @@ impl Agent {
             }
         };
         self.forget_hint(region);
+        super::shared::lock(&self.shared.lossless).remove(&region.addr);
         freed
     }
 

@@ -4,7 +4,7 @@
 
 use super::calls::ReadInto;
 use super::replication::{Kept, Replication};
-use super::shared::{in_place, Agent};
+use super::shared::{in_place, lock, Agent};
 use crate::directory::RegionHandle as Region;
 use crate::error::FabricError;
 use crate::proto::convert::{self, unexpected};
@@ -39,7 +39,13 @@ impl Agent {
             priority: convert::priority_number(kept.priority),
         };
         match self.call(node, &msg, &[]).await? {
-            Message::Allocated { region } => Ok(Region::from(&region)),
+            Message::Allocated { region } => {
+                let region = Region::from(&region);
+                if kept.compression.is_lossless() {
+                    lock(&self.shared.lossless).insert(region.addr);
+                }
+                Ok(region)
+            }
             other => Err(unexpected(node, &other)),
         }
     }

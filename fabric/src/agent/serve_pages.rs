@@ -58,6 +58,7 @@ pub(crate) async fn grant(
     let ps = f.page_size();
     let pages = lease.len() / ps;
     let first_page = lease.offset() / ps;
+    let packs = agent.packs_pages_of(&lease.region());
     let unchanged = cached == Some(version);
     let id = agent.shared.next_grant.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let granted = Message::Granted { lease: id, first_page, pages, version, unchanged };
@@ -81,7 +82,7 @@ pub(crate) async fn grant(
                 return Err(());
             }
             let n = piece.as_ref().len() as u64;
-            send_chunk(send, start + at, piece.into_bytes(), agent.packs()).await.map_err(|_| ())?;
+            send_chunk(send, start + at, piece.into_bytes(), packs).await.map_err(|_| ())?;
             at += n;
         }
         Ok(())
@@ -279,6 +280,7 @@ pub(crate) async fn send_read(
     // The first piece is read before answering, so that a refused read gets an error, not a truncated stream.
     // Each piece is read into a pooled buffer that quinn then sends without another copy.
     let chunk = agent.shared.net.chunk.bytes();
+    let packs = agent.packs_pages_of(&r);
     let mut at = offset;
     while at < end {
         let mut piece = agent.shared.buffers.take(chunk.min(end - at) as usize);
@@ -299,7 +301,7 @@ pub(crate) async fn send_read(
             return Ok(());
         }
         let n = piece.as_ref().len() as u64;
-        if send_chunk(send, at, piece.into_bytes(), agent.packs()).await.is_err() {
+        if send_chunk(send, at, piece.into_bytes(), packs).await.is_err() {
             return Ok(());
         }
         at += n;

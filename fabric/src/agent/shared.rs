@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     /// Every region that holds a copy of another node's pages for a lease here (in use, or kept in `replicas`):
     /// private to this node, which no caller names and a leaving node does not hand over.
     pub(crate) private: std::sync::Mutex<std::collections::HashSet<Region>>,
+    /// Other nodes' regions this node allocated with a lossless compression: what it writes to them crosses the
+    /// wire packed, as their homes' answers do, whatever `network.compression` says.
+    pub(crate) lossless: std::sync::Mutex<std::collections::HashSet<vfabric_allocator::GlobalAddr>>,
     /// Forwarding entries of this node's regions whose pages moved to another node.
     pub(crate) moves: Moves,
     /// Payload buffers for the chunks this agent sends (back from quinn once acknowledged).
@@ -187,9 +190,25 @@ impl Agent {
         self.shared.net.max_frame.bytes() as usize
     }
 
-    /// Whether this node packs the page payload it sends (`network.compression = "lz4"`).
+    /// Whether this node packs every page payload it sends (`network.compression = "lz4"`).
     pub(crate) fn packs(&self) -> bool {
         self.shared.net.compression == vfabric_allocator::Compression::Lz4
+    }
+
+    /// Whether the pages of `region` this node sends cross the wire packed: every payload when
+    /// `network.compression = "lz4"`, and otherwise those of a region whose own compression is lossless (`lz4`,
+    /// `zstd`: the region asked for its pages to be packed wherever they leave a GPU). The home knows each of its
+    /// regions' compression; another node knows it of the regions it allocated itself. (The wire's packing is
+    /// LZ4 whatever the region's codec: zstd at a few hundred MB/s a core would hold back a link of several
+    /// GB/s.)
+    pub(crate) fn packs_pages_of(&self, region: &Region) -> bool {
+        if self.packs() {
+            return true;
+        }
+        if self.is_me(region.addr.node().0) {
+            return self.shared.fabric.compression_of(region).is_ok_and(|c| c.is_lossless());
+        }
+        lock(&self.shared.lossless).contains(&region.addr)
     }
 
     /// Whether `node` is this node.
