@@ -8,8 +8,13 @@
 //! - no page is lost (every page of every live region reads back right after every operation);
 //! - no leased page is ever moved or evicted (a lease's frames keep its bytes until it is released);
 //! - the directory's own tables stay consistent (`check_invariants`).
+//!
+//! The storage tier's frames keep the checksum written with each page, and some operations corrupt a stored page
+//! (its token changes, its sum does not, as on a bad drive): a stage that reads it fails its checksum and is
+//! aborted, reads of that page fail with the corruption (or find a right copy elsewhere), and no read ever sees
+//! the corrupted token; every other page reads right.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 use vfabric::directory::{
@@ -17,7 +22,9 @@ use vfabric::directory::{
     Stage, StageKind, Step, HINT_DEPTH, PREFETCH_DEPTH, STAGING_DEPTH,
 };
 use vfabric_allocator::{Compression, Element, PageSize};
+use vfabric_transport::storage::StorageError;
 use vfabric_transport::Location;
+use xxhash_rust::xxh3::xxh3_64;
 
 const PAGE: u64 = 64 << 10;
 const DEVICES: [(Location, u64); 3] =
@@ -87,6 +94,11 @@ enum Op {
     },
     /// The prefetch in flight completes.
     Settle,
+    /// A bad drive changes a page's copy on the storage tier (if it has one) without its checksum.
+    Corrupt {
+        region: usize,
+        page: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -107,14 +119,17 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..3, 1u32..5).prop_map(|(device, pages)| Op::Reserve { device, pages }),
         1 => (0usize..4).prop_map(|index| Op::Unreserve { index }),
         1 => Just(Op::Settle),
+        1 => (0usize..8, 0u32..6).prop_map(|(region, page)| Op::Corrupt { region, page }),
     ]
 }
 
-/// Why a simulated operation failed: the directory refused it, or one of its stages' copies failed (simulated).
+/// Why a simulated operation failed: the directory refused it, one of its stages' copies failed (simulated), or
+/// a page read from the storage tier failed its checksum (a stage's copy, or a host read).
 #[derive(Debug)]
 enum SimError {
     Dir(DirectoryError),
     CopyFailed,
+    Corrupt(StorageError),
 }
 
 impl From<DirectoryError> for SimError {
@@ -128,6 +143,7 @@ impl std::fmt::Display for SimError {
         match self {
             SimError::Dir(e) => write!(f, "{e}"),
             SimError::CopyFailed => write!(f, "simulated copy failure"),
+            SimError::Corrupt(e) => write!(f, "{e}"),
         }
     }
 }
@@ -162,6 +178,13 @@ struct Sim {
     lossy: bool,
     /// Whether the node has a packed tier of fp32 slots.
     f32_tier: bool,
+    /// The checksum written with each storage frame's token.
+    sums: HashMap<u32, u64>,
+    /// Pages whose copy on the storage tier was corrupted since they were last written: only their reads (and
+    /// the operations that bring them up) may fail with the corruption.
+    lost: HashSet<(u32, u64, u32)>,
+    /// Stages failed (and aborted) because a page they read from the storage tier failed its checksum.
+    corruptions: u64,
 }
 
 /// The host memory frames a stage brought pages to from a GPU, which the fabric packs for the compressed tier:
@@ -183,7 +206,7 @@ impl Sim {
     /// destination frames get garbage, and the stage is aborted.
     fn run(&mut self, stage: Stage) -> Result<(), SimError> {
         let fail = self.next_fails();
-        self.copy(&stage, fail);
+        let corrupt = self.copy(&stage, fail);
         if stage.kind == StageKind::Fetch {
             self.fetches += 1;
         }
@@ -192,6 +215,11 @@ impl Sim {
         }
         if stage.kind == StageKind::Compact {
             self.compacted += stage.pages() as u64;
+        }
+        if let Some(e) = corrupt {
+            self.corruptions += 1;
+            self.dir.abort(stage);
+            return Err(SimError::Corrupt(e));
         }
         if fail {
             self.dir.abort(stage);
@@ -227,7 +255,7 @@ impl Sim {
             if self.dir.compressible(frame).map(|c| c.0) != Some(page) {
                 continue;
             }
-            self.mem.insert((Location::Compressed, start), v);
+            self.put((Location::Compressed, start), v);
             self.dir.place_compressed(frame, page, start, blocks).expect("placing a page in the compressed tier");
             self.packed += 1;
         }
@@ -238,8 +266,39 @@ impl Sim {
         self.fail_every > 0 && self.stages % self.fail_every == 0
     }
 
-    /// The stage's copies and fills, or garbage in its frames when it fails.
-    fn copy(&mut self, stage: &Stage, fail: bool) {
+    /// Writes a token to a frame; on the storage tier with its checksum, as the fabric's file I/O does.
+    fn put(&mut self, at: (Location, u32), v: u64) {
+        self.mem.insert(at, v);
+        if at.0 == Location::Storage {
+            self.sums.insert(at.1, xxh3_64(&v.to_le_bytes()));
+        }
+    }
+
+    /// The token a frame holds; read from the storage tier, checked against the sum written with it.
+    fn fetch(&self, at: (Location, u32)) -> Result<u64, StorageError> {
+        let v = self.mem.get(&at).copied().unwrap_or(0xDEAD);
+        match self.sums.get(&at.1) {
+            Some(&expected) if at.0 == Location::Storage => {
+                let found = xxh3_64(&v.to_le_bytes());
+                match found == expected {
+                    true => Ok(v),
+                    false => Err(StorageError::Corrupt { slot: u64::from(at.1), expected, found }),
+                }
+            }
+            _ => Ok(v),
+        }
+    }
+
+    /// The stage's copies and fills, or garbage in its frames when it fails, or when a page it reads from the
+    /// storage tier fails its checksum (which is returned: the stage fails with it).
+    fn copy(&mut self, stage: &Stage, fail: bool) -> Option<StorageError> {
+        let corrupt = stage
+            .batches
+            .iter()
+            .filter(|b| b.from == Location::Storage)
+            .flat_map(|b| b.moves.iter().map(|m| (b.from, m.src)))
+            .find_map(|at| self.fetch(at).err());
+        let fail = fail || corrupt.is_some();
         let mut writes = Vec::new();
         for b in &stage.batches {
             // The storage tier is reached through host memory only (or the packed tier): the fabric's file I/O
@@ -274,8 +333,9 @@ impl Sim {
             writes.push(((loc, f), if fail { 0xBAD } else { 0 }));
         }
         for (k, v) in writes {
-            self.mem.insert(k, v);
+            self.put(k, v);
         }
+        corrupt
     }
 
     /// Starts the prefetches the directory asks for after an acquire, each copying now or at settle time.
@@ -300,6 +360,7 @@ impl Sim {
                 }
                 Ok(None) | Err(SimError::Dir(DirectoryError::OutOfMemory { .. })) => return,
                 Err(SimError::CopyFailed) => return,
+                Err(SimError::Corrupt(_)) if self.lost_in(h, 0, u32::MAX) => return,
                 Err(e) => panic!("prefetch: {e}"),
             }
         }
@@ -307,13 +368,14 @@ impl Sim {
 
     /// Starts a stage that stays in flight: its copies are made now or when it settles, and may fail.
     fn start(&mut self, stage: Stage) {
-        let fail = self.next_fails();
+        let mut fail = self.next_fails();
         let late = self.stages % 2 == 0;
         self.prefetched += stage.pages() as u64;
         self.staged +=
             stage.batches.iter().filter(|b| b.from == Location::Storage).map(|b| b.moves.len() as u64).sum::<u64>();
-        if !late {
-            self.copy(&stage, fail);
+        if !late && self.copy(&stage, fail).is_some() {
+            self.corruptions += 1;
+            fail = true;
         }
         self.prefetch.push_back((stage, fail, late));
     }
@@ -335,6 +397,7 @@ impl Sim {
                 self.start(stage);
             }
             Ok(None) | Err(SimError::Dir(DirectoryError::OutOfMemory { .. })) | Err(SimError::CopyFailed) => {}
+            Err(SimError::Corrupt(_)) if self.lost_in(&h, page, pages) => {}
             Err(e) => panic!("hint: {e}"),
         }
     }
@@ -346,9 +409,10 @@ impl Sim {
             return;
         }
         let i = (self.stages as usize * 7 + self.next_token as usize) % self.prefetch.len();
-        let Some((stage, fail, late)) = self.prefetch.remove(i) else { return };
-        if late {
-            self.copy(&stage, fail);
+        let Some((stage, mut fail, late)) = self.prefetch.remove(i) else { return };
+        if late && self.copy(&stage, fail).is_some() {
+            self.corruptions += 1;
+            fail = true;
         }
         if fail {
             self.dir.abort(stage);
@@ -381,12 +445,33 @@ impl Sim {
         self.next_token
     }
 
-    fn read_page(&mut self, r: &RegionHandle, page: u32) -> Result<u64, DirectoryError> {
+    /// A host read of one page: from the storage tier, checked against its sum (failing with the corruption).
+    fn read_page(&mut self, r: &RegionHandle, page: u32) -> Result<u64, SimError> {
         let pieces = self.dir.plan_read(r, u64::from(page) * PAGE, PAGE)?;
-        Ok(match pieces[0].source {
-            ReadSource::Zero => 0,
-            ReadSource::At(loc, f) => self.mem.get(&(loc, f)).copied().unwrap_or(0xDEAD),
-        })
+        match pieces[0].source {
+            ReadSource::Zero => Ok(0),
+            ReadSource::At(loc, f) => self.fetch((loc, f)).map_err(SimError::Corrupt),
+        }
+    }
+
+    /// Whether a page of `page..page + pages` of `h` (clipped to it) had its stored copy corrupted.
+    fn lost_in(&self, h: &RegionHandle, page: u32, pages: u32) -> bool {
+        let n = (h.len / PAGE) as u32;
+        let (page, pages) = (page % n, pages.min(n - page % n));
+        (page..page + pages).any(|p| self.lost.contains(&key(h, p)))
+    }
+
+    /// Corrupts page `page` of `h`'s copy on the storage tier, if it has one: its token changes, its sum stays.
+    fn corrupt(&mut self, h: &RegionHandle, page: u32) {
+        let Ok(storage) = self.dir.dev(Location::Storage) else { return };
+        let page = page % (h.len / PAGE) as u32;
+        let copy = self.dir.region(h).expect("live region").pages[page as usize].copy_on(storage);
+        let Some(c) = copy else { return };
+        let at = (Location::Storage, c.frame);
+        let v = self.mem.get(&at).copied().unwrap_or(0xDEAD);
+        // Never a token any write makes (they are small), so a read that returned it would be caught.
+        self.mem.insert(at, v ^ (1 << 62));
+        self.lost.insert(key(h, page));
     }
 
     fn apply(&mut self, op: &Op) {
@@ -415,6 +500,7 @@ impl Sim {
                     Ok(()) => {
                         self.regions.remove(i);
                         self.model.retain(|k, _| k.1 != h.addr.raw());
+                        self.lost.retain(|k| k.1 != h.addr.raw());
                         assert!(matches!(self.dir.free(&h), Err(DirectoryError::DoubleFree(_))), "double free");
                         assert!(
                             matches!(self.dir.plan_read(&h, 0, 1), Err(DirectoryError::UseAfterFree(_))),
@@ -437,13 +523,17 @@ impl Sim {
                 match got {
                     Ok(targets) => {
                         for (j, t) in targets.iter().enumerate() {
-                            self.mem.insert((t.location, t.frame), t0 * 100 + j as u64);
+                            self.put((t.location, t.frame), t0 * 100 + j as u64);
                             self.model.insert(key(&h, page + j as u32), t0 * 100 + j as u64);
+                            self.lost.remove(&key(&h, page + j as u32));
                         }
                     }
                     Err(SimError::Dir(DirectoryError::LeasedElsewhere { .. } | DirectoryError::OutOfMemory { .. })) => {
                     }
                     Err(SimError::CopyFailed) => {}
+                    // The stored pages of the range come up to host memory first (the write may cover part of
+                    // them): a corrupted one fails the write.
+                    Err(SimError::Corrupt(_)) if self.lost_in(&h, page, pages) => {}
                     Err(e) => panic!("write: {e}"),
                 }
             }
@@ -455,7 +545,10 @@ impl Sim {
                 for p in page..page + pages {
                     match self.read_page(&h, p) {
                         Ok(v) => assert_eq!(v, self.model[&key(&h, p)], "host read of page {p} of {h}"),
-                        Err(DirectoryError::LeasedElsewhere { .. }) => {}
+                        Err(SimError::Dir(DirectoryError::LeasedElsewhere { .. })) => {}
+                        Err(SimError::Corrupt(e)) => {
+                            assert!(self.lost.contains(&key(&h, p)), "page {p} of {h}, never corrupted: {e}")
+                        }
                         Err(e) => panic!("read: {e}"),
                     }
                 }
@@ -504,6 +597,11 @@ impl Sim {
                 assert!(matches!(self.dir.unreserve(id), Err(DirectoryError::UnknownReservation(_))));
             }
             Op::Settle => self.settle(),
+            Op::Corrupt { region, page } => {
+                let Some(i) = pick(region, self.regions.len()) else { return };
+                let h = self.regions[i];
+                self.corrupt(&h, page);
+            }
             Op::Release { lease } => {
                 let Some(i) = pick(lease, self.leases.len()) else { return };
                 let (grant, h, written) = self.leases.remove(i);
@@ -512,6 +610,7 @@ impl Sim {
                 if grant.mode == Mode::Write {
                     for (j, v) in written.iter().enumerate() {
                         self.model.insert(key(&h, grant.first_page + j as u32), *v);
+                        self.lost.remove(&key(&h, grant.first_page + j as u32));
                     }
                 }
             }
@@ -523,6 +622,7 @@ impl Sim {
                     | Err(SimError::Dir(DirectoryError::LeasedElsewhere { .. } | DirectoryError::OutOfMemory { .. })) =>
                         {}
                     Err(SimError::CopyFailed) => {}
+                    Err(SimError::Corrupt(_)) if self.lost_in(&h, 0, u32::MAX) => {}
                     Err(e) => panic!("migrate: {e}"),
                 }
             }
@@ -578,6 +678,8 @@ impl Sim {
             // A lossy region's pages in host memory are codes.
             Err(SimError::Dir(DirectoryError::PackedInHost(_))) if self.lossy => false,
             Err(SimError::CopyFailed) => false,
+            // Only a range with a corrupted page fails with the corruption: other pages are unaffected.
+            Err(SimError::Corrupt(_)) if self.lost_in(&h, page, pages) => false,
             Err(e) => panic!("acquire: {e}"),
         }
     }
@@ -636,8 +738,11 @@ impl Sim {
                 if write_leased.contains(&(h.addr.raw(), p)) {
                     continue;
                 }
-                let v = self.read_page(&h, p).expect("read");
-                assert_eq!(v, self.model[&key(&h, p)], "after {after:?}: page {p} of {h}");
+                match self.read_page(&h, p) {
+                    Ok(v) => assert_eq!(v, self.model[&key(&h, p)], "after {after:?}: page {p} of {h}"),
+                    Err(SimError::Corrupt(_)) if self.lost.contains(&key(&h, p)) => {}
+                    Err(e) => panic!("after {after:?}: reading page {p} of {h}: {e}"),
+                }
             }
         }
     }
@@ -716,6 +821,9 @@ fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Si
         packed: 0,
         lossy: devices.iter().any(|d| d.0.is_packed()),
         f32_tier: devices.iter().any(|d| d.0 == Location::Packed(Element::F32)),
+        sums: HashMap::new(),
+        lost: HashSet::new(),
+        corruptions: 0,
     }
 }
 
@@ -742,6 +850,25 @@ proptest! {
     #[test]
     fn with_a_storage_tier_the_directory_matches_the_reference_model(ops in proptest::collection::vec(op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9]) {
         run_model(sim_on(&WITH_STORAGE, fail_every, 90, 75), &ops)?;
+    }
+}
+
+/// [`op`]s among which one in five corrupts a stored page.
+fn corrupting_op() -> impl Strategy<Value = Op> {
+    prop_oneof![4 => op(), 1 => (0usize..8, 0u32..6).prop_map(|(region, page)| Op::Corrupt { region, page })]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    /// From a region whose first pages went down to the storage tier, with stored pages often corrupted: no read
+    /// or lease sees a corrupted token, only the corrupted pages fail (with the corruption), and the stages that
+    /// read them are aborted leaving the directory consistent.
+    #[test]
+    fn with_a_storage_tier_corrupted_pages_never_read_back_wrong(ops in proptest::collection::vec(corrupting_op(), 1..80), fail_every in prop_oneof![Just(0u64), 3u64..9]) {
+        let (mut s, _) = spilled(24, 3);
+        s.fail_every = fail_every;
+        run_model(s, &ops)?;
     }
 }
 
@@ -1191,6 +1318,59 @@ fn pages_spill_to_the_storage_tier_and_come_back_through_host_memory() {
     assert!(matches!(s.dir.alloc(PAGE, Placement::on(Location::Storage)), Err(DirectoryError::StorageTier(_))));
     assert!(matches!(s.dir.step_prefetch_range(&h, 0, PAGE, Location::Storage), Err(DirectoryError::StorageTier(_))));
     s.dir.check_invariants().expect("invariants");
+}
+
+/// A page of the storage tier that a bad drive corrupted (its bytes changed, not their checksum): the stages that
+/// read it (an acquire's fetch, a walk's prefetch) fail its checksum and are aborted, leaving the directory
+/// consistent and the page where it was; its host reads fail with the corruption, never returning the corrupted
+/// bytes; every other page reads and leases right; and freeing the region gives every frame back.
+#[test]
+fn a_corrupted_stored_page_fails_its_reads_and_nothing_else() {
+    let (mut s, h) = spilled(30, 3);
+    let storage = s.dir.dev(Location::Storage).expect("a storage tier");
+    let only_stored = |s: &Sim, p: u32| {
+        let e = &s.dir.region(&h).expect("live region").pages[p as usize];
+        e.copies().count() == 1 && e.copy_on(storage).is_some()
+    };
+    let p = (0..30).find(|&p| only_stored(&s, p)).expect("a page only on the storage tier");
+    let frame = s.dir.region(&h).unwrap().pages[p as usize].copy_on(storage).unwrap().frame;
+    let op = Op::Corrupt { region: 0, page: p };
+    s.apply(&op);
+    s.check(&op);
+    match s.read_page(&h, p) {
+        Err(SimError::Corrupt(StorageError::Corrupt { slot, .. })) => assert_eq!(slot, u64::from(frame)),
+        other => panic!("a host read of the corrupted page: {other:?}"),
+    }
+    // Its fetch to a GPU fails the checksum and is aborted: no lease, the page still where it was.
+    let op = Op::Acquire { region: 0, page: p, pages: 1, device: 0, write: false };
+    s.apply(&op);
+    s.check(&op);
+    assert!(s.leases.is_empty(), "a lease of the corrupted page");
+    assert_eq!(s.corruptions, 1, "stages failed by the corruption");
+    assert!(only_stored(&s, p), "the aborted fetch moved the page");
+    // Every other page, walked in order on each GPU (prefetching the corrupted page along the way, which fails
+    // in turn), is leased with the right bytes.
+    for round in 0..2 {
+        for q in (0..30).filter(|&q| q != p) {
+            let op = Op::Acquire { region: 0, page: q, pages: 1, device: round, write: q % 7 == 0 };
+            s.apply(&op);
+            s.check(&op);
+            assert_eq!(s.leases.len(), 1, "{op:?} was granted");
+            s.apply(&Op::Release { lease: 0 });
+            s.check(&op);
+        }
+    }
+    assert!(s.corruptions >= 1 && s.lost.contains(&key(&h, p)));
+    // The corrupted page still fails, every frame comes back.
+    assert!(matches!(s.read_page(&h, p), Err(SimError::Corrupt(_))));
+    while !s.prefetch.is_empty() {
+        s.settle();
+    }
+    let op = Op::Free { region: 0 };
+    s.apply(&op);
+    s.check(&op);
+    let st = s.dir.stats();
+    assert!(st.regions == 0 && st.devices.iter().all(|d| d.used == 0), "every frame back: {:?}", st.devices);
 }
 
 /// A walk in order on a GPU over pages that went down to the storage tier: the prefetch brings each chunk's

@@ -119,8 +119,11 @@ pub fn to_py(e: RustError) -> PyErr {
         RustError::NoRuntime | RustError::Internal(_) => InternalError::err(message),
         RustError::Protocol(_) => ProtocolError::err(message),
         RustError::Checksum(_) => ChecksumError::err(message),
-        RustError::Storage(e) if e.is_corrupt() => ChecksumError::err(message),
-        RustError::Storage(_) => DeviceError::err(message),
+        // Pages that came back from the storage tier different from how they were written (the message names
+        // the page, its region and slot where one held it) are checksum errors; the tier's other failures the
+        // device layer's.
+        RustError::Storage(_) | RustError::StoredPage { .. } if e.is_corrupt() => ChecksumError::err(message),
+        RustError::Storage(_) | RustError::StoredPage { .. } => DeviceError::err(message),
         RustError::Remote { kind, .. } => remote(kind, message),
         RustError::Moved { .. } => RegionMoved::err(message),
     }
@@ -139,9 +142,7 @@ fn directory(e: &DirectoryError, message: String) -> PyErr {
         DirectoryError::StorageTier(_)
         | DirectoryError::PackedTier(_)
         | DirectoryError::CompressedTier(_)
-        | DirectoryError::PackedInHost(_) => {
-            DeviceUnavailable::err(message)
-        }
+        | DirectoryError::PackedInHost(_) => DeviceUnavailable::err(message),
         DirectoryError::InvalidWatermarks { .. }
         | DirectoryError::InvalidArena { .. }
         | DirectoryError::TooManyDevices(_)

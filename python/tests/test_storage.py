@@ -1,8 +1,9 @@
 """The storage tier from Python: a region larger than the GPU and host memory together written and read back
 through it, the tier named where only a GPU or host memory can be refused, a corrupt page on the disk an
-exception, never data, and a lossy region stored in a quarter of the bytes, its values within their bound."""
+exception naming the page, never data, and a lossy region stored in a quarter of the bytes, its values within their bound."""
 
 import pathlib
+import re
 import shutil
 
 import numpy as np
@@ -73,6 +74,18 @@ def test_a_page_changed_on_the_disk_is_a_checksum_error(tiered):
             f.write(b"not the page")
     with pytest.raises(vfabric.ChecksumError, match="corrupt"):
         fabric.read(region, 0, len(data))
+    # Page by page onto the GPU: those that were in memory come back right; each one whose slot went bad is an
+    # error naming that page of the region, and its slot.
+    page = 64 << 10
+    refused = 0
+    for p in range(len(data) // page):
+        try:
+            with fabric.acquire(region, p * page, page, device="gpu0") as lease:
+                assert bytes(lease.numpy()) == data[p * page : (p + 1) * page]
+        except vfabric.ChecksumError as e:
+            assert re.search(rf"page {p} of region .+: storage tier: slot \d+: .*corrupt", str(e)), str(e)
+            refused += 1
+    assert refused > 0
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])

@@ -155,61 +155,6 @@ pub fn hints_write_back_and_prefetch_every_byte(cfg: &ClusterConfig) {
     f.free(&a).expect("free");
 }
 
-/// With a storage tier below a small host memory: a region larger than a GPU and host memory together spills
-/// to storage as it is written, reads back right, and comes back to the GPU through host memory piece by piece;
-/// then pages changed on the disk behind the fabric's back are refused as corrupt, never returned as data.
-/// `dir` holds the tier's file (a filesystem with O_DIRECT).
-pub fn storage_tier_keeps_every_byte(cfg: &ClusterConfig, dir: &std::path::Path) {
-    let (cfg, path) = with_storage(cfg, &dir.join("storage-suite.tier"), 64);
-    let ps = cfg.memory.page_size.bytes();
-    cfg.check("the suite's storage configuration").expect("valid");
-    let f = fabric(&cfg);
-    let g = gpus(&f)[0];
-    let pages = frames_of(&f, g) + 8 + 12;
-    let r = f.alloc(pages * ps, Placement::on(g)).expect("alloc");
-    write_pattern(&f, &r, 53);
-    let t = f.traffic();
-    assert!(t.to_storage >= 12 * ps, "pages went to storage: {t:?}");
-    check_region(&f, &r, 53, "after spilling to storage");
-    // A host write into a page kept only on the storage tier (the first pages written went down first) lands,
-    // and so does one putting the bytes back.
-    let mut piece = vec![0u8; 4096];
-    for seed in [54, 53] {
-        f.write(&r, 128, &pattern::bytes(seed, 128, 4096)).expect("a write into a stored page");
-        f.read(&r, 128, &mut piece).expect("read");
-        assert_eq!(pattern::first_mismatch(seed, 128, &piece), None, "a host write into a stored page");
-    }
-    check_region(&f, &r, 53, "after writes into a stored page");
-    let step = 4 * ps;
-    let mut off = 0;
-    while off < r.len {
-        let end = (off + step).min(r.len);
-        let lease = f.acquire(&r, off..end, g, Mode::Read).expect("acquire");
-        let got = read_through_lease(&f, &lease);
-        assert_eq!(pattern::first_mismatch(53, off, &got), None, "{g}: leased pages at {off:#x}");
-        f.release(lease).expect("release");
-        off = end;
-    }
-    assert!(f.traffic().from_storage > 0, "stored pages came back: {:?}", f.traffic());
-    // Host writes over pages owned by their stored copy with replicas above it (a GPU's, host memory's) land.
-    write_pattern(&f, &r, 53);
-    check_region(&f, &r, 53, "after writing over pages with copies on several tiers");
-    // Every slot's bytes change on disk: the pages still on storage cannot be read as data.
-    let file = std::fs::OpenOptions::new().write(true).open(&path).expect("the tier's file");
-    for slot in 0..64u64 {
-        std::os::unix::fs::FileExt::write_at(&file, b"garbage", 4096 + slot * ps + 100).expect("write");
-    }
-    file.sync_all().expect("sync");
-    let mut buf = vec![0u8; r.len as usize];
-    match f.read(&r, 0, &mut buf) {
-        Err(FabricError::Storage(e)) => assert!(e.to_string().contains("corrupt"), "{e}"),
-        other => panic!("reading pages corrupted on disk: {other:?}"),
-    }
-    f.free(&r).expect("free");
-    drop(f);
-    assert!(!path.exists(), "the fabric removes its storage file");
-}
-
 /// A page that compresses: zeros but for its number at two places.
 fn sparse_page(page: u64, ps: u64) -> Vec<u8> {
     let mut b = vec![0u8; ps as usize];
@@ -500,7 +445,23 @@ macro_rules! fabric_suite_tests {
 
         #[test]
         fn storage_tier_keeps_every_byte() {
-            $crate::fabric_suite::storage_tier_keeps_every_byte(
+            $crate::storage_suite::storage_tier_keeps_every_byte(
+                &$config,
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
+        fn a_full_storage_tier_is_out_of_memory() {
+            $crate::storage_suite::a_full_storage_tier_is_out_of_memory(
+                &$config,
+                &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
+            );
+        }
+
+        #[test]
+        fn a_tier_file_is_reset_when_stale_and_refused_when_live() {
+            $crate::storage_suite::a_tier_file_is_reset_when_stale_and_refused_when_live(
                 &$config,
                 &$crate::fabric_suite::scratch_dir(env!("CARGO_TARGET_TMPDIR")),
             );

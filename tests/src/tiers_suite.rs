@@ -7,7 +7,7 @@ use crate::pattern;
 
 /// A walk in order, one page a step, on a GPU over a region three times the GPU and host memory together, whose
 /// later pages are still in memory (written last) and not yet on the storage tier: every leased byte is right,
-/// and host memory makes room for the pages it stages by dropping those the walk has passed (their copies on the
+/// the stored pages come up by prefetch (staged from the storage tier ahead of the walk), and host memory makes room for the pages it stages by dropping those the walk has passed (their copies on the
 /// storage tier stand) before writing pages ahead of the walk to the storage tier only to read them back when
 /// the walk gets there. Least recently used first wrote every page that was in memory; dropping behind writes
 /// those that make the first room, before the walk has passed anything (about half).
@@ -35,6 +35,11 @@ pub fn walks_over_the_storage_tier_drop_what_they_passed(cfg: &ClusterConfig, di
     }
     let t = f.traffic().since(&before);
     assert!(t.from_storage >= stored * ps, "the walk read the stored pages: {t:?}");
+    // The walk's prefetch read them, staged into host memory ahead of it, rather than each acquire in turn.
+    assert!(
+        t.prefetched_from_storage * 4 >= stored * ps * 3 && t.prefetched_from_storage <= t.from_storage,
+        "prefetch brought most of the {stored} stored pages up from the storage tier ahead of the walk: {t:?}"
+    );
     let written = t.to_storage / ps;
     assert!(
         written * 3 <= in_memory * 2,

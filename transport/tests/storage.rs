@@ -1,6 +1,6 @@
 //! The storage tier's file on this machine's disk: pages round-trip through io_uring with O_DIRECT, many in
 //! flight; a page changed on disk, or cut short, is an error naming its slot; a tier's file from an earlier run
-//! is reset, anybody else's file is left alone; bad requests are typed errors that harm nothing; pages written
+//! is reset, one a live tier holds is refused and left as it is, anybody else's file is left alone; bad requests are typed errors that harm nothing; pages written
 //! compressed take fewer blocks, incompressible ones are stored as they are, and a packed slot changed on disk
 //! is an error too.
 
@@ -107,6 +107,39 @@ fn an_earlier_runs_tier_is_reset_and_anybody_elses_file_left_alone() {
         StorageFile::create(&StorageSpec { path: foreign.clone(), bytes: 4 * PAGE, page_size: PAGE, depth: 4 });
     assert!(matches!(refused, Err(StorageError::Foreign { .. })), "{:?}", refused.err());
     assert_eq!(std::fs::read(&foreign).unwrap(), b"somebody's data");
+}
+
+#[test]
+fn a_live_tiers_file_is_refused_until_its_tier_is_dropped() {
+    let t = tier("live", 4);
+    let p = page(11);
+    t.write(&[(0, &p[..]), (3, &p[..])], Compression::None).unwrap();
+    let spec = StorageSpec { path: t.path().to_owned(), bytes: 4 * PAGE, page_size: PAGE, depth: 4 };
+    let len = std::fs::metadata(t.path()).unwrap().len();
+    match StorageFile::create(&spec) {
+        Err(e @ StorageError::InUse { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&t.path().display().to_string()) && text.contains("in use"), "{text}");
+        }
+        other => panic!("a second tier on a live tier's file: {:?}", other.map(|_| ())),
+    }
+    // The live tier's file is as it was, and its pages read back.
+    assert_eq!(std::fs::metadata(t.path()).unwrap().len(), len, "the live tier's file is not reset");
+    let got = read_back(&t, &[0, 3]).expect("the live tier reads its pages back");
+    assert!(got[0][..] == p[..] && got[1][..] == p[..]);
+    drop(t);
+    assert!(!spec.path.exists(), "the first tier removed its file");
+    // Its lock went with it: the path is free, and a tier there starts empty.
+    let next = StorageFile::create(&spec).expect("a tier after the first was dropped");
+    assert_eq!(next.stored(), (0, 0));
+    assert!(matches!(read_back(&next, &[0]), Err(StorageError::NeverWritten { slot: 0 })));
+    // A tier's file with pages whose tier is gone (a copy: nobody holds its lock) is reset, as a crashed run's.
+    next.write(&[(1, &p[..])], Compression::None).unwrap();
+    let stale = path("live-stale");
+    std::fs::copy(next.path(), &stale).unwrap();
+    let reset = StorageFile::create(&StorageSpec { path: stale, ..spec.clone() }).expect("an unheld tier file");
+    assert!(matches!(read_back(&reset, &[1]), Err(StorageError::NeverWritten { slot: 1 })), "nothing trusted");
+    assert!(read_back(&next, &[1]).unwrap()[0][..] == p[..], "the live tier is untouched by the other path's");
 }
 
 #[test]

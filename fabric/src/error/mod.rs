@@ -135,9 +135,25 @@ pub enum FabricError {
     /// A peer broke the protocol (a malformed or unexpected message); its connection is closed.
     #[error("protocol: {0}")]
     Protocol(#[from] ProtocolError),
-    /// The storage tier failed: its file, its I/O, or a page that came back corrupt or short (named by slot).
+    /// The storage tier failed: its file (one another live fabric uses is [`StorageError::InUse`]), its I/O, or
+    /// a slot that came back wrong which no page of a region holds.
+    ///
+    /// [`StorageError::InUse`]: vfabric_transport::storage::StorageError::InUse
     #[error("storage tier: {0}")]
     Storage(#[from] vfabric_transport::storage::StorageError),
+    /// A page of a region came back from the storage tier corrupt, short, or not at all: the page is not read
+    /// as data (the call fails), and every other page and region is as it was.
+    #[error("page {page} of region {region}: storage tier: {source}")]
+    StoredPage {
+        /// The region (its address, as the handle shows it).
+        region: String,
+        /// The page's index in the region.
+        page: u64,
+        /// The storage tier's slot that held it.
+        slot: u64,
+        /// What the tier found.
+        source: vfabric_transport::storage::StorageError,
+    },
     /// Page bytes arrived with a checksum that does not match: nothing was written.
     #[error("checksum: {0}")]
     Checksum(String),
@@ -158,6 +174,18 @@ pub enum FabricError {
         /// Where the pages are now.
         to: RegionHandle,
     },
+}
+
+impl FabricError {
+    /// Whether the error says page bytes came back different from how they were written (on the storage tier,
+    /// or a checksum that does not match), rather than that they could not be moved.
+    pub fn is_corrupt(&self) -> bool {
+        match self {
+            FabricError::Checksum(_) => true,
+            FabricError::Storage(e) | FabricError::StoredPage { source: e, .. } => e.is_corrupt(),
+            _ => false,
+        }
+    }
 }
 
 impl From<DirectoryError> for FabricError {

@@ -9,6 +9,7 @@ use vfabric_allocator::{Compression, Location, PageMove};
 use vfabric_transport::storage::StorageFile;
 use vfabric_transport::{Arena, Coding, EngineChoice, Mover, PageBatch, Transfer};
 
+use crate::directory::{Copy as DirCopy, Directory, RegionHandle};
 use crate::error::FabricError;
 
 /// One batch of a stage, under way or done.
@@ -156,6 +157,29 @@ pub(crate) fn mover_batch(
         _ => mover.submit(src, dst, batch, EngineChoice::Auto)?,
     };
     Ok(Copying::Mover(transfer))
+}
+
+/// A failed call's error as its caller gets it: a storage tier's read of a slot that failed (its page came back
+/// corrupt, short, or not at all) names the page the slot holds, by its region and index in it, as the
+/// directory has them (the stage that read it, not yet committed or aborted, changed nothing there); any other
+/// error as it is. A slot no page holds leaves the tier's error as it is.
+pub(crate) fn naming_stored_page(dir: &Directory, e: FabricError) -> FabricError {
+    let FabricError::Storage(source) = e else { return e };
+    let page = source.failed_read_slot().and_then(|slot| Some((slot, stored_page(dir, slot)?)));
+    match page {
+        Some((slot, (region, page))) => FabricError::StoredPage { region: region.to_string(), page, slot, source },
+        None => FabricError::Storage(source),
+    }
+}
+
+/// The region and page index of the page with a copy in the storage tier's slot `slot`. A walk over every
+/// region's pages: only a failed read pays for it.
+fn stored_page(dir: &Directory, slot: u64) -> Option<(RegionHandle, u64)> {
+    let at = DirCopy { dev: dir.dev(Location::Storage).ok()?, frame: u32::try_from(slot).ok()? };
+    dir.regions().find_map(|r| {
+        let (page, _) = r.pages.touched().find(|(_, e)| e.copies().any(|c| c == at))?;
+        Some((r.handle, page as u64))
+    })
 }
 
 /// Whether a batch between `from` and `to` is the storage tier's (file I/O) rather than a mover's.

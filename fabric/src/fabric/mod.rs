@@ -353,7 +353,10 @@ impl Fabric {
                         .ok_or(FabricError::Internal("a read names a storage tier this node has not"))?;
                     let mut page = AlignedBuffer::new(self.inner.page_size as usize)
                         .ok_or(FabricError::Internal("no memory for a page read from the storage tier"))?;
-                    storage.read(&mut [(u64::from(slot), &mut page[..])])?;
+                    storage.read(&mut [(u64::from(slot), &mut page[..])]).map_err(|source| {
+                        let (region, page) = (region.to_string(), (offset + p.buf_offset) / ps);
+                        FabricError::StoredPage { region, page, slot: u64::from(slot), source }
+                    })?;
                     let expanded;
                     let page: &[u8] = match lossy {
                         Some(l) => {

@@ -56,12 +56,13 @@ impl Fabric {
         Err(FabricError::Internal("the directory asked for a million stages without finishing"))
     }
 
-    /// Starts a stage's copies and waits for them, counting the wait.
+    /// Starts a stage's copies and waits for them, counting the wait. A page that comes back wrong from the
+    /// storage tier is named by its region and index.
     pub(super) fn carry_out(&self, dir: &Directory, stage: &Stage) -> Result<(), FabricError> {
         let t = Instant::now();
         let done = self.start(dir, stage).and_then(|c| self.finish(stage, c));
         self.inner.stalls.stage(stage.kind, t.elapsed());
-        done
+        done.map_err(|e| copying::naming_stored_page(dir, e))
     }
 
     /// Starts the prefetches the directory asks for after an acquire of `region` on `device`, if any. Failures
@@ -111,6 +112,7 @@ impl Fabric {
                 st.dir.commit(p.stage);
             }
             Err(e) => {
+                let e = copying::naming_stored_page(&st.dir, e);
                 tracing::warn!(error = %e, pages = p.stage.pages(), "a prefetch failed; its pages stay where they were");
                 st.dir.abort(p.stage);
             }
@@ -238,6 +240,9 @@ impl Fabric {
             which.fetch_add(bytes, Ordering::Relaxed);
             if stage.kind == StageKind::Prefetch && b.from != b.to {
                 c.prefetched.fetch_add(bytes, Ordering::Relaxed);
+                if b.from == Location::Storage {
+                    c.prefetched_from_storage.fetch_add(bytes, Ordering::Relaxed);
+                }
             }
         }
         counter.fetch_add(stage.zero.len() as u64 * ps, Ordering::Relaxed);

@@ -9,6 +9,9 @@ pub struct Traffic {
     pub fetched: u64,
     /// The part of `fetched` prefetched ahead of a walk in order (copied while the caller worked).
     pub prefetched: u64,
+    /// The part of `prefetched` read from the storage tier (staged into host memory ahead of the walk, on their
+    /// way to its device).
+    pub prefetched_from_storage: u64,
     /// Pages sent to host memory to make room.
     pub evicted: u64,
     /// Pages copied to host memory ahead of their eviction, on a caller's hint (write-back).
@@ -42,6 +45,7 @@ impl Traffic {
         Traffic {
             fetched: self.fetched - earlier.fetched,
             prefetched: self.prefetched - earlier.prefetched,
+            prefetched_from_storage: self.prefetched_from_storage - earlier.prefetched_from_storage,
             evicted: self.evicted - earlier.evicted,
             written_back: self.written_back - earlier.written_back,
             to_storage: self.to_storage - earlier.to_storage,
@@ -62,6 +66,7 @@ impl Traffic {
 pub(crate) struct Counters {
     pub(crate) fetched: AtomicU64,
     pub(crate) prefetched: AtomicU64,
+    pub(crate) prefetched_from_storage: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) written_back: AtomicU64,
     pub(crate) to_storage: AtomicU64,
@@ -82,6 +87,7 @@ impl Counters {
         Traffic {
             fetched: l(&self.fetched),
             prefetched: l(&self.prefetched),
+            prefetched_from_storage: l(&self.prefetched_from_storage),
             evicted: l(&self.evicted),
             written_back: l(&self.written_back),
             to_storage: l(&self.to_storage),

@@ -117,7 +117,8 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
         FabricError::PeerDead { .. } => ErrorKind::PeerDead,
         FabricError::Protocol(_) => ErrorKind::Protocol,
         FabricError::Checksum(_) => ErrorKind::Checksum,
-        FabricError::Storage(e) if e.is_corrupt() => ErrorKind::Checksum,
+        // A page that came back from the storage tier different from how it was written, named or not.
+        FabricError::Storage(_) | FabricError::StoredPage { .. } if e.is_corrupt() => ErrorKind::Checksum,
         // Forwarded from a region's home: its kind stands.
         FabricError::Remote { kind, .. } => *kind,
         _ => ErrorKind::Internal,

@@ -15,6 +15,14 @@ pub enum StorageError {
         /// The file.
         path: PathBuf,
     },
+    /// The file is a tier that another live storage tier holds (its exclusive lock is taken): another fabric
+    /// on this machine, or in this process, uses it. It is left alone; a tier left by a process that ended
+    /// (its lock went with it) is reset instead.
+    #[error("storage file {path} is in use by another process")]
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
     /// Opening, sizing or removing the file failed.
     #[error("{path}: {what}: {source}")]
     File {
@@ -115,5 +123,19 @@ impl StorageError {
     /// not be read).
     pub fn is_corrupt(&self) -> bool {
         matches!(self, StorageError::Corrupt { .. } | StorageError::Undecodable { .. })
+    }
+
+    /// The slot whose read failed, when the error is about one slot's page coming back (corrupt, short, not
+    /// at all, or holding no page): what a caller that knows which page the slot holds names it by. `None` for
+    /// errors of the tier, of a write, or of a malformed request.
+    pub fn failed_read_slot(&self) -> Option<u64> {
+        match *self {
+            StorageError::Corrupt { slot, .. }
+            | StorageError::Undecodable { slot }
+            | StorageError::NeverWritten { slot }
+            | StorageError::Short { slot, op: "read", .. }
+            | StorageError::Io { slot, op: "read", .. } => Some(slot),
+            _ => None,
+        }
     }
 }

@@ -7,10 +7,12 @@
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use xxhash_rust::xxh3::xxh3_64;
 
 use vfabric_allocator::Compression;
@@ -33,7 +35,7 @@ const RINGS: usize = 4;
 /// What a storage tier is: where, how large, in pages of what size, and how many requests it keeps in flight.
 #[derive(Debug, Clone)]
 pub struct StorageSpec {
-    /// The file (created; a tier's file from an earlier run is reset).
+    /// The file (created; a tier's file from an earlier run is reset, one in use by a live tier refused).
     pub path: PathBuf,
     /// Bytes of pages (a whole number of pages).
     pub bytes: u64,
@@ -43,9 +45,11 @@ pub struct StorageSpec {
     pub depth: u32,
 }
 
-/// A storage tier's file (see the module's docs). Removed when dropped.
+/// A storage tier's file (see the module's docs), held with an exclusive advisory lock (`flock`) while it lives,
+/// so that a second tier at the same path, in this process or another, is refused rather than resetting it.
+/// Removed when dropped (before the lock goes with the file's descriptor).
 pub struct StorageFile {
-    file: File,
+    file: Flock<File>,
     path: PathBuf,
     page_size: u64,
     slots: u64,
@@ -95,7 +99,8 @@ impl Io {
 
 impl StorageFile {
     /// Creates the tier's file at `spec.path`, its space reserved up front (so a full disk is an error now, not
-    /// a failed eviction later). A tier's file left by an earlier run is reset; any other file there is refused.
+    /// a failed eviction later). A tier's file left by an earlier run is reset; one a live tier holds (its lock
+    /// taken) is refused with [`StorageError::InUse`] and left as it is; any other file there is refused.
     pub fn create(spec: &StorageSpec) -> Result<StorageFile, StorageError> {
         let ps = spec.page_size;
         if ps == 0 || ps % DIRECT_ALIGN as u64 != 0 || ps > u64::from(u32::MAX) {
@@ -117,16 +122,13 @@ impl StorageFile {
             let path = path.clone();
             move |source| StorageError::File { path, what, source }
         };
-        check_not_foreign(&path)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
-            .open(&path)
-            .map_err(file_err("opening with O_DIRECT"))?;
+        let earlier = check_not_foreign(&path)?;
+        let file = open_locked(&path)?;
+        // The lock is ours: a tier's file there is one whose process has ended. Nothing of it is kept.
+        if earlier {
+            tracing::warn!(path = %path.display(), "a storage tier's file from an earlier run: reset, its pages not trusted");
+        }
+        file.set_len(0).map_err(file_err("resetting it"))?;
         let tier = StorageFile {
             file,
             path: path.clone(),
@@ -137,7 +139,7 @@ impl StorageFile {
             held: Mutex::new(vec![None; (spec.bytes / ps) as usize]),
         };
         // From here on, dropping `tier` removes the file.
-        nix::fcntl::posix_fallocate(&tier.file, 0, (HEADER + spec.bytes) as i64).map_err(|e| StorageError::File {
+        nix::fcntl::posix_fallocate(&*tier.file, 0, (HEADER + spec.bytes) as i64).map_err(|e| StorageError::File {
             path: path.clone(),
             what: "reserving its space",
             source: e.into(),
@@ -448,11 +450,11 @@ impl Drop for StorageFile {
     }
 }
 
-/// Refuses a file at `path` that is not a tier's; says so when it resets one left by an earlier run.
-fn check_not_foreign(path: &Path) -> Result<(), StorageError> {
+/// Refuses a file at `path` that is not a tier's; whether one is there (a tier's, of an earlier run or in use).
+fn check_not_foreign(path: &Path) -> Result<bool, StorageError> {
     let mut f = match File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(source) => return Err(StorageError::File { path: path.to_owned(), what: "looking at it", source }),
     };
     let meta =
@@ -461,13 +463,44 @@ fn check_not_foreign(path: &Path) -> Result<(), StorageError> {
         return Err(StorageError::InvalidSpec(format!("{} is not a regular file", path.display())));
     }
     if meta.len() == 0 {
-        return Ok(());
+        return Ok(false);
     }
     let mut head = [0u8; 8];
     if f.read_exact(&mut head).is_err() || &head != MAGIC {
         return Err(StorageError::Foreign { path: path.to_owned() });
     }
-    tracing::warn!(path = %path.display(), "a storage tier's file from an earlier run: reset, its pages not trusted");
-    // Nothing of it is kept: `create` truncates it.
-    Ok(())
+    Ok(true)
+}
+
+/// Opens (creating) the file at `path` for O_DIRECT I/O, unchanged, and takes its exclusive lock without
+/// waiting: [`StorageError::InUse`] when a live tier holds it. The lock is released with the descriptor, so a
+/// tier whose process ended (crashed or not) leaves none.
+fn open_locked(path: &Path) -> Result<Flock<File>, StorageError> {
+    let file_err = |what: &'static str| move |source| StorageError::File { path: path.to_owned(), what, source };
+    // A tier going away removes its path before its lock goes: a lock taken on a file no longer at the path
+    // guards nothing, and the path is opened again. Bounded, in case paths keep being swapped under it.
+    for _ in 0..8 {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+            .open(path)
+            .map_err(file_err("opening with O_DIRECT"))?;
+        let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(f) => f,
+            Err((_, e)) if e == Errno::EWOULDBLOCK => return Err(StorageError::InUse { path: path.to_owned() }),
+            Err((_, e)) => return Err(file_err("locking it")(e.into())),
+        };
+        let ours = file.metadata().map_err(file_err("looking at it"))?;
+        match std::fs::metadata(path) {
+            Ok(there) if (there.dev(), there.ino()) == (ours.dev(), ours.ino()) => return Ok(file),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(file_err("looking at it")(e)),
+        }
+    }
+    Err(StorageError::InUse { path: path.to_owned() })
 }

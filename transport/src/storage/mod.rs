@@ -3,8 +3,9 @@
 //! (`rings`), every page's checksum recorded when it is written and checked when it is read (`file`), from
 //! block-aligned memory (`buffer`; page-aligned arena frames serve too). Pages of regions that ask for
 //! compression are stored packed (`codec`: LZ4 or Zstandard, kept only when it saves a block). The fabric
-//! creates the file, reserves its space, and removes it; a tier's file left by a crashed run is reset, never
-//! trusted, and a file that is not a tier's is never overwritten. Every failure is a [`StorageError`] naming
+//! creates the file, reserves its space, and removes it, holding an exclusive lock on it meanwhile; a tier's
+//! file left by a crashed run (its lock gone with it) is reset, never trusted, one a live tier holds is refused,
+//! and a file that is not a tier's is never overwritten. Every failure is a [`StorageError`] naming
 //! its file or slot.
 
 mod buffer;
