@@ -1,7 +1,10 @@
 //! The three-tier walks of `vfabric-bench pager`: a region several times the GPU budget and host memory
 //! together, so that its pages live on the storage tier and come up through host memory as the walk reaches
 //! them (prefetched ahead of it in order), beside the storage tier's raw reads of the same number of pages on
-//! the same drive in the same run: the slowest tier's ceiling.
+//! the same drive in the same run: the slowest tier's ceiling. Each walk reports its GB/s per tier (onto the
+//! GPU, from and to the storage tier, by the fabric's counters), the bytes the kernel says were read from the
+//! drive, and its ratios to the ceiling: of the whole walk (pages served by the GPU and host memory too), and of
+//! the drive's bytes alone, the one that says how close the walk came to the drive.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -14,7 +17,7 @@ use vfabric_allocator::Element;
 use vfabric_transport::storage::{AlignedBuffer, Compression, StorageFile, StorageSpec};
 use vfabric_transport::{Backend, Location};
 
-use crate::walk::{populate, walk, WalkRow};
+use crate::walk::{drive_io, drive_since, populate, walk, WalkRow};
 
 /// What the three-tier walks are over.
 pub struct TierOptions {
@@ -70,8 +73,8 @@ pub(crate) fn fabric(base: &ClusterConfig, memory: Memory, dir: &Path, storage: 
 }
 
 /// The storage tier's own reads of `pages` pages in order, `batch` a call, at `depth` (after writing them,
-/// untimed): GB/s.
-fn raw_reads(dir: &Path, pages: u64, page_size: u64, batch: u64, depth: u32) -> Result<f64, String> {
+/// untimed): GB/s, and the bytes the kernel says were read from the drive meanwhile (none where it does not say).
+fn raw_reads(dir: &Path, pages: u64, page_size: u64, batch: u64, depth: u32) -> Result<(f64, Option<u64>), String> {
     let spec = StorageSpec { path: dir.join("vfabric-pager-raw.tier"), bytes: pages * page_size, page_size, depth };
     let tier = StorageFile::create(&spec).map_err(|e| e.to_string())?;
     let mut buf = AlignedBuffer::new((batch * page_size) as usize).ok_or("no memory for the raw reads")?;
@@ -86,12 +89,14 @@ fn raw_reads(dir: &Path, pages: u64, page_size: u64, batch: u64, depth: u32) -> 
             .collect();
         tier.write(&p, Compression::None).map_err(|e| e.to_string())?;
     }
+    let drive_before = drive_io();
     let t = Instant::now();
     for call in &calls {
         let mut p: Vec<(u64, &mut [u8])> = call.iter().copied().zip(buf.chunks_mut(page_size as usize)).collect();
         tier.read(&mut p).map_err(|e| e.to_string())?;
     }
-    Ok((pages * page_size) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    let gb_s = (pages * page_size) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    Ok((gb_s, drive_since(drive_before, drive_io()).0))
 }
 
 /// Runs the three-tier walks of `args` over a GPU budget of `budget` bytes in pages of `ps`.
@@ -120,38 +125,57 @@ pub fn run(base: &ClusterConfig, args: &TierOptions, dir: &Path, budget: u64, ps
         }
     }
     drop(f);
-    let raw = raw_reads(dir, region_bytes / ps, ps, 64, depth)?;
+    let (raw, raw_drive) = raw_reads(dir, region_bytes / ps, ps, 64, depth)?;
+    let raw_bytes = region_bytes / ps * ps;
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "\n## Three tiers\n\n- region {} = {} x the GPU budget, host memory {}, {} of it on the storage tier after writing (in `{}`, depth {depth}); the storage tier's own reads of {} pages in order, 64 a call, in the same run: **{raw:.2} GB/s** (the ceiling)\n",
+        "\n## Three tiers\n\n- region {} = {} x the GPU budget, host memory {}, {} of it on the storage tier after writing (in `{}`, depth {depth}); the storage tier's own reads of {} pages in order, 64 a call, in the same run: **{raw:.2} GB/s** (the ceiling; the kernel counted {} read from the drive for its {})",
         ByteSize(region_bytes),
         args.oversub,
         ByteSize(host),
         ByteSize(stored),
         dir.display(),
-        region_bytes / ps
+        region_bytes / ps,
+        raw_drive.map_or("nothing".to_string(), |b| ByteSize(b).to_string()),
+        ByteSize(raw_bytes)
     );
-    let _ = writeln!(md, "| order | pages/step | walk GB/s | / storage reads | from storage | prefetched | to storage | share in acquire | bad pages |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "- GB/s are bytes over the walk's time: walked; fetched onto the GPU (from host memory); read from and written to the storage tier (the fabric's counters); \"read from drive\" is what the kernel counted (`/proc/self/io`); \"walk / raw\" compares the walk's GB/s to the ceiling, \"drive / raw\" the drive's bytes alone\n");
+    let _ = writeln!(md, "| order | pages/step | walk GB/s | onto GPU GB/s | storage read GB/s | storage write GB/s | from storage | read from drive | prefetched | walk / raw | drive / raw | share in acquire | bad pages |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut walks = Vec::new();
     for w in &rows {
+        let drive_gb_s = w.drive_read.map(|b| b as f64 / w.seconds / 1e9);
+        let (walk_to_raw, drive_to_raw) = (w.walk_gb_s / raw, drive_gb_s.map(|g| g / raw));
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {:.2} | {} | {} | {} | {:.0}% | {} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {:.2} | {} | {:.0}% | {} |",
             w.order,
             w.chunk,
             w.walk_gb_s,
-            w.walk_gb_s / raw,
+            w.to_gpu_gb_s,
+            w.from_storage_gb_s,
+            w.to_storage_gb_s,
             ByteSize(w.from_storage),
+            w.drive_read.map_or("n/a".to_string(), |b| ByteSize(b).to_string()),
             ByteSize(w.prefetched),
-            ByteSize(w.to_storage),
+            walk_to_raw,
+            drive_to_raw.map_or("n/a".to_string(), |r| format!("{r:.2}")),
             w.acquire_share * 100.0,
             w.bad_pages
         );
+        let mut j = serde_json::to_value(w).map_err(|e| e.to_string())?;
+        if let Some(o) = j.as_object_mut() {
+            o.insert("drive_read_gb_s".into(), json!(drive_gb_s));
+            o.insert("walk_to_raw".into(), json!(walk_to_raw));
+            o.insert("drive_to_raw".into(), json!(drive_to_raw));
+        }
+        walks.push(j);
     }
     let json = json!({
         "region_bytes": region_bytes, "host_bytes": host, "stored_bytes": stored, "depth": depth,
-        "raw_storage_read_gb_s": raw, "walks": rows,
+        "raw_storage_read_gb_s": raw, "raw_read_bytes": raw_bytes, "raw_drive_read_bytes": raw_drive,
+        "walks": walks,
     });
     Ok(Tiers { rows, json, markdown: md })
 }

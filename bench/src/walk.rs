@@ -29,10 +29,16 @@ pub struct WalkRow {
     pub pages_per_s: f64,
     /// Bytes walked per second, GB/s.
     pub walk_gb_s: f64,
-    /// Bytes fetched per second of walk, GB/s.
+    /// Bytes fetched per second of walk, GB/s (every fetch: a page read from the storage tier counts twice, on
+    /// its way into host memory and from there onto the GPU).
     pub fetch_gb_s: f64,
     /// Bytes fetched.
     pub fetched: u64,
+    /// Bytes fetched onto the GPU (from host memory): `fetched` less the storage tier's reads, which land in
+    /// host memory first. (With a compressed tier, its pages expanded into host memory count here too.)
+    pub to_gpu: u64,
+    /// `to_gpu` per second of walk, GB/s.
+    pub to_gpu_gb_s: f64,
     /// The part of `fetched` prefetched while the walk worked.
     pub prefetched: u64,
     /// Bytes evicted (copied to host; clean pages are dropped without a copy).
@@ -41,12 +47,40 @@ pub struct WalkRow {
     pub gathered: u64,
     /// Share of the walk spent in acquire (waiting for fetches, prefetches and evictions).
     pub acquire_share: f64,
-    /// Bytes read from the storage tier.
+    /// Bytes read from the storage tier (pages, as the fabric counts them).
     pub from_storage: u64,
-    /// Bytes written to the storage tier.
+    /// Bytes written to the storage tier (pages, as the fabric counts them).
     pub to_storage: u64,
+    /// `from_storage` per second of walk, GB/s.
+    pub from_storage_gb_s: f64,
+    /// `to_storage` per second of walk, GB/s.
+    pub to_storage_gb_s: f64,
+    /// Bytes this process read from block devices during the walk, as the kernel counts them
+    /// (`/proc/self/io`'s `read_bytes`: the storage tier's O_DIRECT reads, which no page cache serves); none
+    /// where the kernel does not say.
+    pub drive_read: Option<u64>,
+    /// Bytes this process wrote to block devices during the walk (`write_bytes`), likewise.
+    pub drive_written: Option<u64>,
     /// Pages whose device copy differed from the region's bytes.
     pub bad_pages: u64,
+}
+
+/// Bytes this process has read from and written to block devices, as `/proc/self/io` counts them (every
+/// thread's, io_uring's workers too): none where the kernel keeps no such count.
+pub(crate) fn drive_io() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+    };
+    Some((field("read_bytes")?, field("write_bytes")?))
+}
+
+/// What `drive_io` counted between `before` and `after`.
+pub(crate) fn drive_since(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> (Option<u64>, Option<u64>) {
+    match (before, after) {
+        (Some(b), Some(a)) => (Some(a.0.saturating_sub(b.0)), Some(a.1.saturating_sub(b.1))),
+        _ => (None, None),
+    }
 }
 
 pub(crate) fn progress(len: u64, msg: String) -> ProgressBar {
@@ -120,6 +154,7 @@ pub(crate) fn walk(
         Ok(in_acquire)
     };
     let before = f.traffic();
+    let drive_before = drive_io();
     let b = progress(steps, what.clone());
     let mut acquire_time = 0.0;
     let start = Instant::now();
@@ -131,6 +166,7 @@ pub(crate) fn walk(
     }
     let walk_time = start.elapsed().as_secs_f64();
     let t = f.traffic().since(&before);
+    let (drive_read, drive_written) = drive_since(drive_before, drive_io());
     b.finish_and_clear();
     let b = progress(steps, format!("verifying: {what}"));
     let mut bad = 0;
@@ -147,6 +183,8 @@ pub(crate) fn walk(
     }
     b.finish_and_clear();
     let walked = steps * chunk;
+    let to_gpu = t.fetched.saturating_sub(t.from_storage);
+    let per_s = |bytes: u64| bytes as f64 / walk_time / 1e9;
     Ok(WalkRow {
         setup,
         order: if random { "random" } else { "sequential" },
@@ -155,14 +193,20 @@ pub(crate) fn walk(
         seconds: walk_time,
         pages_per_s: walked as f64 / walk_time,
         walk_gb_s: (walked * ps) as f64 / walk_time / 1e9,
-        fetch_gb_s: t.fetched as f64 / walk_time / 1e9,
+        fetch_gb_s: per_s(t.fetched),
         fetched: t.fetched,
+        to_gpu,
+        to_gpu_gb_s: per_s(to_gpu),
         prefetched: t.prefetched,
         evicted: t.evicted,
         gathered: t.compacted,
         acquire_share: acquire_time / walk_time,
         from_storage: t.from_storage,
         to_storage: t.to_storage,
+        from_storage_gb_s: per_s(t.from_storage),
+        to_storage_gb_s: per_s(t.to_storage),
+        drive_read,
+        drive_written,
         bad_pages: bad,
     })
 }

@@ -6,8 +6,9 @@
 //! through a lease there, and verifies every byte after every step, on the device copies the leases point to as
 //! well as through host reads. Then, with a storage tier (the configuration's, or a file it makes in the working
 //! or temporary directory), a region larger than the GPU and host memory together goes down to the storage tier
-//! as it is written and comes back to the GPU through host memory, verified the same way. Prints a table of
-//! what moved where and how fast.
+//! as it is written and comes back to the GPU through host memory, verified the same way; one page of it is
+//! followed on the way (where its copies are, as the directory says, and every copy's bytes read back). Prints
+//! a table of what moved where and how fast.
 
 use std::io::Write;
 use std::time::Instant;
@@ -32,6 +33,109 @@ pub struct DemoReport {
     pub region_bytes: u64,
     /// One row per step.
     pub steps: Vec<DemoStep>,
+    /// The page of the three-tier region the demo followed (without a storage tier, none).
+    pub trail: Option<PageTrail>,
+}
+
+/// One page followed through the three-tier steps: where its copies were each time they changed, and at the
+/// end of each step.
+#[derive(Debug, Clone)]
+pub struct PageTrail {
+    /// The region.
+    pub region: Region,
+    /// The page's index in it.
+    pub page: u64,
+    /// The xxh3 of the bytes written to it.
+    pub hash: u64,
+    /// What the directory said, in order.
+    pub sightings: Vec<Sighting>,
+}
+
+/// Where a followed page's copies were at one moment.
+#[derive(Debug, Clone)]
+pub struct Sighting {
+    /// When ("writing the region, after 16MiB").
+    pub when: String,
+    /// The locations of its copies, the owner's first (as [`Fabric::page_copies`] lists them).
+    pub copies: Vec<Location>,
+    /// Whether every copy, read back where it is, hashed to the page's hash (and it had one).
+    pub verified: bool,
+}
+
+impl PageTrail {
+    /// The places the page went through, by its nearest copy (a GPU's before host memory's before the storage
+    /// tier's): one entry per change.
+    pub fn path(&self) -> Vec<Location> {
+        let mut path: Vec<Location> = Vec::new();
+        for s in &self.sightings {
+            let Some(&here) = s.copies.iter().min_by_key(|l| tier_rank(**l)) else { continue };
+            if path.last() != Some(&here) {
+                path.push(here);
+            }
+        }
+        path
+    }
+
+    /// Whether every sighting found every copy of the page with the bytes written to it.
+    pub fn verified(&self) -> bool {
+        !self.sightings.is_empty() && self.sightings.iter().all(|s| s.verified)
+    }
+
+    /// Looks where the page's copies are now and reads each back; records a sighting when they moved since
+    /// the last one, or always with `step_end`. Counts no traffic and moves nothing.
+    fn look(&mut self, fabric: &Fabric, when: impl FnOnce() -> String, step_end: bool) -> Result<(), FabricError> {
+        let offset = self.page * fabric.page_size();
+        let copies = fabric.page_copies(&self.region, offset)?;
+        if !step_end && self.sightings.last().is_some_and(|s| s.copies == copies) {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; fabric.page_size() as usize];
+        let mut verified = !copies.is_empty();
+        for &at in &copies {
+            fabric.read_copy(&self.region, offset, at, &mut buf)?;
+            verified &= xxh3_64(&buf) == self.hash;
+        }
+        self.sightings.push(Sighting { when: when(), copies, verified });
+        Ok(())
+    }
+
+    fn print(&self, out: &mut dyn Write) {
+        let _ = writeln!(
+            out,
+            "\nfollowing page {} of region {} (every copy read back where it is):",
+            self.page, self.region
+        );
+        for s in &self.sightings {
+            let check = if s.verified { format!("xxh3 {:#018x}", self.hash) } else { "WRONG BYTES".to_string() };
+            let _ = writeln!(out, "  {:<38} {:<22} {check}", s.when, copies_text(&s.copies));
+        }
+        let path = self.path().iter().map(ToString::to_string).collect::<Vec<_>>().join(" -> ");
+        let verdict = if self.verified() {
+            format!("xxh3 {:#018x} at every step, verified", self.hash)
+        } else {
+            "DATA MISMATCH: see above".to_string()
+        };
+        let _ = writeln!(out, "page {} of region {}: {path}, {verdict}", self.page, self.region);
+    }
+}
+
+/// How far a tier is from a kernel: GPUs, then host memory (plain, compressed or packed), then storage.
+fn tier_rank(l: Location) -> u8 {
+    match l {
+        Location::Gpu(_) => 0,
+        Location::Storage => 2,
+        _ => 1,
+    }
+}
+
+/// "gpu0", "gpu0 + host + storage" (nearest first), or "nowhere" for a page without a copy.
+fn copies_text(copies: &[Location]) -> String {
+    if copies.is_empty() {
+        return "nowhere".to_string();
+    }
+    let mut sorted = copies.to_vec();
+    sorted.sort_by_key(|l| tier_rank(*l));
+    sorted.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + ")
 }
 
 /// One step.
@@ -50,9 +154,9 @@ pub struct DemoStep {
 }
 
 impl DemoReport {
-    /// Whether every check of every step matched.
+    /// Whether every check of every step matched, the followed page's too.
     pub fn all_verified(&self) -> bool {
-        self.steps.iter().all(|s| s.checked.0 == s.checked.1)
+        self.steps.iter().all(|s| s.checked.0 == s.checked.1) && self.trail.as_ref().is_none_or(PageTrail::verified)
     }
 }
 
@@ -115,6 +219,7 @@ fn write_region(
     truth: &mut Truth,
     seed: u64,
     what: String,
+    mut follow: Option<&mut PageTrail>,
 ) -> Result<DemoStep, FabricError> {
     let page = truth.page;
     let pages = region.len / page;
@@ -133,21 +238,31 @@ fn write_region(
         busy += t.elapsed().as_secs_f64();
         p += n;
         b.inc(n);
+        if let Some(f) = follow.as_deref_mut().filter(|f| f.page < p) {
+            f.hash = truth.hashes[f.page as usize];
+            f.look(fabric, || format!("writing the region, after {}", ByteSize(p * page)), false)?;
+        }
     }
     b.finish_and_clear();
     let checked = check_region(fabric, region, truth)?;
-    Ok(DemoStep { what, traffic: fabric.traffic().since(&t0), seconds: busy, bytes: region.len, checked })
+    let traffic = fabric.traffic().since(&t0);
+    if let Some(f) = follow {
+        f.look(fabric, || "written, every page checked".to_string(), true)?;
+    }
+    Ok(DemoStep { what, traffic, seconds: busy, bytes: region.len, checked })
 }
 
 /// Acquires the whole region on `device`, `piece` bytes at a time, timed from the first acquire to the last
 /// release with nothing else in between (prefetches may overlap only the walk itself); then walks it again to
-/// check every lease's bytes on the device.
+/// check every lease's bytes on the device. A followed page is looked at after each piece of the timed walk
+/// (the looks' time taken out) and at the end.
 fn acquire_all(
     fabric: &Fabric,
     region: &Region,
     device: Location,
     piece: u64,
     truth: &Truth,
+    mut follow: Option<&mut PageTrail>,
 ) -> Result<DemoStep, FabricError> {
     let label = format!("acquire all on {device}, {} at a time", ByteSize(piece));
     let pieces: Vec<(u64, u64)> =
@@ -155,12 +270,18 @@ fn acquire_all(
     let t0 = fabric.traffic();
     let b = bar(region.len / truth.page, &label);
     let start = Instant::now();
+    let mut looking = 0.0;
     for &(off, end) in &pieces {
         let lease = fabric.acquire(region, off..end, device, Mode::Read)?;
         fabric.release(lease)?;
         b.inc((end - off) / truth.page);
+        if let Some(f) = follow.as_deref_mut() {
+            let t = Instant::now();
+            f.look(fabric, || format!("acquiring it on {device}, after {}", ByteSize(end)), false)?;
+            looking += t.elapsed().as_secs_f64();
+        }
     }
-    let seconds = start.elapsed().as_secs_f64();
+    let seconds = start.elapsed().as_secs_f64() - looking;
     let traffic = fabric.traffic().since(&t0);
     b.finish_and_clear();
     let b = bar(region.len / truth.page, &format!("checking: {label}"));
@@ -173,6 +294,9 @@ fn acquire_all(
         b.inc((end - off) / truth.page);
     }
     b.finish_and_clear();
+    if let Some(f) = follow {
+        f.look(fabric, || "acquired and checked, every piece".to_string(), true)?;
+    }
     Ok(DemoStep { what: label, traffic, seconds, bytes: region.len, checked })
 }
 
@@ -239,11 +363,11 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
 
     // 1. Write it from host buffers: the GPU fills up, pages spill to host memory.
     let what = format!("write {} from host into {g0}", ByteSize(region_bytes));
-    steps.push(write_region(&fabric, &region, &mut truth, seed, what)?);
+    steps.push(write_region(&fabric, &region, &mut truth, seed, what, None)?);
 
     // 2. Acquire it on GPU 0, a quarter of the GPU at a time: evicted pages come back, others leave.
     let quarter = (gpu_frames / 4).max(1) * page;
-    steps.push(acquire_all(&fabric, &region, g0, quarter, &truth)?);
+    steps.push(acquire_all(&fabric, &region, g0, quarter, &truth, None)?);
 
     // 3. Migrate it to GPU 1: its pages on GPU 0 move over (NVLink on the H200s); the rest stay in host memory.
     let t0 = fabric.traffic();
@@ -253,7 +377,7 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
     let traffic = fabric.traffic().since(&t0);
     let checked = check_region(&fabric, &region, &truth)?;
     steps.push(DemoStep { what: format!("migrate to {g1}"), traffic, seconds: secs, bytes: traffic.migrated, checked });
-    steps.push(acquire_all(&fabric, &region, g1, quarter, &truth)?);
+    steps.push(acquire_all(&fabric, &region, g1, quarter, &truth, None)?);
 
     // 4. Write through a lease on GPU 1 (as a kernel would), release: the new bytes are the region's, and the
     //    old copies elsewhere are gone.
@@ -283,16 +407,32 @@ pub fn run(cfg: &ClusterConfig, out: &mut dyn Write) -> Result<DemoReport, Fabri
 
     // 5. Three tiers: a region larger than GPU 0 and host memory together goes down to the storage tier as it
     //    is written (checksummed there), and comes back through host memory to the GPU, every byte verified.
+    //    Its first page is followed: written first, it is the first to leave the GPU and then host memory.
+    let mut trail = None;
     if tiered {
         let pages = gpu_frames + host_frames + (frames_of(Location::Storage) / 2).min(host_frames / 2).max(1);
         let region = fabric.alloc(pages * page, Placement::on(g0))?;
+        let mut follow = PageTrail { region, page: 0, hash: 0, sightings: Vec::new() };
         let what = format!("write {} into {g0}: GPU, host, storage", ByteSize(pages * page));
-        steps.push(write_region(&fabric, &region, &mut truth, seed ^ 0x7137, what)?);
-        steps.push(acquire_all(&fabric, &region, g0, quarter, &truth)?);
+        steps.push(write_region(&fabric, &region, &mut truth, seed ^ 0x7137, what, Some(&mut follow))?);
+        steps.push(acquire_all(&fabric, &region, g0, quarter, &truth, Some(&mut follow))?);
+        // Last, the page on the GPU again, for a lease: its device copy is what a kernel would read.
+        let lease = fabric.acquire(&region, 0..page, g0, Mode::Read)?;
+        let on_device = check_lease(&lease, &truth);
+        let looked = follow.look(&fabric, || format!("acquired alone on {g0}, lease read"), true);
+        fabric.release(lease)?;
+        looked?;
+        if let Some(s) = follow.sightings.last_mut() {
+            s.verified &= on_device? == (1, 1);
+        }
         fabric.free(&region)?;
+        trail = Some(follow);
     }
 
-    let report = DemoReport { device: fabric.device_kind(), region_bytes, steps };
+    let report = DemoReport { device: fabric.device_kind(), region_bytes, steps, trail };
+    if let Some(t) = &report.trail {
+        t.print(out);
+    }
     print_table(&report, out);
     Ok(report)
 }
@@ -358,5 +498,17 @@ mod tests {
         assert!(!path.exists(), "the demo's fabric removed its storage file");
         assert!(text.contains("every byte verified"), "{text}");
         assert!(text.contains("emulated device"), "{text}");
+        // The followed page went down every tier and came back, every copy of it checked at every sighting.
+        let trail = r.trail.as_ref().expect("a storage tier, so a followed page");
+        assert!(trail.verified(), "{text}");
+        let path = trail.path();
+        let at = |l: Location, from: usize| path[from..].iter().position(|p| *p == l).map(|i| i + from);
+        let gpu = at(Location::Gpu(0), 0).expect("first on gpu0");
+        let host = at(Location::Host, gpu).expect("then in host memory");
+        let storage = at(Location::Storage, host).expect("then on the storage tier");
+        assert!(at(Location::Gpu(0), storage).is_some(), "back on gpu0: {path:?}");
+        assert_eq!(path.last(), Some(&Location::Gpu(0)), "{text}");
+        let line = format!("page 0 of region {}: gpu0 -> host -> storage -> gpu0", trail.region);
+        assert!(text.contains(&line) && text.contains("at every step, verified"), "{text}");
     }
 }

@@ -18,6 +18,10 @@ fn demo_on_the_emulated_device_verifies_every_byte() {
     assert!(stdout.contains("every byte verified after every step"), "{stdout}");
     assert!(stdout.contains("migrate to gpu1"), "{stdout}");
     assert!(stdout.contains("GPU, host, storage"), "the three tiers' step ran: {stdout}");
+    // Its first page followed down the tiers and back, every copy read back at every sighting.
+    let line = stdout.lines().find(|l| l.starts_with("page 0 of region")).unwrap_or_default();
+    assert!(line.contains(": gpu0 -> host -> storage -> gpu0"), "{stdout}");
+    assert!(line.ends_with("at every step, verified"), "{stdout}");
     assert!(stdout.contains("emulated device"), "{stdout}");
 }
 
