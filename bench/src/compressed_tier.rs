@@ -1,6 +1,6 @@
 //! The compressed tier part of `vfabric-bench lossy` (the lossless side of the compression module): a region
-//! stored with LZ4, larger than a GPU's budget and host memory together, written from the host and walked on the
-//! GPU in order, on two nodes of the same memory: one whose host memory is all whole frames and whose region is
+//! stored with LZ4 or zstd, larger than a GPU's budget and host memory together, written from the host and walked
+//! on the GPU in order, on two nodes of the same memory: one whose host memory is all whole frames and whose region is
 //! stored as it is (the baseline), one with part of that memory as a compressed tier. Per kind of data (random
 //! bytes, which never shrink; bf16 weights; GELU activations; sparse pages; zeros; and a trained model's tensors
 //! when given): the pages memory holds, the write's and the walk's GB/s, and the bytes read from the storage
@@ -25,6 +25,8 @@ pub struct CompressedRow {
     /// "host frames" (the baseline), "half a tier" (the same memory, half of it a compressed tier) or "frames and
     /// a tier" (the baseline's frames and a compressed tier of half their bytes beside them).
     pub setup: &'static str,
+    /// The region's codec: "none" for the baseline, "lz4" or "zstd" with a tier.
+    pub codec: String,
     /// Pages of the region.
     pub pages: u64,
     /// Pages host memory and the compressed tier held once the region was written.
@@ -87,10 +89,10 @@ const KINDS: [&str; 5] = [
 
 /// Writes, walks `walks` times with leases in `mode` and checks a region of `pages` pages of `data` on a node with
 /// a GPU budget of `budget`, `frames` bytes of host frames and a compressed tier of `tier` bytes (none when 0, and
-/// the region stored as it is).
+/// the region stored as it is), the region stored with `codec` when there is a tier.
 fn one(
     base: &ClusterConfig,
-    (setup, walks, mode): (&'static str, usize, Mode),
+    (setup, codec, walks, mode): (&'static str, Compression, usize, Mode),
     (budget, frames, tier, pages, ps): (u64, u64, u64, u64, u64),
     (kind, data): (&str, &[u8]),
     dir: &Path,
@@ -101,7 +103,7 @@ fn one(
     let sizes = tiers::Memory { budget, host: frames, packed: None };
     let f = tiers::fabric(&cfg, sizes, dir, (pages + budget / ps) * ps)?;
     let gpu = Location::Gpu(0);
-    let compression = if tier > 0 { Compression::Lz4 } else { Compression::None };
+    let compression = if tier > 0 { codec } else { Compression::None };
     let r = f.alloc(pages * ps, Placement { device: Some(gpu), compression, ..Placement::default() }).map_err(e)?;
     let sample = data.len() as u64 / ps;
     let source = |p: u64| &data[((p % sample) * ps) as usize..((p % sample + 1) * ps) as usize];
@@ -133,6 +135,7 @@ fn one(
     Ok(CompressedRow {
         data: kind.to_owned(),
         setup,
+        codec: compression.to_string(),
         pages,
         held,
         compressed: wrote.compressed / ps,
@@ -146,14 +149,15 @@ fn one(
     })
 }
 
-/// Runs the three nodes over every kind: a GPU budget of `budget` and `host` bytes of host frames (the
-/// baseline); the same memory, half of it a compressed tier; the baseline's frames and a tier of half their
-/// bytes beside them (for pages that never shrink, what packing costs). The region is the budget and three
-/// times `host`. `tensors` (name, bytes) are walked beside the synthetic kinds (with `synthetic`), each at least a
-/// page.
+/// Runs the nodes over every kind: a GPU budget of `budget` and `host` bytes of host frames (the baseline); then
+/// for each lossless codec of `codecs`, the same memory, half of it a compressed tier, and the baseline's frames
+/// and a tier of half their bytes beside them (for pages that never shrink, what packing costs). The region is
+/// the budget and three times `host`. `tensors` (name, bytes) are walked beside the synthetic kinds (with
+/// `synthetic`), each at least a page. The comparison in memory runs LZ4.
 pub fn run(
     base: &ClusterConfig,
     (budget, host, ps): (u64, u64, u64),
+    codecs: &[Compression],
     dir: &Path,
     tensors: &[(String, Vec<u8>)],
     synthetic: bool,
@@ -166,12 +170,18 @@ pub fn run(
     let synthetic =
         kinds.iter().enumerate().map(|(i, &k)| (k, compression::synthetic(k, (64 * ps) as usize, 31 + i as u64)));
     let trained = tensors.iter().filter(|(_, d)| d.len() as u64 >= ps).map(|(n, d)| (n.as_str(), d.clone()));
+    if let Some(c) = codecs.iter().find(|c| !c.is_lossless()) {
+        return Err(format!("the compressed tier takes lossless codecs (lz4, zstd), not {c}"));
+    }
+    let mut setups = vec![("host frames", Compression::None, host, 0)];
+    for &c in codecs {
+        setups.extend([("half a tier", c, host - tier, tier), ("frames and a tier", c, host, tier)]);
+    }
     for (kind, data) in synthetic.chain(trained) {
-        for (setup, frames, t) in
-            [("host frames", host, 0), ("half a tier", host - tier, tier), ("frames and a tier", host, tier)]
-        {
-            eprintln!("compressed tier, {kind}, {setup}: a region of {}", ByteSize(pages * ps));
-            rows.push(one(base, (setup, 1, Mode::Read), (budget, frames, t, pages, ps), (kind, &data), dir)?);
+        for &(setup, c, frames, t) in &setups {
+            eprintln!("compressed tier, {kind}, {setup} ({c}): a region of {}", ByteSize(pages * ps));
+            let sizes = (budget, frames, t, pages, ps);
+            rows.push(one(base, (setup, c, 1, Mode::Read), sizes, (kind, &data), dir)?);
         }
     }
     // In memory: a region the GPU and the baseline's frames hold together below their watermarks, so that no
@@ -190,7 +200,8 @@ pub fn run(
                 let (setup, t) = [("host frames", 0), ("frames and a tier", tier)][k];
                 eprintln!("compressed tier, {kind}, {setup}, in memory: a region of {}", ByteSize(small * ps));
                 let sizes = (budget, host, t, small, ps);
-                runs[k].push(one(base, (setup, IN_MEMORY_WALKS, Mode::Write), sizes, (kind, &data), dir)?);
+                let how = (setup, Compression::Lz4, IN_MEMORY_WALKS, Mode::Write);
+                runs[k].push(one(base, how, sizes, (kind, &data), dir)?);
             }
         }
         for mut two in runs {
@@ -202,10 +213,10 @@ pub fn run(
         "\n## The compressed tier (lossless)\n\n- a region of {} = the GPU budget {} + 3x the {} of memory beside it, \
          written from the host (pages going down as it goes) and walked on gpu0 in order, 8 pages a lease; that \
          memory all host frames with the region stored as it is (the baseline), or half of it ({}) a compressed \
-         tier with the region stored with LZ4 (half a tier), or the baseline's frames with a tier of that size \
-         beside them (frames and a tier); all spill to a storage tier in `{}`; every page read back and \
-         compared\n\n| data | memory | pages held | into the tier | their bytes | packing s | write GB/s | walk GB/s \
-         | read from storage |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+         tier with the region stored with the codec (half a tier), or the baseline's frames with a tier of that \
+         size beside them (frames and a tier); all spill to a storage tier in `{}`; every page read back and \
+         compared\n\n| data | memory | codec | pages held | into the tier | their bytes | packing s | write GB/s \
+         | walk GB/s | read from storage |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
         ByteSize(pages * ps),
         ByteSize(budget),
         ByteSize(host),
@@ -215,9 +226,10 @@ pub fn run(
     for r in &rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} |",
             r.data,
             r.setup,
+            r.codec,
             r.held,
             r.compressed,
             ByteSize(r.compressed_bytes),
@@ -229,16 +241,22 @@ pub fn run(
     }
     let _ = writeln!(
         md,
-        "\n| data | node | pages held vs frames | write vs frames | walk vs frames |\n|---|---|---:|---:|---:|"
+        "\n| data | node | codec | pages held vs frames | into the tier: page bytes / their bytes | write vs frames \
+         | walk vs frames |\n|---|---|---|---:|---:|---:|---:|"
     );
-    for three in rows.chunks(3) {
-        let a = &three[0];
-        for b in &three[1..] {
+    for kind in rows.chunks(setups.len()) {
+        let a = &kind[0];
+        for b in &kind[1..] {
+            let into = match b.compressed_bytes {
+                0 => "-".to_owned(),
+                n => format!("{:.2}", (b.compressed * ps) as f64 / n as f64),
+            };
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.2}x | {:.2}x | {:.2}x |",
+                "| {} | {} | {} | {:.2}x | {into} | {:.2}x | {:.2}x |",
                 a.data,
                 b.setup,
+                b.codec,
                 b.held as f64 / a.held.max(1) as f64,
                 b.write_gb_s / a.write_gb_s,
                 b.walk_gb_s / a.walk_gb_s

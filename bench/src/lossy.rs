@@ -65,6 +65,11 @@ pub struct LossyArgs {
     /// Runs the compressed tier part only of the tier parts.
     #[arg(long)]
     pub compressed_only: bool,
+    /// The compressed tier part: the lossless codecs of the regions walked over a compressed tier, each beside
+    /// the same uncompressed baseline (default: lz4,zstd with `--tensor-walks-only`; lz4 otherwise, where the
+    /// synthetic kinds' regions are many).
+    #[arg(long, value_delimiter = ',')]
+    pub tier_codecs: Option<Vec<Compression>>,
     /// The compressed tier part walks only the tensors of `--tensors` over the tiers (not the synthetic kinds;
     /// its comparison in memory still runs).
     #[arg(long)]
@@ -266,6 +271,13 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
     if args.iters == 0 || ps == 0 || ps % (1 << 16) != 0 {
         return Err("--iters must be at least 1 and --page-size a multiple of 64 KiB".into());
     }
+    let tier_codecs = args.tier_codecs.clone().unwrap_or_else(|| match args.tensor_walks_only {
+        true => vec![Compression::Lz4, Compression::Zstd],
+        false => vec![Compression::Lz4],
+    });
+    if let Some(c) = tier_codecs.iter().find(|c| !c.is_lossless()) {
+        return Err(format!("--tier-codecs {c}: lz4 or zstd (the compressed tier holds lossless pages)"));
+    }
     let emulated_size = 32u64 << 20;
     let opened = open(&OpenOptions {
         backend: cfg.device.backend,
@@ -329,7 +341,14 @@ pub fn run(args: &LossyArgs, command_line: &str) -> Result<(), String> {
             if args.compressed_only { None } else { Some(packed_tier::run(&cfg, budget, host, ps, &args.tier_dir)?) };
         Some((
             packed,
-            compressed_tier::run(&cfg, (budget, host, ps), &args.tier_dir, &trained, !args.tensor_walks_only)?,
+            compressed_tier::run(
+                &cfg,
+                (budget, host, ps),
+                &tier_codecs,
+                &args.tier_dir,
+                &trained,
+                !args.tensor_walks_only,
+            )?,
         ))
     };
     let (date, stamp) = report::now_stamps();

@@ -88,6 +88,13 @@ pub struct RemoteArgs {
     /// bytes: what `network.compression = "lz4"` in the configuration packs.
     #[arg(long)]
     pub sparse: bool,
+    /// Pages of a trained model's tensors (a folder of raw tensors, one per file, as `train_offload.py
+    /// --dump-tensors` writes them): a request of each file in turn, a region's worth at most.
+    #[arg(long, conflicts_with = "sparse")]
+    pub tensors: Option<PathBuf>,
+    /// With `--tensors`: that file's pages only (e.g. `weights.bf16`).
+    #[arg(long, requires = "tensors")]
+    pub tensor: Option<String>,
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
@@ -310,11 +317,8 @@ async fn measure(
 ) -> Result<(), String> {
     let region = a.alloc(peer, region_bytes, Some(args.home_device)).await.map_err(|e| e.to_string())?;
     {
-        let data = std::sync::Arc::new(if args.sparse {
-            sparse_bytes(size as usize)
-        } else {
-            vfabric::pattern::bytes(u64::from(mtu) ^ size, 0, size as usize)
-        });
+        let data =
+            std::sync::Arc::new(crate::throughput::payload(payload(args), u64::from(mtu) ^ size, size, region_bytes)?);
         for &streams in &args.streams {
             for write in [true, false] {
                 eprintln!(
@@ -502,7 +506,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let _ = writeln!(
         md,
         "- pages: {}; network.compression: {}",
-        if args.sparse { "sparse (zeros but for a number every 4 KiB)" } else { "random bytes" },
+        crate::throughput::describe(payload(args)),
         // With --cluster, the cluster's file sets it for both ends.
         args.cluster
             .as_ref()
@@ -651,13 +655,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `len` bytes of zeros but for a number every 4 KiB.
-fn sparse_bytes(len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    for (i, w) in v.chunks_mut(4096).enumerate() {
-        let n = (i as u64 * 7 + 1).to_le_bytes();
-        let k = n.len().min(w.len());
-        w[..k].copy_from_slice(&n[..k]);
-    }
-    v
+/// What the requests carry, as `--sparse`, `--tensors` and `--tensor` say.
+fn payload(args: &RemoteArgs) -> crate::throughput::Payload<'_> {
+    crate::throughput::Payload { sparse: args.sparse, tensors: args.tensors.as_deref(), tensor: args.tensor.as_deref() }
 }
