@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use vfabric_allocator::{Element, Fit, Location, PageSize};
 
+use crate::directory::DirectoryConfig;
 use crate::units::ByteSize;
 
 /// `[memory]`: how each node's memory is laid out.
@@ -41,6 +42,12 @@ pub struct MemorySection {
     pub high_watermark_percent: u8,
     /// ...and goes on until they are at or under this share.
     pub low_watermark_percent: u8,
+    /// On a node with a storage tier, host memory's least used pages go there in one batch when its used frames
+    /// would pass this share (percent) of its ordinary frames (those outside `headroom_percent`)...
+    pub host_high_watermark_percent: u8,
+    /// ...until they are at or under this share. (Without a storage tier host memory fills up: nothing is below
+    /// it.)
+    pub host_low_watermark_percent: u8,
     /// How far ahead of a walk in order pages are prefetched, in bytes (`0` turns prefetch off).
     pub readahead: ByteSize,
 }
@@ -59,6 +66,8 @@ impl Default for MemorySection {
             fit: Fit::FirstFit,
             high_watermark_percent: 90,
             low_watermark_percent: 75,
+            host_high_watermark_percent: DirectoryConfig::HOST_HIGH_WATERMARK_PERCENT,
+            host_low_watermark_percent: DirectoryConfig::HOST_LOW_WATERMARK_PERCENT,
             readahead: ByteSize(64 << 20),
         }
     }
@@ -87,8 +96,9 @@ impl MemorySection {
         }
     }
 
-    /// Checks the section: a page size of 64 KiB to 2 MiB, watermarks and headroom in range, a chunk size of a
-    /// power of two, and every arena at least a page (a packed tier a slot); the message names the field.
+    /// Checks the section: a page size of 64 KiB to 2 MiB, watermarks (the GPUs' and host memory's) and headroom
+    /// in range, a chunk size of a power of two, and every arena at least a page (a packed tier a slot); the
+    /// message names the field.
     pub(super) fn check(&self) -> Result<(), String> {
         PageSize::new(self.page_size.bytes()).map_err(|e| format!("memory.page_size: {e}"))?;
         if self.headroom_percent >= 100 {
@@ -99,6 +109,13 @@ impl MemorySection {
             "memory.low_watermark_percent ({}) must be at most memory.high_watermark_percent ({}), which is at most 100",
             self.low_watermark_percent, self.high_watermark_percent
         ));
+        }
+        let (high, low) = (self.host_high_watermark_percent, self.host_low_watermark_percent);
+        if low > high || high > 100 {
+            return Err(format!(
+                "memory.host_low_watermark_percent ({low}) must be at most memory.host_high_watermark_percent \
+                 ({high}), which is at most 100"
+            ));
         }
         let chunk = self.chunk_size.bytes();
         if !chunk.is_power_of_two() || chunk < (2 << 20) {

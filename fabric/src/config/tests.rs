@@ -44,6 +44,12 @@ fn bad_configs_are_reported() {
     assert!(bad("[memory]\nheadroom_percent = 100\n").contains("headroom"));
     assert!(bad("[memory]\nchunk_size = \"1MiB\"\n").contains("chunk_size"));
     assert!(bad("[memory]\nlow_watermark_percent = 95\n").contains("watermark"));
+    assert!(bad("[memory]\nhost_low_watermark_percent = 95\nhost_high_watermark_percent = 80\n")
+        .contains("memory.host_low_watermark_percent"));
+    assert!(bad("[memory]\nhost_high_watermark_percent = 101\n").contains("memory.host_high_watermark_percent"));
+    let host = format!("{base}[memory]\nhost_high_watermark_percent = 95\nhost_low_watermark_percent = 80\n");
+    let m = ClusterConfig::from_toml(&host, "t").expect("host memory's watermarks").memory;
+    assert_eq!((m.host_high_watermark_percent, m.host_low_watermark_percent), (95, 80));
     assert!(bad("[memory]\npage_sise = \"2MiB\"\n").contains("unknown field"));
     assert!(bad("[memory]\ngpu_budget = -1\n").contains("cannot be negative"));
     assert!(bad("[memory]\nhost_arena = 1.5\n").contains("whole number"));

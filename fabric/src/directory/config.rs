@@ -13,7 +13,8 @@ pub struct DirectoryConfig {
     pub headroom_percent: u8,
     /// How frames are placed.
     pub fit: Fit,
-    /// Eviction starts when a GPU's used frames would pass this share of its ordinary frames...
+    /// Eviction starts when a GPU's used frames would pass this share of its ordinary frames (host memory over a
+    /// storage tier has its own: `Directory::set_host_watermarks`)...
     pub high_watermark_percent: u8,
     /// ...and goes on until they are at or under this share.
     pub low_watermark_percent: u8,
@@ -41,4 +42,13 @@ impl Default for DirectoryConfig {
             epoch: 0,
         }
     }
+}
+
+impl DirectoryConfig {
+    /// Host memory's high watermark over a storage tier unless set otherwise (percent of its ordinary frames):
+    /// its least used pages go to the storage tier once those frames are all used...
+    pub const HOST_HIGH_WATERMARK_PERCENT: u8 = 100;
+    /// ...in one batch, until they are at or under this share: a tenth of host memory is free for the pages that
+    /// arrive next (a GPU's evictions, pages read back from the storage tier) without each waiting on the drive.
+    pub const HOST_LOW_WATERMARK_PERCENT: u8 = 90;
 }

@@ -45,14 +45,16 @@ pub enum DirectoryError {
     /// home without GPUs refuses it with this.)
     #[error("region {0} is stored lossily: its pages are packed in host memory, which leases them neither in host memory nor, on a node without GPUs, to other nodes: lease them on a GPU (host reads and writes expand them)")]
     PackedInHost(RegionHandle),
-    /// A reservation that cannot be met, even after evicting every page that may leave.
+    /// A reservation that cannot be met, even after evicting every page that may leave: refused before
+    /// anything moves.
     #[error("cannot reserve {requested} bytes of {location}: {available} bytes can be had")]
     ReservationRefused {
         /// The device.
         location: Location,
         /// Bytes asked for.
         requested: u64,
-        /// Bytes free there now.
+        /// Bytes that could be had there: those free, and those that evicting every copy that may leave (not
+        /// leased, in flight or reserved; the only copy of a page where the tier below has room) would free.
         available: u64,
     },
     /// A reservation id that names no reservation (given back already, or never made).

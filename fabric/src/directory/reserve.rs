@@ -2,7 +2,11 @@
 //! for want of it. A reservation takes its frames at once (evicting to make room, as an acquire would) and
 //! pins them, holding no page: nothing else can take, evict or move them. A region whose placement names the
 //! reservation draws on those frames as its pages arrive on that device; dropping the reservation returns the
-//! rest. A reservation that cannot be met is refused at once, saying what is available.
+//! rest. A reservation that cannot be met is refused at once, before anything moves, saying what could be had.
+//! An eviction that moves a tenant's page to a device where the tenant holds a reservation takes one of its
+//! frames; no other tenant's does.
+
+use std::collections::HashMap;
 
 use vfabric_allocator::{AllocClass, Location, TenantId};
 
@@ -26,9 +30,10 @@ pub struct ReservationInfo {
 
 impl Directory {
     /// One step of reserving `bytes` (whole pages) of `location` for `tenant`: `Done(id)` once the frames are
-    /// set aside, `Stage` when pages must be evicted first, `Wait` while a prefetch is in flight. Refused with
-    /// [`DirectoryError::ReservationRefused`] when evicting every page that may leave would still not make
-    /// room, and with the tenant's `QuotaExceeded` when the quota would not allow it.
+    /// set aside, `Stage` when pages must be evicted first, `Wait` while a stage is in flight. Refused before
+    /// anything moves: with [`DirectoryError::ReservationRefused`], saying what could be had, when the frames
+    /// free there and those that evicting every page that may leave would free are too few; and with the
+    /// tenant's `QuotaExceeded` when its quota there would not allow it.
     pub fn step_reserve(
         &mut self,
         location: Location,
@@ -43,30 +48,46 @@ impl Directory {
             return Err(DirectoryError::ZeroSize);
         }
         let n = bytes.div_ceil(self.page_size());
-        let total = u64::from(self.devs[usize::from(dev)].frames.frames());
-        if n > total {
-            return Err(DirectoryError::ReservationRefused {
-                location,
-                requested: bytes,
-                available: self.free_bytes(dev),
+        let d = &self.devs[usize::from(dev)];
+        let tier = d.frames.tier();
+        let charge = n.saturating_mul(d.frames.frame_size().bytes());
+        if !self.quotas.can_charge(tenant, tier, charge) {
+            return Err(DirectoryError::QuotaExceeded {
+                tenant,
+                tier,
+                limit: self.quotas.limit(tenant, tier).unwrap_or(u64::MAX),
+                used: self.quotas.used(tenant, tier),
+                requested: charge,
             });
+        }
+        let ps = self.page_size();
+        let refused = move |available: u32| DirectoryError::ReservationRefused {
+            location,
+            requested: bytes,
+            available: u64::from(available) * ps,
+        };
+        if n > u64::from(d.frames.frames() - d.frames.reserved_frames()) {
+            return Err(refused(self.obtainable(dev)));
         }
         let n = n as u32;
         if !self.in_flight.is_empty() {
-            // Evicting beside a stage in flight could take its sources.
+            // Evicting beside a stage in flight could take its sources; and what it pins comes free as it lands.
             return Ok(Step::Wait);
         }
         let avail = self.available(dev);
         if avail < n {
-            let stage = self.plan_evict(dev, n - avail, &|_| false)?;
+            // Refused before anything moves: evicting pages only to refuse would cost other tenants their pages
+            // for nothing.
+            let can = self.obtainable(dev);
+            if can < n {
+                return Err(refused(can));
+            }
+            let stage = self.plan_evict_exactly(dev, n - avail, &|_| false)?;
             if !stage.updates.is_empty() {
                 return Ok(Step::Stage(stage));
             }
-            return Err(DirectoryError::ReservationRefused {
-                location,
-                requested: bytes,
-                available: self.free_bytes(dev),
-            });
+            // The count was too hopeful (it does not look at quotas below): what is free is what can be had.
+            return Err(refused(self.available(dev)));
         }
         let frames = self.take(dev, n, tenant, AllocClass::Normal)?;
         for &f in &frames {
@@ -76,6 +97,42 @@ impl Directory {
         r.next += 1;
         r.held.insert(r.next, (dev, frames, tenant));
         Ok(Step::Done(r.next))
+    }
+
+    /// Frames of `dev` a reservation could have: those ordinary allocations may take now, and those evicting
+    /// every copy that may leave would free. A copy may leave when it is not pinned (so neither leased, read or
+    /// written by a stage in flight, nor reserved) and either the page has another copy or the tier below has
+    /// room for it (free frames, or frames its own evictions would free). Quotas below are not counted.
+    pub(super) fn obtainable(&self, dev: DevIdx) -> u32 {
+        let d = &self.devs[usize::from(dev)];
+        let normal = d.frames.frames() - d.frames.reserved_frames();
+        let stuck = d.frames.used_frames().saturating_sub(self.freeable(dev, 2));
+        normal.saturating_sub(stuck)
+    }
+
+    /// Frames of `dev` that evicting every copy that may leave would free, looking `depth` tiers further down
+    /// for room for only copies.
+    fn freeable(&self, dev: DevIdx, depth: u8) -> u32 {
+        let d = &self.devs[usize::from(dev)];
+        let mut freed = 0u32;
+        let mut down: HashMap<DevIdx, u32> = HashMap::new();
+        for f in d.lru.iter() {
+            let Some(page) = d.users[f as usize] else { continue };
+            if self.page(page).copies().count() > 1 {
+                freed += 1;
+            } else if let Some(b) = self.below(dev, page.slot) {
+                *down.entry(b).or_default() += 1;
+            }
+        }
+        for (b, n) in down {
+            // Evictions may take the headroom below.
+            let mut room = self.devs[usize::from(b)].frames.free_frames();
+            if depth > 0 {
+                room = room.saturating_add(self.freeable(b, depth - 1));
+            }
+            freed += n.min(room);
+        }
+        freed
     }
 
     /// Every reservation held: its id, device, tenant and the bytes it still holds, by id.
@@ -133,13 +190,38 @@ impl Directory {
         }
     }
 
+    /// Takes one frame out of a reservation of `dev` for a page of region `slot` that an eviction moves there:
+    /// out of the reservation the region names when it holds frames of `dev`, else out of the first that its
+    /// tenant holds there. The frame stays charged to the reservation's tenant and is no longer pinned: the
+    /// page's copy takes it when the stage commits. `None` when no such reservation has a frame left.
+    pub(super) fn lend_reserved(&mut self, slot: u32, dev: DevIdx) -> Option<(u64, u32)> {
+        let tenant = self.tenant_of(slot);
+        let held = &self.reservations.held;
+        let has = |id: &u64| held.get(id).is_some_and(|(d, frames, _)| *d == dev && !frames.is_empty());
+        let named = self.regions.get(slot as usize).and_then(|r| r.as_ref()).and_then(|r| r.placement.reservation);
+        let id = named
+            .filter(has)
+            .or_else(|| held.iter().filter(|(id, (_, _, t))| *t == tenant && has(id)).map(|(&id, _)| id).min())?;
+        let frame = self.reservations.held.get_mut(&id)?.1.pop()?;
+        self.unpin(Copy { dev, frame });
+        Some((id, frame))
+    }
+
+    /// Gives back a frame [`Directory::lend_reserved`] took out of reservation `id`, unused: pinned in the
+    /// reservation again, or freed when the reservation is gone.
+    pub(super) fn return_lent(&mut self, id: u64, c: Copy) {
+        match self.reservations.held.get_mut(&id) {
+            Some((_, frames, _)) => {
+                frames.push(c.frame);
+                self.pin(c);
+            }
+            None => self.untake(c),
+        }
+    }
+
     fn free_reserved(&mut self, dev: DevIdx, frame: u32) {
         let c = Copy { dev, frame };
         self.unpin(c);
         self.untake(c);
-    }
-
-    fn free_bytes(&self, dev: DevIdx) -> u64 {
-        u64::from(self.available(dev)) * self.page_size()
     }
 }

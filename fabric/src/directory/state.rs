@@ -83,6 +83,8 @@ pub struct Directory {
     pub(super) reservations: Reservations,
     /// Stages in flight across calls, oldest first: prefetches (`prefetch.rs`) and write-backs (`hints.rs`).
     pub(super) in_flight: VecDeque<InFlight>,
+    /// Host memory's high and low watermarks (percent of its ordinary frames) when the node has a storage tier.
+    pub(super) host_watermarks: (u8, u8),
 }
 
 impl Directory {
@@ -91,12 +93,7 @@ impl Directory {
     /// slots of [`Location::frame_bytes`], not pages) and one compressed tier (whose frames are blocks of
     /// [`COMPRESSED_BLOCK`], a page taking a run of them).
     pub fn new(cfg: DirectoryConfig, devices: &[(Location, u64)]) -> Result<Self, DirectoryError> {
-        if cfg.low_watermark_percent > cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
-            return Err(DirectoryError::InvalidWatermarks {
-                low: cfg.low_watermark_percent,
-                high: cfg.high_watermark_percent,
-            });
-        }
+        check_watermarks(cfg.high_watermark_percent, cfg.low_watermark_percent)?;
         let mut devs = Vec::new();
         for &(location, bytes) in devices {
             let tier = match location {
@@ -160,6 +157,10 @@ impl Directory {
             next_lease: 1,
             reservations: Default::default(),
             in_flight: VecDeque::new(),
+            host_watermarks: (
+                DirectoryConfig::HOST_HIGH_WATERMARK_PERCENT,
+                DirectoryConfig::HOST_LOW_WATERMARK_PERCENT,
+            ),
         })
     }
 
@@ -187,6 +188,22 @@ impl Directory {
         self.devs[usize::from(dev)].location
     }
 
+    /// Sets host memory's watermarks over a storage tier (percent of its ordinary frames; by default
+    /// [`DirectoryConfig::HOST_HIGH_WATERMARK_PERCENT`] and [`DirectoryConfig::HOST_LOW_WATERMARK_PERCENT`]): once
+    /// a call would take its used frames past `high`, its least used pages go to the storage tier in one batch
+    /// until they are at or under `low`. Without a storage tier host memory has no watermarks (nothing is below
+    /// it: it fills up). Refused unless `low <= high <= 100`.
+    pub fn set_host_watermarks(&mut self, high: u8, low: u8) -> Result<(), DirectoryError> {
+        check_watermarks(high, low)?;
+        self.host_watermarks = (high, low);
+        Ok(())
+    }
+
+    /// Host memory's watermarks over a storage tier: high, low (percent of its ordinary frames).
+    pub fn host_watermarks(&self) -> (u8, u8) {
+        self.host_watermarks
+    }
+
     /// The tenant quotas, to read.
     pub fn quotas(&self) -> &QuotaBook {
         &self.quotas
@@ -196,4 +213,12 @@ impl Directory {
     pub fn quotas_mut(&mut self) -> &mut QuotaBook {
         &mut self.quotas
     }
+}
+
+/// Refuses watermarks that cannot work: the low one past the high one, or the high one past 100%.
+fn check_watermarks(high: u8, low: u8) -> Result<(), DirectoryError> {
+    if low > high || high > 100 {
+        return Err(DirectoryError::InvalidWatermarks { low, high });
+    }
+    Ok(())
 }

@@ -125,6 +125,8 @@ impl Fabric {
             &devices,
         )?;
         let mut dir = dir;
+        let memory = &config.memory;
+        dir.set_host_watermarks(memory.host_high_watermark_percent, memory.host_low_watermark_percent)?;
         for t in &config.tenants {
             for (tier, limit) in [(Tier::Gpu, t.gpu), (Tier::Host, t.host), (Tier::Nvme, t.storage)] {
                 if let Some(limit) = limit {

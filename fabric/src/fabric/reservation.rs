@@ -11,8 +11,8 @@ use crate::directory::ReservationInfo;
 use crate::error::FabricError;
 
 /// Capacity of one device held for a tenant until dropped. Regions whose `Placement::reservation` is
-/// [`Reservation::id`] take its frames as their pages arrive on that device; what is left returns when it is
-/// dropped.
+/// [`Reservation::id`] take its frames as their pages arrive on that device, and so do the tenant's pages that
+/// evictions move there; what is left returns when it is dropped.
 pub struct Reservation {
     inner: Arc<Inner>,
     id: u64,
@@ -53,8 +53,10 @@ impl Drop for Reservation {
 impl Fabric {
     /// Sets aside `bytes` (whole pages) of `location` for `tenant` now, evicting other pages to make room as an
     /// acquire would, so that a task started after it cannot fail midway for want of that memory. Refused at
-    /// once, with the bytes that can be had, when evicting every page that may leave would not make room
-    /// (`Directory(ReservationRefused)`), and with `QuotaExceeded` past the tenant's quota.
+    /// once, before anything moves, with the bytes that can be had (those free and those evicting every page that
+    /// may leave would free), when that is less (`Directory(ReservationRefused)`), and with `QuotaExceeded` past
+    /// the tenant's quota. The tenant's pages evicted to that device (host memory, the storage tier) take the
+    /// reservation's frames as they arrive; no other tenant's take them.
     pub fn reserve(&self, location: Location, bytes: u64, tenant: TenantId) -> Result<Reservation, FabricError> {
         let mut st = lock(&self.inner.state);
         let id = self.drive(&mut st, |d| d.step_reserve(location, bytes, tenant))?;
