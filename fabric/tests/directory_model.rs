@@ -83,7 +83,9 @@ enum Op {
         device: usize,
         write_back: bool,
     },
-    /// Sets `pages` of a device aside; regions allocated while it lasts (with an odd page count) draw on it.
+    /// Sets `pages` of a device aside (any of the node's but the compressed tier, picked by `device` modulo their
+    /// count: GPUs, host memory, packed tiers, the storage tier); regions allocated while it lasts (with an odd
+    /// page count) draw on it, and evictions to its device take its frames.
     Reserve {
         device: usize,
         pages: u32,
@@ -116,7 +118,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(region, page, pages, device, steps)| Op::Walk { region, page, pages, device, steps }),
         2 => (0usize..8, 0u32..6, 1u32..4, 0usize..2, any::<bool>())
             .prop_map(|(region, page, pages, device, write_back)| Op::Hint { region, page, pages, device, write_back }),
-        1 => (0usize..3, 1u32..5).prop_map(|(device, pages)| Op::Reserve { device, pages }),
+        1 => (0usize..6, 1u32..5).prop_map(|(device, pages)| Op::Reserve { device, pages }),
         1 => (0usize..4).prop_map(|index| Op::Unreserve { index }),
         1 => Just(Op::Settle),
         1 => (0usize..8, 0u32..6).prop_map(|(region, page)| Op::Corrupt { region, page }),
@@ -157,6 +159,12 @@ struct Sim {
     regions: Vec<RegionHandle>,
     leases: Vec<(LeaseGrant, RegionHandle, Vec<u64>)>,
     reservations: Vec<u64>,
+    /// Per reservation held: its device, the pages it set aside, and how many frames pages may have taken from
+    /// it (landed on its device, or in flight there: pages of regions naming it, and pages evictions moved
+    /// there); never less than the frames it no longer holds.
+    reserved: HashMap<u64, (Location, u64, u64)>,
+    /// Stages aborted (copies failed): only they give frames back to a reservation.
+    aborts: u64,
     next_token: u64,
     stages: u64,
     fail_every: u64,
@@ -197,6 +205,16 @@ fn arrivals(stage: &Stage) -> Vec<u32> {
     stage.batches.iter().filter(from_gpu).flat_map(|b| b.moves.iter().map(|m| m.dst)).collect()
 }
 
+/// The frames a stage takes and fills: its copies' destinations and its zero-fills (none for a compaction, which
+/// moves pages into frames already free without taking them).
+fn landings(stage: &Stage) -> Vec<(Location, u32)> {
+    if stage.kind == StageKind::Compact {
+        return Vec::new();
+    }
+    let copies = stage.batches.iter().flat_map(|b| b.moves.iter().map(move |m| (b.to, m.dst)));
+    copies.chain(stage.zero.iter().copied()).collect()
+}
+
 fn key(r: &RegionHandle, page: u32) -> (u32, u64, u32) {
     (0, r.addr.raw(), page)
 }
@@ -218,17 +236,49 @@ impl Sim {
         }
         if let Some(e) = corrupt {
             self.corruptions += 1;
+            self.aborts += 1;
             self.dir.abort(stage);
             return Err(SimError::Corrupt(e));
         }
         if fail {
+            self.aborts += 1;
             self.dir.abort(stage);
             return Err(SimError::CopyFailed);
         }
         let arrived = arrivals(&stage);
+        let landed = landings(&stage);
+        let kind = stage.kind;
         self.dir.commit(stage);
+        self.count_taken(kind, &landed, None);
         self.pack_arrivals(arrived);
         Ok(())
+    }
+
+    /// Counts the frames of `landed` (a stage of `kind`, committed or started) that may have come out of a
+    /// reservation: on its device, an eviction's (its tenant's reservation there lends them), or a page's of a
+    /// region naming it (`region`'s, or else the one whose copy is now there).
+    fn count_taken(&mut self, kind: StageKind, landed: &[(Location, u32)], region: Option<RegionHandle>) {
+        for &(loc, frame) in landed {
+            let owner = || {
+                let dev = self.dir.dev(loc).ok()?;
+                let mut all =
+                    self.regions.iter().copied().flat_map(|h| (0..(h.len / PAGE) as usize).map(move |p| (h, p)));
+                let holds = |&(h, p): &(RegionHandle, usize)| {
+                    self.dir.region(&h).is_ok_and(|r| r.pages[p].copy_on(dev).is_some_and(|c| c.frame == frame))
+                };
+                region.or_else(|| all.find(holds).map(|(h, _)| h))
+            };
+            let named = if kind == StageKind::Evict {
+                None
+            } else {
+                owner().and_then(|h| self.dir.region(&h).ok().and_then(|r| r.placement.reservation))
+            };
+            for (id, r) in self.reserved.iter_mut() {
+                if r.0 == loc && (kind == StageKind::Evict || named == Some(*id)) {
+                    r.2 += 1;
+                }
+            }
+        }
     }
 
     /// What the fabric does after a stage commits: the pages of lossless regions that an eviction, write-back
@@ -356,7 +406,7 @@ impl Sim {
                         let up = up.unwrap_or_else(|| panic!("a prefetch for {device} goes to {to:?}"));
                         assert!(into(up) < STAGING_DEPTH, "more stages from storage than allowed");
                     }
-                    self.start(stage);
+                    self.start(stage, *h);
                 }
                 Ok(None) | Err(SimError::Dir(DirectoryError::OutOfMemory { .. })) => return,
                 Err(SimError::CopyFailed) => return,
@@ -366,8 +416,10 @@ impl Sim {
         }
     }
 
-    /// Starts a stage that stays in flight: its copies are made now or when it settles, and may fail.
-    fn start(&mut self, stage: Stage) {
+    /// Starts a stage that stays in flight (of region `h`): its copies are made now or when it settles, and may
+    /// fail.
+    fn start(&mut self, stage: Stage, h: RegionHandle) {
+        self.count_taken(stage.kind, &landings(&stage), Some(h));
         let mut fail = self.next_fails();
         let late = self.stages % 2 == 0;
         self.prefetched += stage.pages() as u64;
@@ -394,7 +446,7 @@ impl Sim {
             Ok(Some(stage)) => {
                 assert!(self.prefetch.len() < HINT_DEPTH, "more stages in flight than allowed");
                 assert_eq!(stage.kind, if write_back { StageKind::WriteBack } else { StageKind::Prefetch });
-                self.start(stage);
+                self.start(stage, h);
             }
             Ok(None) | Err(SimError::Dir(DirectoryError::OutOfMemory { .. })) | Err(SimError::CopyFailed) => {}
             Err(SimError::Corrupt(_)) if self.lost_in(&h, page, pages) => {}
@@ -415,6 +467,7 @@ impl Sim {
             fail = true;
         }
         if fail {
+            self.aborts += 1;
             self.dir.abort(stage);
         } else {
             let arrived = arrivals(&stage);
@@ -578,10 +631,14 @@ impl Sim {
                 self.hint(self.regions[i], page, pages, device, write_back);
             }
             Op::Reserve { device, pages } => {
-                match self.drive(|d| d.step_reserve(DEVICES[device].0, u64::from(pages) * PAGE, Default::default())) {
+                let locs: Vec<Location> =
+                    self.dir.locations().into_iter().filter(|l| *l != Location::Compressed).collect();
+                let loc = locs[device % locs.len()];
+                match self.drive(|d| d.step_reserve(loc, u64::from(pages) * PAGE, Default::default())) {
                     Ok(id) => {
                         assert_eq!(self.dir.reserved(id).unwrap(), u64::from(pages) * PAGE);
                         self.reservations.push(id);
+                        self.reserved.insert(id, (loc, u64::from(pages), 0));
                     }
                     Err(SimError::Dir(
                         DirectoryError::ReservationRefused { .. } | DirectoryError::OutOfMemory { .. },
@@ -593,6 +650,7 @@ impl Sim {
             Op::Unreserve { index } => {
                 let Some(i) = pick(index, self.reservations.len()) else { return };
                 let id = self.reservations.remove(i);
+                self.reserved.remove(&id);
                 self.dir.unreserve(id).expect("unreserve");
                 assert!(matches!(self.dir.unreserve(id), Err(DirectoryError::UnknownReservation(_))));
             }
@@ -639,6 +697,12 @@ impl Sim {
                 Err(e) => panic!("compact: {e}"),
             },
         }
+    }
+
+    /// Per reservation held: the frames it holds and the pages that may have taken its frames so far.
+    fn reservation_marks(&self) -> HashMap<u64, (u64, u64)> {
+        let held = |id: u64| self.dir.reserved(id).expect("a reservation held") / PAGE;
+        self.reserved.iter().map(|(&id, r)| (id, (held(id), r.2))).collect()
     }
 
     /// Acquires pages `page..page + pages` (clipped to the region) on a device and checks the leased bytes;
@@ -696,6 +760,16 @@ impl Sim {
     fn check(&mut self, after: &Op) {
         if let Err(e) = self.dir.check_invariants() {
             panic!("after {after:?}: {e}");
+        }
+        // A reservation never holds more than it set aside, and what it no longer holds pages took.
+        for (&id, &(loc, pages, taken)) in &self.reserved {
+            let held = self.dir.reserved(id).expect("a reservation held") / PAGE;
+            assert!(held <= pages, "after {after:?}: reservation {id} on {loc} holds {held} of its {pages} pages");
+            assert!(
+                pages - held <= taken,
+                "after {after:?}: reservation {id} on {loc} gave {} frames for {taken} pages that took them",
+                pages - held
+            );
         }
         // Every copy in a packed tier is a lossy region's, in the tier of its values.
         let tiers: Vec<(u8, Location)> = [Element::Bf16, Element::F32]
@@ -809,6 +883,8 @@ fn sim_on(devices: &[(Location, u64)], fail_every: u64, high: u8, low: u8) -> Si
         regions: Vec::new(),
         leases: Vec::new(),
         reservations: Vec::new(),
+        reserved: HashMap::new(),
+        aborts: 0,
         next_token: 0,
         stages: 0,
         fail_every,
@@ -877,8 +953,32 @@ proptest! {
 fn run_model(mut s: Sim, ops: &[Op]) -> Result<(), TestCaseError> {
     {
         for op in ops {
+            let before = s.reservation_marks();
+            let aborts = s.aborts;
             s.apply(op);
             s.check(op);
+            // Within one operation, a reservation gives out no more frames than pages took, and gains frames
+            // only when a stage aborted (its frames back from the pages that would have taken them).
+            for (id, (held, taken)) in s.reservation_marks() {
+                let Some(&(held0, taken0)) = before.get(&id) else { continue };
+                prop_assert!(
+                    held0.saturating_sub(held) <= taken - taken0,
+                    "{:?}: reservation {} went from {} to {} frames for {} pages that took them",
+                    op,
+                    id,
+                    held0,
+                    held,
+                    taken - taken0
+                );
+                prop_assert!(
+                    held <= held0 || s.aborts > aborts,
+                    "{:?}: reservation {} grew: {} to {}",
+                    op,
+                    id,
+                    held0,
+                    held
+                );
+            }
         }
         for (grant, _, _) in std::mem::take(&mut s.leases) {
             s.dir.release(grant.id).expect("release");

@@ -359,3 +359,33 @@ fn a_gpus_evictions_spill_host_memory_in_batches() {
     }
     assert!(intact(&f, &host, 121) && intact(&f, &gpu, 122), "every page kept its bytes");
 }
+
+/// An acquire of a region naming a GPU reservation that must evict first (past the GPU's high watermark) draws
+/// the reservation by exactly the pages it takes, though it is planned again after the eviction stage.
+#[test]
+fn an_acquire_that_evicts_first_draws_its_reservation_once() {
+    use vfabric::{Fabric, Location, Mode, Placement, TenantId};
+    let mut c = config();
+    plain(&mut c, 64);
+    // 16 frames: past 8 used, a GPU evicts down to 4.
+    c.memory.high_watermark_percent = 50;
+    c.memory.low_watermark_percent = 25;
+    let f = Fabric::embedded(&c).expect("fabric");
+    let (g, ps) = (Location::Gpu(0), f.page_size());
+    let x = written(&f, 2, g, 0, 91);
+    let r = f.reserve(g, 8 * ps, TenantId(0)).expect("reserve half the GPU");
+    let z = f.alloc(4 * ps, Placement { device: Some(g), reservation: Some(r.id()), ..Placement::default() });
+    let z = z.expect("alloc");
+    let before = f.traffic();
+    let lease = f.acquire(&z, 0..4 * ps, g, Mode::Write).expect("the reservation's frames");
+    assert!(f.traffic().since(&before).evicted > 0, "x's pages left the GPU first (the acquire was retried)");
+    assert_eq!(r.bytes().expect("bytes"), 4 * ps, "drawn by the four pages z took, once");
+    f.release(lease).expect("release");
+    assert!(intact(&f, &x, 91), "x's pages kept their bytes");
+    drop(r);
+    assert_eq!(
+        f.stats().directory.devices.iter().find(|d| d.location == g).map(|d| d.used),
+        Some(4),
+        "z's four pages, the rest of the reservation given back"
+    );
+}

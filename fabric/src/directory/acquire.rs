@@ -1,7 +1,7 @@
 //! Acquire and release: one step of an acquire (evict, compact, fetch, then grant the lease), the fetches it
 //! plans, and the release that publishes a write lease's new version.
 
-use vfabric_allocator::{AllocClass, Location};
+use vfabric_allocator::{AllocClass, Location, TenantId};
 
 use super::error::DirectoryError;
 use super::lease::{LeaseFrames, LeaseGrant, LeaseRecord, Mode};
@@ -116,74 +116,98 @@ impl Directory {
         let tenant = self.tenant_of(slot);
         if req.contiguous {
             // Every page goes into one run, those already here included.
-            self.draw_reservation(slot, dev, n);
-            let evict = self.eviction_need(dev, n);
-            if evict > 0 && self.devs[usize::from(dev)].frames.largest_free_run() < n {
-                // A full device with no run: empty the window that costs least, instead of evicting pages
-                // wherever they lie and then moving others to join the holes.
-                let stage = self.plan_window_evict(dev, n, &in_request)?;
-                if !stage.updates.is_empty() {
-                    return Ok(Step::Stage(stage));
-                }
+            let drawn = self.draw_reservation(slot, dev, n);
+            let planned = self.plan_run(dev, &pages, &cur, tenant, &in_request);
+            if let Some(step) = self.settle_draw(drawn, planned, |s| s.as_mut().and_then(Step::stage_mut))? {
+                return Ok(step);
             }
-            if evict > 0 {
-                let stage = self.plan_evict(dev, evict, &in_request)?;
-                if !stage.updates.is_empty() {
-                    return Ok(Step::Stage(stage));
-                }
-                if self.available(dev) < n {
-                    if !self.in_flight.is_empty() {
-                        // What stages in flight pin comes free as they land.
-                        return Ok(Step::Wait);
-                    }
-                    // Nothing more can leave: place page by page where there is room.
-                    req.contiguous = false;
-                    return self.plan_acquire(req);
-                }
-            }
-            let d = &self.devs[usize::from(dev)];
-            if d.frames.largest_free_run() < n {
-                return match d.frames.compaction_plan(n) {
-                    Ok(plan) if !plan.is_noop() => Ok(Step::Stage(self.compaction_stage(dev, plan))),
-                    // Every window holds a pinned frame: those of stages in flight come free as they land.
-                    _ if !self.in_flight.is_empty() => Ok(Step::Wait),
-                    _ => {
-                        req.contiguous = false;
-                        self.plan_acquire(req)
-                    }
-                };
-            }
-            let run = self.devs[usize::from(dev)].frames.free_runs().find(|r| r.len >= n).map(|r| r.start);
-            let Some(start) = run else {
-                req.contiguous = false;
-                return self.plan_acquire(req);
-            };
-            self.take_run(dev, start, n, tenant)?;
-            let targets: Vec<u32> = (start..start + n).collect();
-            return Ok(Step::Stage(self.plan_fetch(dev, &pages, &targets, &cur)));
+            // No run can be had: page by page where there is room.
+            req.contiguous = false;
+            return self.plan_acquire(req);
         }
         // Page by page: only the pages not here yet need frames.
-        let missing: Vec<usize> = (0..pages.len()).filter(|&i| cur[i].is_none()).collect();
+        let missing: Vec<PageRef> = (0..pages.len()).filter(|&i| cur[i].is_none()).map(|i| pages[i]).collect();
+        let drawn = self.draw_reservation(slot, dev, missing.len() as u32);
+        let planned = self.plan_pages(req.device, dev, &missing, tenant, &in_request);
+        self.settle_draw(drawn, planned, Step::stage_mut)
+    }
+
+    /// The next step of bringing `pages` (whose copies on `dev` are `cur`) into one run of frames there: room
+    /// made first (never by evicting pages `keep` names), compaction, then the stage that fetches them into the
+    /// run. `None` when no run can be had and the pages should go where there is room.
+    fn plan_run(
+        &mut self,
+        dev: DevIdx,
+        pages: &[PageRef],
+        cur: &[Option<u32>],
+        tenant: TenantId,
+        keep: &dyn Fn(PageRef) -> bool,
+    ) -> Result<Option<Step<LeaseGrant>>, DirectoryError> {
+        let n = pages.len() as u32;
+        let evict = self.eviction_need(dev, n);
+        if evict > 0 && self.devs[usize::from(dev)].frames.largest_free_run() < n {
+            // A full device with no run: empty the window that costs least, instead of evicting pages
+            // wherever they lie and then moving others to join the holes.
+            let stage = self.plan_window_evict(dev, n, keep)?;
+            if !stage.updates.is_empty() {
+                return Ok(Some(Step::Stage(stage)));
+            }
+        }
+        if evict > 0 {
+            let stage = self.plan_evict(dev, evict, keep)?;
+            if !stage.updates.is_empty() {
+                return Ok(Some(Step::Stage(stage)));
+            }
+            if self.available(dev) < n {
+                // What stages in flight pin comes free as they land; else nothing more can leave.
+                return Ok((!self.in_flight.is_empty()).then_some(Step::Wait));
+            }
+        }
+        let d = &self.devs[usize::from(dev)];
+        if d.frames.largest_free_run() < n {
+            return Ok(match d.frames.compaction_plan(n) {
+                Ok(plan) if !plan.is_noop() => Some(Step::Stage(self.compaction_stage(dev, plan))),
+                // Every window holds a pinned frame: those of stages in flight come free as they land.
+                _ if !self.in_flight.is_empty() => Some(Step::Wait),
+                _ => None,
+            });
+        }
+        let run = self.devs[usize::from(dev)].frames.free_runs().find(|r| r.len >= n).map(|r| r.start);
+        let Some(start) = run else { return Ok(None) };
+        self.take_run(dev, start, n, tenant)?;
+        let targets: Vec<u32> = (start..start + n).collect();
+        Ok(Some(Step::Stage(self.plan_fetch(dev, pages, &targets, cur))))
+    }
+
+    /// The next step of bringing `missing` (pages with no copy on `dev`, of a request for `device`) to `dev`,
+    /// each into whatever frame is free: room made first (never by evicting pages `keep` names), then the stage
+    /// that fetches them.
+    fn plan_pages(
+        &mut self,
+        device: Location,
+        dev: DevIdx,
+        missing: &[PageRef],
+        tenant: TenantId,
+        keep: &dyn Fn(PageRef) -> bool,
+    ) -> Result<Step<LeaseGrant>, DirectoryError> {
         let need = missing.len() as u32;
-        self.draw_reservation(slot, dev, need);
         let evict = self.eviction_need(dev, need);
         if evict > 0 {
-            let stage = self.plan_evict(dev, evict, &in_request)?;
+            let stage = self.plan_evict(dev, evict, keep)?;
             if !stage.updates.is_empty() {
                 return Ok(Step::Stage(stage));
             }
             if self.available(dev) < need {
                 return Err(DirectoryError::OutOfMemory {
-                    location: req.device,
+                    location: device,
                     needed: u64::from(need),
                     available: u64::from(self.available(dev)),
                 });
             }
         }
         let frames = self.take(dev, need, tenant, AllocClass::Normal)?;
-        let sub: Vec<PageRef> = missing.iter().map(|&i| pages[i]).collect();
-        let none = vec![None; sub.len()];
-        Ok(Step::Stage(self.plan_fetch(dev, &sub, &frames, &none)))
+        let none = vec![None; missing.len()];
+        Ok(Step::Stage(self.plan_fetch(dev, missing, &frames, &none)))
     }
 
     /// The copy a page is fetched from: a GPU's (NVLink) before host memory's (packed or not), host memory's
@@ -227,9 +251,22 @@ impl Directory {
         if stored.is_empty() {
             return Ok(None);
         }
-        let need = stored.len() as u32;
         let up = self.host_of(slot);
-        self.draw_reservation(slot, up, need);
+        let drawn = self.draw_reservation(slot, up, stored.len() as u32);
+        let planned = self.plan_up(slot, up, &stored, keep);
+        self.settle_draw(drawn, planned, |s| s.as_mut())
+    }
+
+    /// The stage bringing `stored` (pages of region `slot`, each with the copy it comes from) to `up`, host
+    /// memory; or the stage making room there first, never by evicting pages `keep` names.
+    fn plan_up(
+        &mut self,
+        slot: u32,
+        up: DevIdx,
+        stored: &[(u32, Copy)],
+        keep: &dyn Fn(PageRef) -> bool,
+    ) -> Result<Option<Stage>, DirectoryError> {
+        let need = stored.len() as u32;
         let avail = self.available(up);
         if avail < need {
             let stage = self.plan_evict(up, need - avail, keep)?;

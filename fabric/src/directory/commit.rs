@@ -5,9 +5,11 @@ use super::stage::{Stage, StageKind, Update};
 use super::state::Directory;
 
 impl Directory {
-    /// Applies a stage whose copies all arrived.
-    pub fn commit(&mut self, stage: Stage) {
+    /// Applies a stage whose copies all arrived. Frames its call drew out of a reservation without taking them
+    /// go back to it (the call draws them again when retried).
+    pub fn commit(&mut self, mut stage: Stage) {
         self.forget_in_flight(&stage);
+        let loose = std::mem::take(&mut stage.loose);
         let prefetched = stage.kind == StageKind::Prefetch;
         for u in stage.updates {
             match u {
@@ -47,6 +49,9 @@ impl Directory {
                 }
             }
         }
+        for d in loose {
+            self.undraw(d);
+        }
     }
 
     /// Marks a GPU copy as prefetched and not yet leased (or not). Copies staged into host memory on their way
@@ -56,11 +61,21 @@ impl Directory {
         d.fresh[c.frame as usize] = fresh && d.is_gpu();
     }
 
-    /// Forgets a stage whose copies failed: frees the frames it took. The pages stay where they were.
-    pub fn abort(&mut self, stage: Stage) {
+    /// Forgets a stage whose copies failed: frees the frames it took, except that those which came out of a
+    /// reservation go back to it (lent frames as they were, drawn ones taken for it again). The pages stay where
+    /// they were.
+    pub fn abort(&mut self, mut stage: Stage) {
         self.forget_in_flight(&stage);
+        for (id, c) in std::mem::take(&mut stage.lent) {
+            stage.taken.retain(|t| *t != c);
+            self.return_lent(id, c);
+        }
         for c in stage.taken {
             self.untake(c);
+        }
+        // After the frees: the frames drawn are among them.
+        for d in stage.drawn.into_iter().chain(stage.loose) {
+            self.undraw(d);
         }
     }
 }

@@ -195,10 +195,6 @@ impl Directory {
                 // nothing of it is evicted (reserved frames it took go back to their reservations), and the
                 // caller evicts page by page and compacts as it did before windows.
                 Ok(Evicted::Kept | Evicted::Full | Evicted::OverQuota) | Err(_) => {
-                    for (id, c) in plan.lent {
-                        stage.taken.retain(|t| *t != c);
-                        self.return_lent(id, c);
-                    }
                     self.abort(stage);
                     return Ok(Stage::new(StageKind::Evict));
                 }
@@ -256,7 +252,7 @@ impl Directory {
 
     /// Adds evicting the copy of `page` in `frame` of `dev` to `stage`: dropped when the page has another copy
     /// (counting those `plan` already lets go), else moved one tier down, into a frame its tenant reserved there
-    /// when it has one (recorded in `plan`).
+    /// when it has one (recorded in the stage, which gives it back to the reservation if it aborts).
     #[allow(clippy::too_many_arguments)]
     fn evict_copy(
         &mut self,
@@ -282,7 +278,7 @@ impl Directory {
         let f = if let Some((id, f)) = self.lend_reserved(page.slot, below) {
             // Its tenant reserved frames there: it takes one of those (charged to the tenant already), and no
             // other tenant's eviction takes them.
-            plan.lent.push((id, Copy { dev: below, frame: f }));
+            stage.lent.push((id, Copy { dev: below, frame: f }));
             f
         } else {
             if stage.updates.is_empty() && !plan.no_batch && self.spills(below) && self.past_high(below) {
@@ -358,14 +354,12 @@ impl Directory {
     }
 }
 
-/// What an eviction stage being planned has done and found so far: the copies it drops, by page; the frames it
-/// took from reservations (each with the reservation's id), to give back should the plan be dropped; and what
-/// not to try again (a batch of host memory's evictions, making room under a tenant's quota), so that a plan
+/// What an eviction stage being planned has done and found so far: the copies it drops, by page; and what not
+/// to try again (a batch of host memory's evictions, making room under a tenant's quota), so that a plan
 /// over many pages that cannot go scans the tier below once, not once a page.
 #[derive(Default)]
 struct Planned {
     dropped: HashMap<PageRef, u32>,
-    lent: Vec<(u64, Copy)>,
     no_batch: bool,
     stuck: HashSet<TenantId>,
 }

@@ -1,10 +1,12 @@
 //! Host reads and writes: where the bytes of a host buffer go to or come from, page by page, and the version
 //! of a byte range.
 
+use std::ops::Range;
+
 use vfabric_allocator::{AllocClass, Location};
 
 use super::error::DirectoryError;
-use super::page::{Copy, PageRef};
+use super::page::{Copy, DevIdx, PageRef};
 use super::region::RegionHandle;
 use super::stage::{Stage, StageKind, Step, Update};
 use super::state::Directory;
@@ -76,44 +78,9 @@ impl Directory {
             (r.home, u)
         };
         if !unbacked.is_empty() {
-            let need = unbacked.len() as u32;
-            let keep = |p: PageRef| p.slot == slot && p.page >= first && p.page < first + n;
-            let mut dev = home;
-            self.draw_reservation(slot, dev, need);
-            let evict = self.eviction_need(dev, need);
-            if evict > 0 {
-                let stage = self.plan_evict(dev, evict, &keep)?;
-                if !stage.updates.is_empty() {
-                    return Ok(Step::Stage(stage));
-                }
-            }
-            let fits = self.available(dev).min(need);
-            if fits == 0 {
-                dev = self.host_of(slot);
-            }
-            // On the home device, what fits now; elsewhere (or at home in host memory with no room) all of them.
-            let count = if dev == home && fits > 0 { fits } else { need };
-            let avail = self.available(dev);
-            if self.is_host_memory(dev) && avail < count && self.storage.is_some() {
-                // Host memory is full: its least used pages go to the storage tier first.
-                let stage = self.plan_evict(dev, count - avail, &keep)?;
-                if !stage.updates.is_empty() {
-                    return Ok(Step::Stage(stage));
-                }
-            }
-            let tenant = self.tenant_of(slot);
-            let frames = self.take(dev, count, tenant, AllocClass::Normal)?;
-            let mut stage = Stage::new(StageKind::Fetch);
-            let loc = self.loc(dev);
-            for (&page_idx, &f) in unbacked.iter().zip(&frames) {
-                let copy = Copy { dev, frame: f };
-                stage.taken.push(copy);
-                // Zero-filled even where the write will cover the page: this stage commits before the write
-                // runs, and a write that fails later must leave the page reading as zeros, as before it.
-                stage.zero.push((loc, f));
-                stage.updates.push(Update::Add { page: PageRef { slot, page: page_idx }, copy });
-            }
-            return Ok(Step::Stage(stage));
+            let drawn = self.draw_reservation(slot, home, unbacked.len() as u32);
+            let planned = self.plan_unbacked(slot, home, &unbacked, first..first + n);
+            return self.settle_draw(drawn, planned, Step::stage_mut);
         }
         // A page kept only on the storage tier or in the compressed tier takes the write in host memory.
         let pages: Vec<u32> = (first..first + n).collect();
@@ -155,6 +122,55 @@ impl Directory {
             });
         }
         Ok(Step::Done(targets))
+    }
+
+    /// The stage giving `unbacked` (pages of region `slot` never written) zero-filled frames on `home`, what
+    /// fits there, or all of them in host memory when none does; or the stage making room first, never by
+    /// evicting pages of `keep`.
+    fn plan_unbacked(
+        &mut self,
+        slot: u32,
+        home: DevIdx,
+        unbacked: &[u32],
+        keep: Range<u32>,
+    ) -> Result<Step<Vec<WriteTarget>>, DirectoryError> {
+        let need = unbacked.len() as u32;
+        let keep = |p: PageRef| p.slot == slot && keep.contains(&p.page);
+        let mut dev = home;
+        let evict = self.eviction_need(dev, need);
+        if evict > 0 {
+            let stage = self.plan_evict(dev, evict, &keep)?;
+            if !stage.updates.is_empty() {
+                return Ok(Step::Stage(stage));
+            }
+        }
+        let fits = self.available(dev).min(need);
+        if fits == 0 {
+            dev = self.host_of(slot);
+        }
+        // On the home device, what fits now; elsewhere (or at home in host memory with no room) all of them.
+        let count = if dev == home && fits > 0 { fits } else { need };
+        let avail = self.available(dev);
+        if self.is_host_memory(dev) && avail < count && self.storage.is_some() {
+            // Host memory is full: its least used pages go to the storage tier first.
+            let stage = self.plan_evict(dev, count - avail, &keep)?;
+            if !stage.updates.is_empty() {
+                return Ok(Step::Stage(stage));
+            }
+        }
+        let tenant = self.tenant_of(slot);
+        let frames = self.take(dev, count, tenant, AllocClass::Normal)?;
+        let mut stage = Stage::new(StageKind::Fetch);
+        let loc = self.loc(dev);
+        for (&page_idx, &f) in unbacked.iter().zip(&frames) {
+            let copy = Copy { dev, frame: f };
+            stage.taken.push(copy);
+            // Zero-filled even where the write will cover the page: this stage commits before the write
+            // runs, and a write that fails later must leave the page reading as zeros, as before it.
+            stage.zero.push((loc, f));
+            stage.updates.push(Update::Add { page: PageRef { slot, page: page_idx }, copy });
+        }
+        Ok(Step::Stage(stage))
     }
 
     /// The version of a byte range: the sum of its pages' versions, which grows whenever a write to one of

@@ -1,6 +1,6 @@
 //! The directory's own invariants, checked by tests after every operation.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use vfabric_allocator::FrameState;
 
@@ -19,8 +19,11 @@ fn broken(what: String) -> InvariantError {
 impl Directory {
     /// Checks the directory's own invariants (for tests): every copy's frame is used and points back to its
     /// page; no frame holds two copies; pinned frames are exactly the leased copies; no page has two copies on
-    /// one device; the compressed tier's runs are exactly its copies', and its used blocks theirs.
+    /// one device; the compressed tier's runs are exactly its copies', and its used blocks theirs; every frame a
+    /// reservation holds is used, pinned by it alone, and holds nothing else (no copy, no stage in flight, no
+    /// other reservation).
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
+        self.check_reservations()?;
         let mut seen: HashMap<(DevIdx, u32), PageRef> = HashMap::new();
         for (slot, r) in self.regions.iter().enumerate() {
             let Some(r) = r else { continue };
@@ -112,7 +115,10 @@ impl Directory {
                         || d.frames.state(b as u32).is_none_or(|st| st == FrameState::Free)
                 });
                 if let Some(b) = bad {
-                    return Err(broken(format!("{}: block {b} of the run at {f} is free or holds another", d.location)));
+                    return Err(broken(format!(
+                        "{}: block {b} of the run at {f} is free or holds another",
+                        d.location
+                    )));
                 }
             }
             let used = (held + prefetching + reserved) as u32;
@@ -140,6 +146,39 @@ impl Directory {
                             d.location
                         )));
                     }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The reservations' part of [`Directory::check_invariants`]: the frames each holds (which the allocator
+    /// counts as used, beside the copies) are its own and nothing else's.
+    fn check_reservations(&self) -> Result<(), InvariantError> {
+        let mut held: HashSet<(DevIdx, u32)> = HashSet::new();
+        for (&id, (dev, frames, _)) in &self.reservations.held {
+            let Some(d) = self.devs.get(usize::from(*dev)) else {
+                return Err(broken(format!("reservation {id} is of device {dev}, which the node does not have")));
+            };
+            for &f in frames {
+                let at = (d.location, f);
+                if !held.insert((*dev, f)) {
+                    return Err(broken(format!("frame {at:?} is held twice by reservations (reservation {id})")));
+                }
+                if d.users.get(f as usize).is_none_or(|u| u.is_some()) {
+                    return Err(broken(format!("frame {at:?} of reservation {id} holds a copy, or is past the end")));
+                }
+                if d.frames.state(f).is_none_or(|st| st == FrameState::Free) {
+                    return Err(broken(format!("frame {at:?} of reservation {id} is free in the allocator")));
+                }
+                if d.frames.lease_count(f) != 1 || d.lru.contains(f) {
+                    return Err(broken(format!(
+                        "frame {at:?} of reservation {id} is pinned {} times (once, by the reservation, is right)",
+                        d.frames.lease_count(f)
+                    )));
+                }
+                if self.in_flight.iter().flat_map(|s| &s.moves).any(|m| m.1 == Copy { dev: *dev, frame: f }) {
+                    return Err(broken(format!("frame {at:?} of reservation {id} is taken by a stage in flight")));
                 }
             }
         }

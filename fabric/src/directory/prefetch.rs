@@ -145,8 +145,28 @@ impl Directory {
         if wanted.iter().all(|w| w.1.is_some()) && (!runs || wanted.len() < 2) {
             return Ok(Step::Done(None));
         }
+        let drawn = self.draw_reservation(slot, dev, wanted.len() as u32);
+        let planned = self.plan_prefetch(slot, dev, &wanted, runs, pages, keep);
+        self.settle_draw(drawn, planned, |s| match s {
+            Step::Stage(s) | Step::Done(Some(s)) => Some(s),
+            _ => None,
+        })
+    }
+
+    /// The prefetch stage copying `wanted` (pages of region `slot` within `pages`, each with its copy on `dev`
+    /// to move into the run, if any, and the copy it comes from) to `dev`, recorded in flight; or the stage
+    /// making room first (never by evicting pages of `keep`); `Done(None)` when no frames can be had.
+    fn plan_prefetch(
+        &mut self,
+        slot: u32,
+        dev: DevIdx,
+        wanted: &[(PageRef, Option<Copy>, Copy)],
+        runs: bool,
+        pages: Range<u32>,
+        keep: Range<u32>,
+    ) -> Result<Step<Option<Stage>>, DirectoryError> {
+        let (from, to) = (pages.start, pages.end);
         let need = wanted.len() as u32;
-        self.draw_reservation(slot, dev, need);
         let frames = &self.devs[usize::from(dev)].frames;
         let (high, _) = self.watermarks(dev);
         let used = u64::from(frames.used_frames());

@@ -12,7 +12,7 @@ use vfabric_allocator::{AllocClass, Location, TenantId};
 
 use super::error::DirectoryError;
 use super::page::{Copy, DevIdx};
-use super::stage::Step;
+use super::stage::{Drawn, Stage, Step};
 use super::state::Directory;
 
 /// A reservation as [`Directory::reservations`] lists it.
@@ -172,21 +172,68 @@ impl Directory {
         self.reservations.held.values().filter(|(d, _, _)| *d == dev).map(|(_, f, _)| f.len() as u32).sum()
     }
 
-    /// Lets `n` frames of the reservation region `slot` names go, when it holds frames of `dev`: called just
-    /// before the region's pages take frames there, so that they take those.
-    pub(super) fn draw_reservation(&mut self, slot: u32, dev: DevIdx, n: u32) {
-        let Some(id) = self.regions.get(slot as usize).and_then(|r| r.as_ref()).and_then(|r| r.placement.reservation)
-        else {
-            return;
-        };
-        let Some((d, frames, _)) = self.reservations.held.get_mut(&id) else { return };
+    /// Lets up to `n` frames of the reservation region `slot` names go, when it holds frames of `dev`: called
+    /// just before a call plans room for the region's pages there and takes their frames, so that they take
+    /// those. What it returns must reach [`Directory::settle_draw`] before the call returns, so that frames the
+    /// call does not take go back (a call retried after the stage it returned draws again).
+    pub(super) fn draw_reservation(&mut self, slot: u32, dev: DevIdx, n: u32) -> Option<Drawn> {
+        let id = self.regions.get(slot as usize).and_then(|r| r.as_ref()).and_then(|r| r.placement.reservation)?;
+        let (d, frames, _) = self.reservations.held.get_mut(&id)?;
         if *d != dev {
-            return;
+            return None;
         }
         let keep = frames.len().saturating_sub(n as usize);
         let drawn: Vec<u32> = frames.drain(keep..).collect();
+        let count = drawn.len() as u32;
         for f in drawn {
             self.free_reserved(dev, f);
+        }
+        (count > 0).then_some(Drawn { id, dev, frames: count })
+    }
+
+    /// Settles frames a call drew with [`Directory::draw_reservation`], given what the call returns (`result`)
+    /// and how to find the stage in it: the stage keeps them (see `Stage::keep_drawn`: given back if it
+    /// aborts, or when it commits without having taken them); with no stage (done, waiting, refused) they go
+    /// back to the reservation now.
+    pub(super) fn settle_draw<T>(
+        &mut self,
+        drawn: Option<Drawn>,
+        mut result: Result<T, DirectoryError>,
+        stage: impl FnOnce(&mut T) -> Option<&mut Stage>,
+    ) -> Result<T, DirectoryError> {
+        let Some(d) = drawn else { return result };
+        match result.as_mut().ok().and_then(stage) {
+            Some(s) => s.keep_drawn(d),
+            None => self.undraw(d),
+        }
+        result
+    }
+
+    /// Gives frames drawn out of a reservation back to it: taken again for its tenant and pinned. Nothing when
+    /// the reservation is gone (given back meanwhile: the frames are everyone's).
+    pub(super) fn undraw(&mut self, d: Drawn) {
+        let Some(&(_, _, tenant)) = self.reservations.held.get(&d.id) else { return };
+        // All at once where the arena has them; else one at a time, as many as it has (the frames were free
+        // when drawn, so this only comes short when something took them since, which is logged).
+        let frames = match self.take(d.dev, d.frames, tenant, AllocClass::Normal) {
+            Ok(frames) => frames,
+            Err(_) => {
+                (0..d.frames).map_while(|_| self.take(d.dev, 1, tenant, AllocClass::Normal).ok()).flatten().collect()
+            }
+        };
+        if frames.len() < d.frames as usize {
+            tracing::warn!(
+                reservation = d.id,
+                location = %self.loc(d.dev),
+                lost = d.frames as usize - frames.len(),
+                "frames drawn out of a reservation could not all be given back"
+            );
+        }
+        for &f in &frames {
+            self.pin(Copy { dev: d.dev, frame: f });
+        }
+        if let Some((_, held, _)) = self.reservations.held.get_mut(&d.id) {
+            held.extend(frames);
         }
     }
 

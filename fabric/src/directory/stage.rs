@@ -43,8 +43,8 @@ pub enum StageKind {
 
 /// Copies the directory needs before it can go on: the caller performs every batch and zero-fill, then calls
 /// [`Directory::commit`](super::state::Directory::commit) (or [`Directory::abort`](super::state::Directory::abort)
-/// if a copy failed, which frees the frames the stage took and changes nothing else: a stage only ever copies into
-/// frames it took).
+/// if a copy failed, which frees the frames the stage took, gives those that came out of reservations back to
+/// them, and changes nothing else: a stage only ever copies into frames it took).
 #[derive(Debug, Clone)]
 pub struct Stage {
     /// Why.
@@ -55,11 +55,57 @@ pub struct Stage {
     pub zero: Vec<(Location, u32)>,
     pub(crate) updates: Vec<Update>,
     pub(crate) taken: Vec<Copy>,
+    /// Frames drawn out of reservations for pages that take frames in this stage: given back to them if it
+    /// aborts (the frames were taken for the pages, so committing uses them).
+    pub(crate) drawn: Vec<Drawn>,
+    /// Frames drawn out of reservations by the call that planned this stage but not taken by it (the room it
+    /// makes comes first): given back to them when it commits or aborts, since the call draws them again when
+    /// it is retried.
+    pub(crate) loose: Vec<Drawn>,
+    /// Frames of `taken` lent out of reservations (with the reservation's id) to copies an eviction moves:
+    /// given back to the reservation, still pinned for it, if the stage aborts.
+    pub(crate) lent: Vec<(u64, Copy)>,
+}
+
+/// Frames let go of by a reservation for a region's pages: freed, so that the pages can take them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Drawn {
+    /// The reservation.
+    pub(crate) id: u64,
+    /// Its device.
+    pub(crate) dev: DevIdx,
+    /// How many.
+    pub(crate) frames: u32,
 }
 
 impl Stage {
     pub(crate) fn new(kind: StageKind) -> Self {
-        Stage { kind, batches: Vec::new(), zero: Vec::new(), updates: Vec::new(), taken: Vec::new() }
+        Stage {
+            kind,
+            batches: Vec::new(),
+            zero: Vec::new(),
+            updates: Vec::new(),
+            taken: Vec::new(),
+            drawn: Vec::new(),
+            loose: Vec::new(),
+            lent: Vec::new(),
+        }
+    }
+
+    /// Records frames the call that planned this stage drew out of a reservation: as many as the stage took on
+    /// that device for the pages it brings there (a fetch's or a prefetch's) are its own, the rest loose.
+    pub(crate) fn keep_drawn(&mut self, d: Drawn) {
+        let took = match self.kind {
+            StageKind::Fetch | StageKind::Prefetch => self.taken.iter().filter(|c| c.dev == d.dev).count(),
+            _ => 0,
+        };
+        let used = d.frames.min(u32::try_from(took).unwrap_or(u32::MAX));
+        if used > 0 {
+            self.drawn.push(Drawn { frames: used, ..d });
+        }
+        if d.frames > used {
+            self.loose.push(Drawn { frames: d.frames - used, ..d });
+        }
     }
 
     pub(crate) fn copy(&mut self, from: Location, to: Location, src: u32, dst: u32) {
@@ -110,4 +156,14 @@ pub enum Step<T> {
     /// A prefetch is in flight and this call cannot go on beside it: finish that stage (commit, or abort if a
     /// copy failed), then call again.
     Wait,
+}
+
+impl<T> Step<T> {
+    /// The stage to perform, when it is one.
+    pub(crate) fn stage_mut(&mut self) -> Option<&mut Stage> {
+        match self {
+            Step::Stage(s) => Some(s),
+            _ => None,
+        }
+    }
 }
