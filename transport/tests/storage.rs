@@ -270,3 +270,73 @@ fn pages_packed_elsewhere_are_stored_as_they_are_and_checked_when_read() {
     }
     assert!(read_back(&t, &[0]).expect("slot 0 intact")[0][..] == pages[0][..]);
 }
+
+/// A batch of pages of every kind, `k % 3`: compressible, incompressible, one byte repeated.
+fn mixed_page(k: u64) -> AlignedBuffer {
+    match k % 3 {
+        0 => sparse_page(k),
+        1 => page(k),
+        _ => {
+            let mut b = AlignedBuffer::new(PAGE as usize).unwrap();
+            b.fill(k as u8);
+            b
+        }
+    }
+}
+
+#[test]
+fn a_large_batch_of_mixed_pages_is_packed_and_expanded_alike_on_several_threads() {
+    use std::collections::HashSet;
+    use vfabric_transport::storage::Packer;
+    const PAGES: u64 = 48;
+    for codec in [Compression::Lz4, Compression::Zstd] {
+        let t = tier(&format!("mixed-{codec}"), PAGES);
+        let pages: Vec<AlignedBuffer> = (0..PAGES).map(mixed_page).collect();
+        // In an order that is not the file's, all in one call.
+        let reqs: Vec<(u64, &[u8])> =
+            (0..PAGES).map(|i| (i * 7) % PAGES).map(|s| (s, &pages[s as usize][..])).collect();
+        t.write(&reqs, codec).expect("write");
+        // The file's bytes: each compressible page as the codec packs it (zero to its block), each uniform one
+        // as its byte, each incompressible one whole.
+        let file = std::fs::File::open(t.path()).unwrap();
+        let mut packer = Packer::default();
+        for (s, p) in pages.iter().enumerate() {
+            let (bytes, held) = t.stored_in([s as u64]);
+            let want: Vec<u8> = match s % 3 {
+                1 => p.to_vec(),
+                _ => packer.pack(codec, p).expect("shrinks").to_vec(),
+            };
+            let stored = want.len().div_ceil(4096) * 4096;
+            assert_eq!((bytes, held), (stored as u64, 1), "{codec} slot {s}");
+            let mut on_disk = vec![0xEEu8; stored];
+            file.read_exact_at(&mut on_disk, t.slot_offset(s as u64)).unwrap();
+            assert!(on_disk[..want.len()] == want[..], "{codec} slot {s}: the file holds its packed bytes");
+            assert!(on_disk[want.len()..].iter().all(|&b| b == 0), "{codec} slot {s}: zero to its block");
+            if s % 3 == 2 {
+                assert_eq!(want, [s as u8], "{codec} slot {s}: a uniform page packs to its byte");
+            }
+        }
+        // Read back in another order, every page announced once, byte for byte.
+        let order: Vec<u64> = (0..PAGES).map(|i| (i * 11 + 5) % PAGES).collect();
+        let mut bufs: Vec<AlignedBuffer> = order.iter().map(|_| AlignedBuffer::new(PAGE as usize).unwrap()).collect();
+        let mut reqs: Vec<(u64, &mut [u8])> = order.iter().copied().zip(bufs.iter_mut().map(|b| &mut b[..])).collect();
+        let mut announced = HashSet::new();
+        t.read_each(&mut reqs, |k| assert!(announced.insert(k), "{codec}: page {k} announced twice")).expect("read");
+        assert_eq!(announced.len(), PAGES as usize, "{codec}");
+        for (&s, b) in order.iter().zip(&bufs) {
+            assert!(b[..] == pages[s as usize][..], "{codec} slot {s}");
+        }
+        // One packed slot changed on disk: the batch's read names it, and its other pages still arrive.
+        let disk = std::fs::OpenOptions::new().write(true).open(t.path()).unwrap();
+        disk.write_at(&[0xAB; 64], t.slot_offset(9) + 8).unwrap();
+        disk.sync_all().unwrap();
+        let mut bufs: Vec<AlignedBuffer> = order.iter().map(|_| AlignedBuffer::new(PAGE as usize).unwrap()).collect();
+        let mut reqs: Vec<(u64, &mut [u8])> = order.iter().copied().zip(bufs.iter_mut().map(|b| &mut b[..])).collect();
+        let mut arrived = 0;
+        match t.read_each(&mut reqs, |_| arrived += 1) {
+            Err(e) if e.is_corrupt() => assert!(e.to_string().contains("slot 9"), "{codec}: {e}"),
+            other => panic!("{codec}: expected slot 9 to be corrupt, got {other:?}"),
+        }
+        assert_eq!(arrived, PAGES - 1, "{codec}: every other page arrives");
+    }
+}

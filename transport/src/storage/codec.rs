@@ -6,6 +6,8 @@
 //! a core, where filling a page runs at memory speed), and no one-byte LZ4 block or zstd frame stands for a page
 //! (the one-byte LZ4 block, `[0]`, stands for no bytes), so the two never meet.
 
+use std::sync::OnceLock;
+
 use vfabric_allocator::Compression;
 
 use super::buffer::DIRECT_ALIGN;
@@ -16,12 +18,28 @@ const PROBE: usize = DIRECT_ALIGN;
 /// The zstd level pages are packed at: the fastest of the ordinary levels.
 const ZSTD_LEVEL: i32 = 1;
 
-/// Packs pages the way the tier stores them; holds the scratch memory and the zstd context it reuses from
-/// page to page.
+/// Most threads one call packs or unpacks its pages on.
+const MOST_THREADS: usize = 8;
+
+/// Threads to pack or unpack `pages` pages of one call on: one for a couple of pages (a thread costs more than
+/// it saves there), else as many as there are pages, up to the cores and [`MOST_THREADS`]. The cores are asked
+/// once: asking reads cgroup files, too slow for every call.
+pub(super) fn threads(pages: usize) -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    if pages <= 2 {
+        return 1;
+    }
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    pages.min(cores).clamp(1, MOST_THREADS)
+}
+
+/// Packs pages the way the tier stores them, and unpacks them; holds the scratch memory and the zstd contexts
+/// it reuses from page to page.
 #[derive(Default)]
 pub struct Packer {
     scratch: Vec<u8>,
     zstd: Option<zstd::bulk::Compressor<'static>>,
+    unzstd: Option<zstd::bulk::Decompressor<'static>>,
 }
 
 impl Packer {
@@ -61,6 +79,20 @@ impl Packer {
             }
         };
         (blocks(n) < page.len()).then(|| &self.scratch[..n])
+    }
+
+    /// [`unpack`], reusing this packer's zstd context instead of making one for the page.
+    pub fn unpack(&mut self, compression: Compression, packed: &[u8], page: &mut [u8]) -> bool {
+        if compression != Compression::Zstd || packed.len() == 1 {
+            return unpack(compression, packed, page);
+        }
+        if self.unzstd.is_none() {
+            self.unzstd = zstd::bulk::Decompressor::new().ok();
+        }
+        match self.unzstd.as_mut() {
+            Some(z) => matches!(z.decompress_to_buffer(packed, page), Ok(n) if n == page.len()),
+            None => unpack(compression, packed, page),
+        }
     }
 
     /// Whether `page` is worth packing with a lossless `compression`: its first block shrinks by an eighth
@@ -148,6 +180,11 @@ mod tests {
             let mut back = vec![0xFFu8; page.len()];
             assert!(unpack(c, &packed, &mut back), "{c}");
             assert_eq!(back, page, "{c}");
+            // The same through the packer's own context, twice (the context is reused).
+            for _ in 0..2 {
+                back.fill(0xFF);
+                assert!(p.unpack(c, &packed, &mut back) && back == page, "{c}");
+            }
         }
     }
 
@@ -190,6 +227,15 @@ mod tests {
     }
 
     #[test]
+    fn a_couple_of_pages_stay_on_one_thread_and_more_never_exceed_the_cap() {
+        assert_eq!((threads(0), threads(1), threads(2)), (1, 1, 1));
+        for pages in [3, 9, 1000] {
+            let t = threads(pages);
+            assert!((1..=MOST_THREADS.min(pages)).contains(&t), "{pages}: {t}");
+        }
+    }
+
+    #[test]
     fn corrupt_or_short_packed_bytes_are_refused() {
         let page: Vec<u8> = (0..64 << 10).map(|i| (i % 7) as u8).collect();
         let mut p = Packer::default();
@@ -200,6 +246,11 @@ mod tests {
             assert!(!unpack(c, &noise(300, 5), &mut back), "{c}");
             let mut small = vec![0u8; page.len() / 2];
             assert!(!unpack(c, &packed, &mut small), "{c}");
+            let mut q = Packer::default();
+            assert!(!q.unpack(c, &packed[..packed.len() / 2], &mut back), "{c}");
+            assert!(!q.unpack(c, &noise(300, 5), &mut back), "{c}");
+            assert!(!q.unpack(c, &packed, &mut small), "{c}");
+            assert!(q.unpack(c, &packed, &mut back) && back == page, "{c}");
             assert!(!unpack(Compression::None, &packed, &mut back));
         }
     }

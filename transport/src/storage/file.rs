@@ -9,7 +9,7 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
@@ -18,7 +18,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use vfabric_allocator::Compression;
 
 use super::buffer::{AlignedBuffer, DIRECT_ALIGN};
-use super::codec::{blocks, unpack, Packer};
+use super::codec::{blocks, threads, Packer};
 use super::error::StorageError;
 use super::ring::{Op, Request, Ring};
 use super::rings::{Rings, Taken};
@@ -70,7 +70,8 @@ struct Held {
 /// A ring and the memory packed pages pass through, used by one batch at a time.
 struct Io {
     ring: Ring,
-    packer: Packer,
+    /// One packer per thread a batch packs or unpacks its pages on (see [`threads`]), kept for the next batch.
+    packers: Vec<Packer>,
     /// Staging for packed pages, one page-sized place per page of a request; grown to the largest request.
     staging: Option<AlignedBuffer>,
 }
@@ -93,7 +94,15 @@ fn staging(
 
 impl Io {
     fn new(depth: u32) -> Result<Io, StorageError> {
-        Ok(Io { ring: Ring::new(depth)?, packer: Packer::default(), staging: None })
+        Ok(Io { ring: Ring::new(depth)?, packers: vec![Packer::default()], staging: None })
+    }
+
+    /// The first `n` packers (at least one), made as needed.
+    fn packers(packers: &mut Vec<Packer>, n: usize) -> &mut [Packer] {
+        if packers.len() < n.max(1) {
+            packers.resize_with(n.max(1), Packer::default);
+        }
+        &mut packers[..n.max(1)]
     }
 }
 
@@ -206,20 +215,19 @@ impl StorageFile {
             }
         }
         let mut io = self.take_io()?;
-        let Io { ring, packer, staging: held_staging } = &mut *io;
-        if lossy.is_none() {
-            let mut staging =
-                if compression != Compression::None { Some(staging(held_staging, pages.len(), ps)?) } else { None };
-            for (k, (&(_, page), (r, h))) in pages.iter().zip(requests.iter_mut().zip(&mut held)).enumerate() {
-                let packed = staging.as_deref_mut().and_then(|s| Some((s, packer.pack(compression, page)?)));
-                let Some((staging, packed)) = packed else {
-                    h.sum = xxh3_64(page);
-                    continue;
-                };
-                let n = packed.len();
-                h.sum = xxh3_64(packed);
-                h.packed = Some((n as u32, compression));
-                stage_packed(&mut staging[k * ps..(k + 1) * ps], packed, r);
+        let Io { ring, packers, staging: held_staging } = &mut *io;
+        if lossy.is_none() && compression != Compression::None {
+            let staging = staging(held_staging, pages.len(), ps)?;
+            pack_all(Io::packers(packers, threads(pages.len())), compression, pages, ps, staging, &mut held);
+            for (place, (r, h)) in staging.chunks_mut(ps).zip(requests.iter_mut().zip(&held)) {
+                if let Some((n, _)) = h.packed {
+                    r.ptr = place.as_mut_ptr();
+                    r.len = blocks(n as usize) as u32;
+                }
+            }
+        } else if lossy.is_none() {
+            for (&(_, page), h) in pages.iter().zip(&mut held) {
+                h.sum = xxh3_64(page);
             }
         }
         self.write_requests(ring, &requests, held)
@@ -310,7 +318,7 @@ impl StorageFile {
         }
         self.check_distinct(&requests)?;
         let mut io = self.take_io()?;
-        let Io { ring, staging: held_staging, .. } = &mut *io;
+        let Io { ring, packers, staging: held_staging } = &mut *io;
         let staged = |h: &Held| h.packed.is_some_and(|(_, c)| !c.is_lossy());
         let mut staging = if held.iter().any(staged) { Some(staging(held_staging, pages.len(), ps)?) } else { None };
         for (k, (r, h)) in requests.iter_mut().zip(&held).enumerate() {
@@ -327,14 +335,16 @@ impl StorageFile {
         // Each page is checked as it arrives, while the ring reads the next ones.
         let mut verdicts: Vec<Option<Result<(), StorageError>>> = (0..pages.len()).map(|_| None).collect();
         // Raw: the ring writes into the staging while pages already read are checked.
-        let staging = staging.map(|s| s.as_ptr());
-        let check = |k: usize, page: &mut [u8]| -> Result<(), StorageError> {
-            let (slot, h) = (requests[k].slot, held[k]);
+        let staging = Shared(staging.map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()));
+        let slots: Vec<u64> = requests.iter().map(|r| r.slot).collect();
+        let check = |packer: &mut Packer, k: usize, page: &mut [u8]| -> Result<(), StorageError> {
+            let (slot, h) = (slots[k], held[k]);
             // A losslessly packed page, in the staging: its packed bytes are checked before they are expanded.
-            let staged = match (h.packed, staging) {
-                // SAFETY: page k's place in the staging, which its request (completed) read into.
-                (Some((n, c)), Some(staging)) if !c.is_lossy() => {
-                    Some((unsafe { std::slice::from_raw_parts(staging.add(k * ps), n as usize) }, c))
+            let staged = match h.packed {
+                // SAFETY: page k's place in the staging (there is one: the page is staged), which its request
+                // (completed) read into.
+                Some((n, c)) if !c.is_lossy() => {
+                    Some((unsafe { std::slice::from_raw_parts(staging.get().add(k * ps), n as usize) }, c))
                 }
                 _ => None,
             };
@@ -347,24 +357,62 @@ impl StorageFile {
                 return Err(StorageError::Corrupt { slot, expected: h.sum, found });
             }
             match staged {
-                Some((packed, codec)) if !unpack(codec, packed, page) => Err(StorageError::Undecodable { slot }),
+                Some((packed, codec)) if !packer.unpack(codec, packed, page) => Err(StorageError::Undecodable { slot }),
                 _ => Ok(()),
             }
         };
-        let bufs: Vec<(*mut u8, usize)> = pages.iter_mut().map(|(_, b)| (b.as_mut_ptr(), b.len())).collect();
-        // SAFETY: the buffers are borrowed mutably until this returns, and the staging is held by the lock. The
-        // check of page k writes only page k's buffer, which no request in flight uses: its own request read
-        // into it (and has completed) or into the staging.
-        let results = unsafe {
-            ring.run(self.file.as_raw_fd(), Op::Read, &requests, |k| {
-                let page = std::slice::from_raw_parts_mut(bufs[k].0, bufs[k].1);
-                let verdict = check(k, page);
-                if verdict.is_ok() {
-                    arrived(k);
-                }
-                verdicts[k] = Some(verdict);
-            })?
+        let bufs: Vec<(Shared, usize)> = pages.iter_mut().map(|(_, b)| (Shared(b.as_mut_ptr()), b.len())).collect();
+        // SAFETY: the buffers are borrowed mutably until this returns, and the staging is held by the lock.
+        let page = |k: usize| unsafe { std::slice::from_raw_parts_mut(bufs[k].0.get(), bufs[k].1) };
+        let fd = self.file.as_raw_fd();
+        let mut take = |k: usize, verdict: Result<(), StorageError>| {
+            if verdict.is_ok() {
+                arrived(k);
+            }
+            verdicts[k] = Some(verdict);
         };
+        // Expanding is the slow part of reading packed pages: with more than a couple, the pages that arrive go
+        // to threads that check and expand them, while this one keeps the ring going and announces the pages
+        // they are done with.
+        let packers = Io::packers(packers, threads(held.iter().filter(|h| staged(h)).count()));
+        // SAFETY (both): the check of page k writes only page k's buffer, which no request in flight uses: its
+        // own request read into it (and has completed) or into the staging. Every check ends before this returns.
+        let results = match packers {
+            [packer] => unsafe { ring.run(fd, Op::Read, &requests, |k| take(k, check(packer, k, page(k)))) },
+            packers => {
+                let (to_check, checks) = mpsc::channel::<usize>();
+                let (to_take, checked) = mpsc::channel();
+                let checks = Mutex::new(checks);
+                std::thread::scope(|s| {
+                    for packer in packers {
+                        let (checks, to_take, check, page) = (&checks, to_take.clone(), &check, &page);
+                        s.spawn(move || loop {
+                            // The lock is held only while waiting for the next page.
+                            let Ok(k) = checks.lock().unwrap_or_else(|p| p.into_inner()).recv() else { return };
+                            if to_take.send((k, check(packer, k, page(k)))).is_err() {
+                                return;
+                            }
+                        });
+                    }
+                    drop(to_take);
+                    let results = unsafe {
+                        ring.run(fd, Op::Read, &requests, |k| {
+                            // The threads outlive the ring's run: a page sent is always checked.
+                            let _ = to_check.send(k);
+                            while let Ok((k, verdict)) = checked.try_recv() {
+                                take(k, verdict);
+                            }
+                        })
+                    };
+                    // No more pages: the threads finish those they have and end, which ends this loop.
+                    drop(to_check);
+                    for (k, verdict) in checked {
+                        take(k, verdict);
+                    }
+                    results
+                })
+            }
+        }?;
         for ((res, verdict), r) in results.into_iter().zip(verdicts).zip(&requests) {
             res?;
             // A request that completed in full was checked.
@@ -433,13 +481,73 @@ impl StorageFile {
     }
 }
 
+/// Memory the threads checking a batch's pages share, each writing only its own pages' (see
+/// [`StorageFile::read_each`]).
+#[derive(Clone, Copy)]
+struct Shared(*mut u8);
+
+// SAFETY: a page's memory is written by the one thread checking that page, after its read completed.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The pointer (a method, so that closures capture the `Shared`, not the bare pointer).
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
 /// Puts `packed` at the start of `place` (a slot's staging), zero to its last block, and points `r` at it.
 fn stage_packed(place: &mut [u8], packed: &[u8], r: &mut Request) {
+    stage(place, packed);
+    r.ptr = place.as_mut_ptr();
+    r.len = blocks(packed.len()) as u32;
+}
+
+/// Puts `packed` at the start of `place`, zero to its last block.
+fn stage(place: &mut [u8], packed: &[u8]) {
     let n = packed.len();
     place[..n].copy_from_slice(packed);
     place[n..blocks(n)].fill(0);
-    r.ptr = place.as_mut_ptr();
-    r.len = blocks(n) as u32;
+}
+
+/// Packs each page of `pages` with a `compression` that is not lossy (see [`Packer::pack`]) into its
+/// `page_size` place in `staging` (the k-th page into the k-th place) and sets its `held`: the packed bytes'
+/// checksum and length, or the page's checksum when it is stored as it is. One thread per packer, the caller's
+/// among them, each taking the next page as it finishes one (pages that do not shrink cost only their probe,
+/// so fixed shares would leave threads idle).
+fn pack_all(
+    packers: &mut [Packer],
+    compression: Compression,
+    pages: &[(u64, &[u8])],
+    page_size: usize,
+    staging: &mut [u8],
+    held: &mut [Held],
+) {
+    let work = Mutex::new(pages.iter().zip(staging.chunks_mut(page_size)).zip(held.iter_mut()));
+    let run = |packer: &mut Packer| loop {
+        // The lock is held only to take the next page.
+        let next = work.lock().unwrap_or_else(|p| p.into_inner()).next();
+        let Some(((&(_, page), place), h)) = next else { return };
+        *h = match packer.pack(compression, page) {
+            Some(packed) => {
+                stage(place, packed);
+                Held { sum: xxh3_64(packed), packed: Some((packed.len() as u32, compression)) }
+            }
+            None => Held { sum: xxh3_64(page), packed: None },
+        };
+    };
+    match packers.split_first_mut() {
+        Some((first, [])) => run(first),
+        Some((first, rest)) => std::thread::scope(|s| {
+            for packer in rest {
+                s.spawn(|| run(packer));
+            }
+            run(first);
+        }),
+        None => {}
+    }
 }
 
 impl Drop for StorageFile {
