@@ -381,6 +381,12 @@ fn an_acquire_that_evicts_first_draws_its_reservation_once() {
     assert!(f.traffic().since(&before).evicted > 0, "x's pages left the GPU first (the acquire was retried)");
     assert_eq!(r.bytes().expect("bytes"), 4 * ps, "drawn by the four pages z took, once");
     f.release(lease).expect("release");
+    // Acquired again, its pages already on the GPU: they take nothing more from the reservation.
+    for mode in [Mode::Read, Mode::Write] {
+        let again = f.acquire(&z, 0..4 * ps, g, mode).expect("again");
+        f.release(again).expect("release");
+        assert_eq!(r.bytes().expect("bytes"), 4 * ps, "pages already there draw nothing ({mode:?})");
+    }
     assert!(intact(&f, &x, 91), "x's pages kept their bytes");
     drop(r);
     assert_eq!(

@@ -115,8 +115,10 @@ impl Directory {
         }
         let tenant = self.tenant_of(slot);
         if req.contiguous {
-            // Every page goes into one run, those already here included.
-            let drawn = self.draw_reservation(slot, dev, n);
+            // Every page goes into one run, those already here included; only those not here yet draw on the
+            // reservation (a page moved into the run frees its old frame to the pool, not to the reservation,
+            // so drawing for it too would drain the reservation by the pages it already held).
+            let drawn = self.draw_reservation(slot, dev, cur.iter().filter(|c| c.is_none()).count() as u32);
             let planned = self.plan_run(dev, &pages, &cur, tenant, &in_request);
             if let Some(step) = self.settle_draw(drawn, planned, |s| s.as_mut().and_then(Step::stage_mut))? {
                 return Ok(step);

@@ -145,7 +145,9 @@ impl Directory {
         if wanted.iter().all(|w| w.1.is_some()) && (!runs || wanted.len() < 2) {
             return Ok(Step::Done(None));
         }
-        let drawn = self.draw_reservation(slot, dev, wanted.len() as u32);
+        // Only pages not on `dev` yet draw on the reservation (one moved into a run frees its old frame to the
+        // pool).
+        let drawn = self.draw_reservation(slot, dev, wanted.iter().filter(|w| w.1.is_none()).count() as u32);
         let planned = self.plan_prefetch(slot, dev, &wanted, runs, pages, keep);
         self.settle_draw(drawn, planned, |s| match s {
             Step::Stage(s) | Step::Done(Some(s)) => Some(s),
