@@ -12,6 +12,7 @@ mod metrics_cost;
 mod migrate;
 mod packed_tier;
 mod pager;
+mod region_codecs;
 mod remote;
 mod report;
 mod rig;

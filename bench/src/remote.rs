@@ -13,11 +13,12 @@ use serde::Serialize;
 use serde_json::json;
 use vfabric::agent::Agent;
 use vfabric::config::NodeSection;
-use vfabric::{ByteSize, ClusterConfig};
+use vfabric::{ByteSize, ClusterConfig, Compression};
 use vfabric_transport::quic::ClusterCa;
 use vfabric_transport::Location;
 
 use crate::common::ConfigArgs;
+use crate::region_codecs::CodecWire;
 use crate::report;
 
 /// Options of `vfabric-bench remote`.
@@ -95,12 +96,29 @@ pub struct RemoteArgs {
     /// With `--tensors`: that file's pages only (e.g. `weights.bf16`).
     #[arg(long, requires = "tensors")]
     pub tensor: Option<String>,
+    /// After the other cases, a region allocated with each of these codecs (`none`, `lz4`, `zstd`), written and
+    /// read in alternating rounds: pages packed on the wire beside unpacked ones in the same run, whatever
+    /// `network.compression` says.
+    #[arg(long, value_delimiter = ',')]
+    pub region_codecs: Vec<Compression>,
+    /// Rounds of `--region-codecs`.
+    #[arg(long, default_value_t = 3)]
+    pub codec_rounds: usize,
     /// Results folder.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
     /// Name for the result files (default: remote-TIME).
     #[arg(long)]
     pub name: Option<String>,
+}
+
+/// Everything one run measures.
+#[derive(Debug, Default)]
+struct Results {
+    rows: Vec<Row>,
+    latency: Vec<Latency>,
+    moves: Vec<Move>,
+    codecs: Vec<CodecWire>,
 }
 
 /// One throughput case.
@@ -303,22 +321,18 @@ pub(crate) fn iperf3(seconds: u64, server: Option<&str>) -> Result<Vec<(usize, f
 }
 
 /// Every case of one packet size and request size, from agent `a` to a region whose home is `peer`.
-#[allow(clippy::too_many_arguments)]
 async fn measure(
     a: &Agent,
-    peer: u16,
-    mtu: u16,
+    (peer, mtu): (u16, u16),
     size: u64,
     region_bytes: u64,
     args: &RemoteArgs,
-    rows: &mut Vec<Row>,
-    lat: &mut Vec<Latency>,
-    moves: &mut Vec<Move>,
+    out: &mut Results,
 ) -> Result<(), String> {
     let region = a.alloc(peer, region_bytes, Some(args.home_device)).await.map_err(|e| e.to_string())?;
+    let data =
+        std::sync::Arc::new(crate::throughput::payload(payload(args), u64::from(mtu) ^ size, size, region_bytes)?);
     {
-        let data =
-            std::sync::Arc::new(crate::throughput::payload(payload(args), u64::from(mtu) ^ size, size, region_bytes)?);
         for &streams in &args.streams {
             for write in [true, false] {
                 eprintln!(
@@ -332,7 +346,7 @@ async fn measure(
                     crate::throughput::throughput(a, &region, write, size, streams, args.total.bytes(), &data).await?;
                 let link = a.link_stats(peer).await.map_err(|e| e.to_string())?.since(&before);
                 let bytes = (args.total.bytes() / size).max(1) * size;
-                rows.push(Row {
+                out.rows.push(Row {
                     mtu,
                     op: if write { "write" } else { "read" },
                     size,
@@ -379,7 +393,7 @@ async fn measure(
             pings.push(a.ping(peer).await.map_err(|e| e.to_string())?.as_secs_f64() * 1e6);
         }
         pings.sort_by(|x, y| x.total_cmp(y));
-        lat.push(Latency {
+        out.latency.push(Latency {
             mtu,
             size,
             page: region.page_size,
@@ -396,8 +410,17 @@ async fn measure(
             acquire_cdf_us: crate::stats::cdf(&mut cold),
         });
     }
-    moves.push(move_region(a, &region, peer, mtu, args).await?);
+    out.moves.push(move_region(a, &region, peer, mtu, args).await?);
     a.free(&region).await.map_err(|e| e.to_string())?;
+    // After the region is gone, so that the codecs' regions have its room.
+    if !args.region_codecs.is_empty() {
+        let streams = args.streams.iter().copied().max().unwrap_or(1);
+        let how = (size, streams, args.total.bytes());
+        let home = (peer, args.home_device);
+        let codecs = &args.region_codecs;
+        out.codecs
+            .extend(crate::region_codecs::measure(a, home, region_bytes, codecs, args.codec_rounds, how, &data).await?);
+    }
     Ok(())
 }
 
@@ -431,6 +454,7 @@ async fn move_region(
 
 /// Runs the benchmark and writes its results.
 pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
+    crate::region_codecs::check(&args.region_codecs, args.codec_rounds)?;
     let base = args.target.load()?;
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
     let threads = match args.threads {
@@ -441,9 +465,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let sizes: Vec<u64> = args.sizes.iter().map(|s| s.bytes()).collect();
     let max_size = sizes.iter().copied().max().unwrap_or(2 << 20);
     let region_bytes = (256u64 << 20).max(max_size).min(args.total.bytes().max(max_size));
-    let mut rows = Vec::new();
-    let mut lat = Vec::new();
-    let mut moves = Vec::new();
+    let mut out = Results::default();
     let mut device = String::new();
     let mut lanes = String::new();
     if let (Some(path), Some(node), Some(peer)) = (&args.cluster, &args.node, &args.peer) {
@@ -466,7 +488,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             let a = Agent::start_from_config(&cfg, node).await.map_err(|e| e.to_string())?;
             device = a.fabric().describe();
             for &size in &sizes {
-                measure(&a, peer, mtu, size, region_bytes, args, &mut rows, &mut lat, &mut moves).await?;
+                measure(&a, (peer, mtu), size, region_bytes, args, &mut out).await?;
             }
             a.shutdown().await;
             Ok::<(), String>(())
@@ -484,7 +506,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             if device.is_empty() {
                 device = b.fabric().describe();
             }
-            measure(&a, b.node(), mtu, size, region_bytes, args, &mut rows, &mut lat, &mut moves).await?;
+            measure(&a, (b.node(), mtu), size, region_bytes, args, &mut out).await?;
             if metrics.is_none() && !args.no_metrics_cost {
                 let streams = args.streams.iter().copied().max().unwrap_or(1);
                 eprintln!("mtu {mtu}: writes and reads with both agents' metrics served, and without");
@@ -495,24 +517,23 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             Ok::<(), String>(())
         })?;
     }
+    let Results { rows, latency: lat, moves, codecs } = out;
     let tcp = iperf3(args.iperf_seconds, args.iperf_server.as_deref());
     let tcp1 = tcp.as_ref().ok().and_then(|v| v.iter().find(|(s, _)| *s == 1).map(|x| x.1));
 
     let (date, stamp) = report::now_stamps();
     let name = args.name.clone().unwrap_or_else(|| format!("remote-{stamp}"));
+    // With --cluster, the cluster's file sets it for both ends.
+    let compression = args
+        .cluster
+        .as_ref()
+        .and_then(|p| ClusterConfig::from_file(p).ok())
+        .map_or(base.network.compression, |c| c.network.compression);
     let mut md = String::new();
     let _ = writeln!(md, "# vfabric-bench remote, {date}\n");
     let _ = writeln!(md, "- command: `{command_line}`");
-    let _ = writeln!(
-        md,
-        "- pages: {}; network.compression: {}",
-        crate::throughput::describe(payload(args)),
-        // With --cluster, the cluster's file sets it for both ends.
-        args.cluster
-            .as_ref()
-            .and_then(|p| ClusterConfig::from_file(p).ok())
-            .map_or(base.network.compression, |c| c.network.compression)
-    );
+    let _ =
+        writeln!(md, "- pages: {}; network.compression: {}", crate::throughput::describe(payload(args)), compression);
     let setup = match (&args.cluster, &args.node, &args.peer) {
         (Some(c), Some(n), Some(p)) => {
             format!(
@@ -580,6 +601,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             c.read_gbit_s.0
         );
     }
+    crate::region_codecs::markdown(&mut md, &codecs, compression);
     // `--latency-samples 0` times none: no table.
     if args.latency_samples > 0 {
         let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);
@@ -642,6 +664,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
         "rows": rows,
         "latency": lat,
         "moves": moves,
+        "region_codecs": codecs,
         "metrics_cost": metrics,
         "iperf3_gbit_s": tcp.as_ref().ok().map(|v| v.iter().map(|(s, g)| json!({"streams": s, "gbit_s": g})).collect::<Vec<_>>()),
         "iperf3_error": tcp.as_ref().err(),
@@ -649,7 +672,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     print!("{md}");
     let (j, m) = report::write(&args.out, &name, &json, &md).map_err(|e| e.to_string())?;
     println!("\nresults: {} and {}", j.display(), m.display());
-    if rows.iter().any(|r| r.bad > 0) {
+    if rows.iter().any(|r| r.bad > 0) || codecs.iter().any(|c| c.bad > 0) {
         return Err("some reads came back different from what was written".into());
     }
     Ok(())

@@ -96,25 +96,37 @@ fn pager_on_the_emulated_device_verifies_every_page() {
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
+/// Runs `vfabric-bench` with `args` (in groups), its results named `name` in `dir`, and returns its JSON; a
+/// failed run fails the test with what it printed.
+fn bench_json(args: &[&[&str]], dir: &std::path::Path, name: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(args.concat())
+        .args(["--name", name, "--out"])
+        .arg(dir)
+        .output()
+        .expect("run vfabric-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = std::fs::read_to_string(dir.join(format!("{name}.json"))).expect("json");
+    serde_json::from_str(&text).expect("valid json")
+}
+
 /// `vfabric-bench remote` with two in-process agents on two lanes, on one thread: every read verified, the
 /// latencies, the moves of the whole region (there and back, bytes checked) and the cost of serving metrics
 /// reported.
 #[test]
 fn remote_between_two_agents_verifies_reads_and_moves() {
     let dir = std::env::temp_dir().join(format!("vfabric-bench-remote-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
-        .args(["remote", "--device", "emulated", "--mtus", "6500", "--sizes", "64KiB", "--streams", "2"])
-        .args(["--total", "4MiB", "--latency-samples", "5", "--iperf-seconds", "0", "--lanes", "2", "--name", "r"])
-        // Both agents and the requests on one thread: the agent's single-threaded mode.
-        .args(["--threads", "1"])
-        .arg("--out")
-        .arg(&dir)
-        .output()
-        .expect("run vfabric-bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).expect("json")).expect("valid json");
+    let json = bench_json(
+        &[
+            &["remote", "--device", "emulated", "--mtus", "6500", "--sizes", "64KiB", "--streams", "2"],
+            &["--total", "4MiB", "--latency-samples", "5", "--iperf-seconds", "0", "--lanes", "2"],
+            // Both agents and the requests on one thread: the agent's single-threaded mode.
+            &["--threads", "1"],
+        ],
+        &dir,
+        "r",
+    );
     let rows = json["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2, "a write and a read: {rows:?}");
     for r in rows {
@@ -139,6 +151,42 @@ fn remote_between_two_agents_verifies_reads_and_moves() {
             && md.contains("iperf3 did not run"),
         "{md}"
     );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// `vfabric-bench remote --region-codecs`: on sparse pages, the LZ4 region's pages cross packed and the
+/// uncompressed region's as they are, in the same run (with `network.compression` off), every read checked.
+#[test]
+fn remote_region_codecs_pack_only_the_compressed_region() {
+    let dir = std::env::temp_dir().join(format!("vfabric-bench-codecs-{}", std::process::id()));
+    let json = bench_json(
+        &[
+            &["remote", "--device", "emulated", "--mtus", "6500", "--sizes", "64KiB", "--streams", "2"],
+            &["--total", "4MiB", "--latency-samples", "1", "--iperf-seconds", "0", "--no-metrics-cost"],
+            &["--sparse", "--region-codecs", "none,lz4", "--codec-rounds", "2"],
+        ],
+        &dir,
+        "c",
+    );
+    let codecs = json["region_codecs"].as_array().expect("region_codecs");
+    assert_eq!(codecs.len(), 2, "{codecs:?}");
+    let wire = |k: usize| codecs[k]["wire_per_payload"].as_f64().unwrap_or(0.0);
+    assert_eq!((&codecs[0]["codec"], &codecs[1]["codec"]), (&"none".into(), &"lz4".into()), "{codecs:?}");
+    assert!(wire(0) > 0.95, "the uncompressed region's pages cross whole: {codecs:?}");
+    assert!(wire(1) < 0.2, "the LZ4 region's sparse pages cross packed: {codecs:?}");
+    for c in codecs {
+        assert_eq!(c["bad"], 0, "{c}");
+        assert_eq!(c["rounds"], 2, "{c}");
+        assert!(c["write_x_none"].as_f64().is_some_and(|x| x > 0.0), "{c}");
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_vfabric-bench"))
+        .args(["remote", "--device", "emulated", "--mtus", "6500", "--sizes", "64KiB", "--total", "1MiB"])
+        .args(["--iperf-seconds", "0", "--no-metrics-cost", "--region-codecs", "fp8-bf16", "--out"])
+        .arg(&dir)
+        .output()
+        .expect("run vfabric-bench");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.contains("--region-codecs takes none, lz4 and zstd"), "{stderr}");
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
