@@ -116,12 +116,13 @@ pub async fn measure(
 }
 
 /// The Markdown section of `rows` (none when empty).
-pub fn markdown(md: &mut String, rows: &[CodecWire], compression: Compression) {
+pub fn markdown(md: &mut String, rows: &[CodecWire], wire: &str) {
     let Some(first) = rows.first() else { return };
     let _ = writeln!(
         md,
         "\n## Regions of each codec, alternating rounds\n\nA region allocated with each codec (`Kept::compression`), \
-         its pages packed on the wire whatever `network.compression` (here {compression}) says; {} rounds, each \
+         its pages packed on the wire whatever `network.compression` says (LZ4; zstd for a zstd region with \
+         `network.wire_zstd`; here {wire}); {} rounds, each \
          writing then reading every region in turn, starting with the next codec; medians of the rounds; x none: \
          the median of each round's Gbit/s over the uncompressed region's in the same round; every read checked.\n",
         first.rounds

@@ -524,16 +524,12 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
     let (date, stamp) = report::now_stamps();
     let name = args.name.clone().unwrap_or_else(|| format!("remote-{stamp}"));
     // With --cluster, the cluster's file sets it for both ends.
-    let compression = args
-        .cluster
-        .as_ref()
-        .and_then(|p| ClusterConfig::from_file(p).ok())
-        .map_or(base.network.compression, |c| c.network.compression);
+    let net = args.cluster.as_ref().and_then(|p| ClusterConfig::from_file(p).ok()).map_or(base.network, |c| c.network);
+    let wire = format!("network.compression: {}; network.wire_zstd: {}", net.compression, net.wire_zstd);
     let mut md = String::new();
     let _ = writeln!(md, "# vfabric-bench remote, {date}\n");
     let _ = writeln!(md, "- command: `{command_line}`");
-    let _ =
-        writeln!(md, "- pages: {}; network.compression: {}", crate::throughput::describe(payload(args)), compression);
+    let _ = writeln!(md, "- pages: {}; {wire}", crate::throughput::describe(payload(args)));
     let setup = match (&args.cluster, &args.node, &args.peer) {
         (Some(c), Some(n), Some(p)) => {
             format!(
@@ -601,7 +597,7 @@ pub fn run(args: &RemoteArgs, command_line: &str) -> Result<(), String> {
             c.read_gbit_s.0
         );
     }
-    crate::region_codecs::markdown(&mut md, &codecs, compression);
+    crate::region_codecs::markdown(&mut md, &codecs, &wire);
     // `--latency-samples 0` times none: no table.
     if args.latency_samples > 0 {
         let _ = writeln!(md, "\n## Remote latency ({} samples each, one at a time)\n", args.latency_samples);

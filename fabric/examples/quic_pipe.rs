@@ -120,7 +120,9 @@ async fn run(conns: usize) -> Result<(), Box<dyn std::error::Error>> {
             tasks.push(tokio::spawn(async move {
                 let mut s = c.open_uni().await.map_err(|e| e.to_string())?;
                 for i in 0..per_stream {
-                    send_chunk(&mut s, i << 20, p.clone(), false).await.map_err(|e| e.to_string())?;
+                    send_chunk(&mut s, i << 20, p.clone(), vfabric::Compression::None)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 }
                 s.finish().map_err(|e| e.to_string())?;
                 s.stopped().await.map_err(|e| e.to_string())?;

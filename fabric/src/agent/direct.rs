@@ -42,7 +42,7 @@ impl Agent {
             Message::Allocated { region } => {
                 let region = Region::from(&region);
                 if kept.compression.is_lossless() {
-                    lock(&self.shared.lossless).insert(region.addr);
+                    lock(&self.shared.lossless).insert(region.addr, kept.compression);
                 }
                 Ok(region)
             }

@@ -56,9 +56,11 @@ pub(crate) struct Shared {
     /// Every region that holds a copy of another node's pages for a lease here (in use, or kept in `replicas`):
     /// private to this node, which no caller names and a leaving node does not hand over.
     pub(crate) private: std::sync::Mutex<std::collections::HashSet<Region>>,
-    /// Other nodes' regions this node allocated with a lossless compression: what it writes to them crosses the
-    /// wire packed, as their homes' answers do, whatever `network.compression` says.
-    pub(crate) lossless: std::sync::Mutex<std::collections::HashSet<vfabric_allocator::GlobalAddr>>,
+    /// Other nodes' regions this node allocated with a lossless compression, and that compression: what it
+    /// writes to them crosses the wire packed with it, as their homes' answers do, whatever
+    /// `network.compression` says.
+    pub(crate) lossless:
+        std::sync::Mutex<std::collections::HashMap<vfabric_allocator::GlobalAddr, vfabric_allocator::Compression>>,
     /// Forwarding entries of this node's regions whose pages moved to another node.
     pub(crate) moves: Moves,
     /// Payload buffers for the chunks this agent sends (back from quinn once acknowledged).
@@ -190,25 +192,27 @@ impl Agent {
         self.shared.net.max_frame.bytes() as usize
     }
 
-    /// Whether this node packs every page payload it sends (`network.compression = "lz4"`).
-    pub(crate) fn packs(&self) -> bool {
-        self.shared.net.compression == vfabric_allocator::Compression::Lz4
+    /// How this node packs the page payloads it sends: `network.compression` (`lz4`, or `none`: as they are).
+    pub(crate) fn packs(&self) -> vfabric_allocator::Compression {
+        self.shared.net.compression
     }
 
-    /// Whether the pages of `region` this node sends cross the wire packed: every payload when
-    /// `network.compression = "lz4"`, and otherwise those of a region whose own compression is lossless (`lz4`,
-    /// `zstd`: the region asked for its pages to be packed wherever they leave a GPU). The home knows each of its
-    /// regions' compression; another node knows it of the regions it allocated itself. (The wire's packing is
-    /// LZ4 whatever the region's codec: zstd at a few hundred MB/s a core would hold back a link of several
-    /// GB/s.)
-    pub(crate) fn packs_pages_of(&self, region: &Region) -> bool {
-        if self.packs() {
-            return true;
+    /// How the pages of `region` this node sends cross the wire: packed when the region's own compression is
+    /// lossless (it asked for its pages to be packed wherever they leave a GPU), with LZ4, or with zstd when
+    /// `network.wire_zstd` says so (zstd shrinks dense floats a little, at a few hundred MB/s a core: slower
+    /// than fast links); else as `network.compression` says. The home knows each of its regions' compression;
+    /// another node knows it of the regions it allocated itself.
+    pub(crate) fn packs_pages_of(&self, region: &Region) -> vfabric_allocator::Compression {
+        use vfabric_allocator::Compression;
+        let own = match self.is_me(region.addr.node().0) {
+            true => self.shared.fabric.compression_of(region).ok(),
+            false => lock(&self.shared.lossless).get(&region.addr).copied(),
+        };
+        match own {
+            Some(Compression::Zstd) if self.shared.net.wire_zstd => Compression::Zstd,
+            Some(c) if c.is_lossless() => Compression::Lz4,
+            _ => self.packs(),
         }
-        if self.is_me(region.addr.node().0) {
-            return self.shared.fabric.compression_of(region).is_ok_and(|c| c.is_lossless());
-        }
-        lock(&self.shared.lossless).contains(&region.addr)
     }
 
     /// Whether `node` is this node.

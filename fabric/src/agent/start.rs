@@ -108,7 +108,7 @@ impl Agent {
             next_request: std::sync::atomic::AtomicU64::new(1),
             replicas: std::sync::Mutex::new(ReplicaCache::new(net.replica_cache.bytes())),
             private: std::sync::Mutex::new(std::collections::HashSet::new()),
-            lossless: std::sync::Mutex::new(std::collections::HashSet::new()),
+            lossless: std::sync::Mutex::new(std::collections::HashMap::new()),
             moves: Moves::default(),
             backups: Default::default(),
             #[cfg(feature = "etcd")]

@@ -124,4 +124,9 @@ fn the_wire_packs_with_lz4_or_not_at_all() {
         assert!(err.contains("network.compression") && err.contains("lz4"), "{refused}: {err}");
     }
     assert!(ClusterConfig::from_toml(&with("zip"), "t").is_err());
+    // zstd regions cross with LZ4 unless asked.
+    assert!(!lz4.network.wire_zstd, "off by default");
+    let zstd = "[cluster]\nname = \"x\"\n[network]\nwire_zstd = true\n[[node]]\nname = \"a\"\n";
+    let zstd = ClusterConfig::from_toml(zstd, "t").expect("wire_zstd");
+    assert!(zstd.network.wire_zstd);
 }

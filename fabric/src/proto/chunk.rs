@@ -9,21 +9,25 @@
 //! | offset: u64 BE | packed: 1 bit, len: 31 bits BE | xxh3-64 of payload: u64 BE | payload: len bytes |
 //! ```
 //!
-//! A packed chunk's payload is `| raw length: u32 BE | LZ4 block |` ([`pack_chunk`]): a sender that compresses
-//! (`network.compression`) packs a chunk that shrinks by an eighth (a chunk of 16 KiB or more only once its
-//! first 4 KiB shrink by an eighth), and sends the others as they are. Its checksum covers the bytes on the
-//! wire; unpacking (checked decoding) must give exactly the raw length, which counts against the payload as a
-//! raw chunk's length does (so a peer cannot make the receiver take more than the payload it agreed to). A chunk
-//! of one byte repeated is packed as `| raw length | the byte |`.
+//! A packed chunk's payload is `| zstd: 1 bit, raw length: 31 bits BE | LZ4 block or zstd frame |`
+//! ([`pack_chunk`]): a sender that compresses (`network.compression`, or a region's own lossless codec) packs a
+//! chunk that shrinks by an eighth with LZ4 or a sixteenth with zstd (a chunk of 16 KiB or more only once its
+//! first 4 KiB do), and sends the others as they are. Its checksum covers the bytes on the wire; unpacking
+//! (checked decoding) must give exactly the raw length, which counts against the payload as a raw chunk's
+//! length does (so a peer cannot make the receiver take more than the payload it agreed to). A chunk of one
+//! byte repeated is packed as `| raw length | the byte |`, whatever the codec.
 //!
 //! Receivers take chunks through [`ChunkRead`]: [`StreamChunks`] over any tokio `AsyncRead` (a staging buffer
 //! per chunk), and `proto::quic::QuicChunks` over a quinn stream (the payload stays in quinn's receive buffers
 //! until it is known good). [`receive`] is the one loop that checks each chunk's place against the payload it
 //! belongs to and hands it on.
 
+use std::cell::RefCell;
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use vfabric_allocator::Compression;
+use vfabric_transport::storage::{uniform, Packer};
 use xxhash_rust::xxh3::xxh3_64;
-use vfabric_transport::storage::uniform;
 
 /// offset (u64 BE), packed flag and length (u32 BE), xxh3-64 of the payload (u64 BE)
 pub const CHUNK_HEADER_LEN: usize = 20;
@@ -186,12 +190,47 @@ pub(crate) fn check_len(len: usize) -> Result<(), ChunkError> {
 /// How much of a chunk is compressed first to tell whether the rest is worth it.
 const PROBE: usize = 4096;
 
-/// `payload` packed for the wire (`| raw length: u32 BE | LZ4 block |`), when that saves an eighth of it: the
-/// first 4 KiB of a payload of 16 KiB or more must save an eighth first, so dense data (bf16 weights, fp32
-/// states) costs one small compression. A payload of one byte repeated (zeros) is `| raw length | the byte |`:
-/// LZ4 would expand it a byte at a time, and no LZ4 block of one byte stands for any bytes.
-pub fn pack_chunk(payload: &[u8]) -> Option<Vec<u8>> {
+/// The top bit of a packed chunk's raw length: a zstd frame follows, not an LZ4 block.
+const ZSTD: u32 = 1 << 31;
+
+thread_local! {
+    /// The storage tier's packer (its zstd contexts and scratch memory), one per thread that packs chunks.
+    static PACKER: RefCell<Packer> = RefCell::new(Packer::default());
+}
+
+/// `payload` packed for the wire with `codec` (`lz4` or `zstd`; any other packs nothing): `| raw length: u32 BE
+/// | LZ4 block |` when that saves an eighth of it, `| raw length with its top bit set | zstd frame |` when zstd
+/// saves a sixteenth (it shrinks dense floats by a little, where LZ4 finds nothing). The first 4 KiB of a
+/// payload of 16 KiB or more must shrink first, so data that does not (random bytes; bf16 weights under LZ4)
+/// costs one small compression. A payload of one byte repeated (zeros) is `| raw length | the byte |`: LZ4
+/// would expand it a byte at a time, and no LZ4 block or zstd frame of one byte stands for any bytes.
+pub fn pack_chunk(payload: &[u8], codec: Compression) -> Option<Vec<u8>> {
     let raw = u32::try_from(payload.len()).ok().filter(|&n| n <= MAX_CHUNK_LEN)?;
+    match codec {
+        Compression::Lz4 => pack_lz4(payload, raw),
+        Compression::Zstd => pack_zstd(payload, raw),
+        _ => None,
+    }
+}
+
+/// [`pack_chunk`] with zstd, through the storage tier's packer (the same level, probe and one-byte pages).
+fn pack_zstd(payload: &[u8], raw: u32) -> Option<Vec<u8>> {
+    PACKER.with(|p| {
+        let mut p = p.borrow_mut();
+        let packed = p.pack(Compression::Zstd, payload)?;
+        if packed.len() * 16 > payload.len() * 15 {
+            return None;
+        }
+        let head = if packed.len() == 1 { raw } else { raw | ZSTD };
+        let mut out = Vec::with_capacity(4 + packed.len());
+        out.extend_from_slice(&head.to_be_bytes());
+        out.extend_from_slice(packed);
+        Some(out)
+    })
+}
+
+/// [`pack_chunk`] with LZ4.
+fn pack_lz4(payload: &[u8], raw: u32) -> Option<Vec<u8>> {
     if payload.len() >= 4 * PROBE && lz4_flex::block::compress(&payload[..PROBE]).len() * 8 > PROBE * 7 {
         return None;
     }
@@ -407,19 +446,24 @@ pub async fn receive<S: ChunkRead, E: From<ChunkError>>(
         }
         let pieces = src.next_payload(&header).await?;
         let undecodable = |len| ChunkError::Undecodable { offset: header.offset, len };
-        let raw = raw_len(&pieces).ok_or(undecodable(0))?;
+        let head = raw_len(&pieces).ok_or(undecodable(0))?;
+        let raw = head & !ZSTD;
         let at = payload.place_at(header.offset, u64::from(raw))?;
         packed.clear();
         for p in &pieces {
             packed.extend_from_slice(p);
         }
         unpacked.resize(raw as usize, 0);
-        match &packed[4..] {
-            [b] if raw > 0 => unpacked.fill(*b),
-            lz4 => match lz4_flex::block::decompress_into(lz4, &mut unpacked) {
-                Ok(n) if n == raw as usize => {}
-                _ => return Err(undecodable(u64::from(raw)).into()),
-            },
+        let unpacked_whole = match &packed[4..] {
+            [b] if raw > 0 && head & ZSTD == 0 => {
+                unpacked.fill(*b);
+                true
+            }
+            zstd if head & ZSTD != 0 => PACKER.with(|p| p.borrow_mut().unpack(Compression::Zstd, zstd, &mut unpacked)),
+            lz4 => matches!(lz4_flex::block::decompress_into(lz4, &mut unpacked), Ok(n) if n == raw as usize),
+        };
+        if !unpacked_whole {
+            return Err(undecodable(u64::from(raw)).into());
         }
         put(at, &[&unpacked[..]])?;
     }
@@ -541,14 +585,14 @@ mod tests {
                     x as u8
                 })
                 .collect();
-            assert!(pack_chunk(&dense).is_none(), "dense bytes do not shrink: sent as they are");
-            let packed = pack_chunk(&sparse).expect("sparse bytes shrink");
+            assert!(pack_chunk(&dense, Compression::Lz4).is_none(), "dense bytes do not shrink: sent as they are");
+            let packed = pack_chunk(&sparse, Compression::Lz4).expect("sparse bytes shrink");
             assert!(packed.len() < 1024, "{} bytes", packed.len());
             a.write_all(&ChunkHeader::for_packed(0, &packed).encode()).await.expect("header");
             a.write_all(&packed).await.expect("payload");
             write_chunk(&mut a, 64 << 10, &dense).await.expect("raw");
             // A chunk of one byte repeated: the byte alone.
-            let ones = pack_chunk(&[0xA5; 64 << 10]).expect("one byte repeated shrinks");
+            let ones = pack_chunk(&[0xA5; 64 << 10], Compression::Lz4).expect("one byte repeated shrinks");
             assert_eq!(ones, [0, 1, 0, 0, 0xA5]);
             a.write_all(&ChunkHeader::for_packed(128 << 10, &ones).encode()).await.expect("header");
             a.write_all(&ones).await.expect("payload");
@@ -581,7 +625,7 @@ mod tests {
     fn bad_packed_chunks_are_refused_before_they_take_memory() {
         let mut sparse = vec![0u8; 64 << 10];
         sparse[5000] = 1;
-        let good = pack_chunk(&sparse).expect("sparse bytes shrink");
+        let good = pack_chunk(&sparse, Compression::Lz4).expect("sparse bytes shrink");
         // More raw bytes than a chunk may hold: refused before anything is unpacked.
         let mut big = good.clone();
         big[..4].copy_from_slice(&(1u32 << 30).to_be_bytes());
@@ -594,6 +638,15 @@ mod tests {
         garbage.extend_from_slice(&[0xff; 64]);
         assert!(matches!(receive_packed(&garbage), Err(ChunkError::Undecodable { .. })));
         assert!(matches!(receive_packed(&[1, 2]), Err(ChunkError::Undecodable { len: 0, .. })));
+        // The same for a zstd frame (the raw length's top bit set).
+        let zstd = pack_chunk(&crate::pattern::skewed(1, 64 << 10), Compression::Zstd).expect("zstd shrinks it");
+        assert_eq!(zstd[0] & 0x80, 0x80, "the zstd bit");
+        let mut short = zstd.clone();
+        short[..4].copy_from_slice(&(1000u32 | ZSTD).to_be_bytes());
+        assert!(matches!(receive_packed(&short), Err(ChunkError::Undecodable { len: 1000, .. })));
+        let mut garbage = zstd[..4].to_vec();
+        garbage.extend_from_slice(&[0xff; 64]);
+        assert!(matches!(receive_packed(&garbage), Err(ChunkError::Undecodable { .. })));
         // Where only raw chunks are taken (a local client's socket), a packed one is refused.
         let mut p = Payload::new(1 << 20, 64 << 10);
         assert!(matches!(p.place(&ChunkHeader::for_packed(0, &good)), Err(ChunkError::Packed(0))));

@@ -30,7 +30,7 @@ pub const MAGIC: [u8; 4] = *b"VFAB";
 /// the node asked about, and peers answer it; `Standby` carries the region's tenant. 7: a caller abandons a
 /// request (`Abandon`). 5: `Alloc` carries the region's replicas, and the standby messages follow. 2: `Hello`
 /// carries the sender's lane layout (the latency lane moved every other lane one port up).
-pub const PROTOCOL_VERSION: u16 = 12;
+pub const PROTOCOL_VERSION: u16 = 13;
 
 /// The frame header: magic (4) + version (u16 big-endian) + flags (u16 BE, must be 0) + body length (u32 BE).
 pub const FRAME_HEADER_LEN: usize = 12;
@@ -424,7 +424,7 @@ mod tests {
     fn header_layout_is_as_documented() {
         let bytes = frame(&Message::Ping { nonce: 5 });
         assert_eq!(&bytes[0..4], b"VFAB");
-        assert_eq!(&bytes[4..6], &[0, 12], "version 12, big-endian");
+        assert_eq!(&bytes[4..6], &[0, 13], "version 13, big-endian");
         assert_eq!(&bytes[6..8], &[0, 0]);
         let len = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
         assert_eq!(len, bytes.len() - FRAME_HEADER_LEN);

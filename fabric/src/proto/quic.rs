@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 use quinn::{RecvStream, SendStream};
+use vfabric_allocator::Compression;
 use xxhash_rust::xxh3::Xxh3Default;
 
 use super::chunk::{check_len, pack_chunk, read_chunk_header, ChunkError, ChunkHeader, ChunkRead, CHUNK_HEADER_LEN};
@@ -14,11 +15,17 @@ use super::codec::write_frame;
 use super::message::Message;
 
 /// Writes one checksummed chunk: the header, then `payload` handed to quinn as it is (kept, not copied, until
-/// the peer acknowledged it), or packed with LZ4 when `pack` and that saves an eighth of it ([`pack_chunk`]).
-/// A peer that stopped the stream (it answered early) gives [`ChunkError::Stopped`].
-pub async fn send_chunk(stream: &mut SendStream, offset: u64, payload: Bytes, pack: bool) -> Result<(), ChunkError> {
+/// the peer acknowledged it), or packed with `codec` (`lz4`, `zstd`; `none` sends it as it is) when that saves
+/// enough of it ([`pack_chunk`]). A peer that stopped the stream (it answered early) gives
+/// [`ChunkError::Stopped`].
+pub async fn send_chunk(
+    stream: &mut SendStream,
+    offset: u64,
+    payload: Bytes,
+    codec: Compression,
+) -> Result<(), ChunkError> {
     check_len(payload.len())?;
-    let packed = if pack { pack_chunk(&payload) } else { None };
+    let packed = pack_chunk(&payload, codec);
     let (header, payload) = match packed {
         Some(p) => (ChunkHeader::for_packed(offset, &p), Bytes::from(p)),
         None => (ChunkHeader::for_payload(offset, &payload), payload),
