@@ -202,7 +202,7 @@ pub struct NetworkSection {
     /// masks, padding; dense floating point goes as it is, for the cost of compressing 4 KiB). Every node takes
     /// packed chunks whatever its own setting.
     pub compression: Compression,
-    /// Whether the pages of a region allocated with zstd cross the wire packed with zstd (in 0.74-0.95 of their
+    /// Whether the pages of a region allocated with zstd cross the wire packed with zstd (in 0.74-0.94 of their
     /// bytes on a trained model's tensors, but at zstd's pace, a few hundred MB/s a core: worth it on links of
     /// about 10 Gbit/s or slower) instead of LZ4 (the default: at the link's speed, dense data as it is).
     pub wire_zstd: bool,
