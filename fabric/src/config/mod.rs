@@ -460,8 +460,9 @@ impl ClusterConfig {
         }
         if !matches!(self.network.compression, Compression::None | Compression::Lz4) {
             return Err(bad(format!(
-                "network.compression is {}: the wire takes \"none\" or \"lz4\" (zstd is slower than the network; \
-                 a lossy region's values are chosen per region)",
+                "network.compression is {}: the wire takes \"none\" or \"lz4\" (zstd packs slower than fast links: \
+                 a zstd region's pages cross with zstd when network.wire_zstd = true; a lossy region's values are \
+                 chosen per region)",
                 self.network.compression
             )));
         }
