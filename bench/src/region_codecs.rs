@@ -12,11 +12,13 @@ use vfabric::agent::{Agent, Kept, Replication};
 use vfabric::{ByteSize, Compression};
 use vfabric_transport::Location;
 
-use crate::stats::percentile;
+use crate::stats::Summary;
 
 /// One codec's figures over the rounds.
 #[derive(Debug, Clone, Serialize)]
 pub struct CodecWire {
+    /// QUIC packet size.
+    pub mtu: u16,
     /// The regions' compression.
     pub codec: Compression,
     /// Bytes per request.
@@ -54,13 +56,13 @@ pub fn check(codecs: &[Compression], rounds: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Times `codecs` (lossless ones and `none`) against a region homed at `peer`'s `home`: `rounds` rounds, each
+/// Times `codecs` (lossless ones and `none`) against a region homed at `peer`'s `home`, over packets of `mtu`: `rounds` rounds, each
 /// writing then reading `total` bytes per codec in requests of `size`, `streams` at a time, `data` as the
 /// requests' bytes (see [`crate::throughput::throughput`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn measure(
     a: &Agent,
-    (peer, home): (u16, Location),
+    (peer, home, mtu): (u16, Location, u16),
     region_bytes: u64,
     codecs: &[Compression],
     rounds: usize,
@@ -78,22 +80,29 @@ pub async fn measure(
             // One region at a time, so that the run needs the home's room for one.
             let kept = Kept { device: Some(home), compression: codecs[k], ..Kept::default() };
             let region = a.alloc_with(peer, region_bytes, kept, Replication::default()).await.map_err(e)?;
-            let before = a.link_stats(peer).await.map_err(e)?;
-            let mut gbit = [0.0; 2];
-            for (w, write) in [true, false].into_iter().enumerate() {
-                let (secs, wrong) =
-                    crate::throughput::throughput(a, &region, write, size, streams, total, data).await?;
-                gbit[w] = bytes as f64 * 8.0 / secs / 1e9;
-                bad[k] += wrong;
-            }
-            let link = a.link_stats(peer).await.map_err(e)?.since(&before);
-            wire[k] += link.udp_tx_bytes + link.udp_rx_bytes;
-            figures[k].push(gbit);
+            let timed = async {
+                let before = a.link_stats(peer).await.map_err(e)?;
+                let mut gbit = [0.0; 2];
+                for (w, write) in [true, false].into_iter().enumerate() {
+                    let (secs, wrong) =
+                        crate::throughput::throughput(a, &region, write, size, streams, total, data).await?;
+                    gbit[w] = bytes as f64 * 8.0 / secs / 1e9;
+                    bad[k] += wrong;
+                }
+                let link = a.link_stats(peer).await.map_err(e)?.since(&before);
+                wire[k] += link.udp_tx_bytes + link.udp_rx_bytes;
+                figures[k].push(gbit);
+                Ok::<(), String>(())
+            };
+            // Freed whatever happened, so that a failed round leaves nothing at the home.
+            let timed = timed.await;
             a.free(&region).await.map_err(e)?;
+            timed?;
         }
     }
     let none = codecs.iter().position(|c| *c == Compression::None);
-    let median = |v: &mut Vec<f64>| percentile(v, 0.5);
+    // Of an even number of rounds, the mean of the middle two.
+    let median = |v: &mut Vec<f64>| Summary::of(v).map_or(0.0, |s| s.median);
     let x_none = |k: usize, w: usize| {
         none.map(|n| median(&mut (0..rounds).map(|r| figures[k][r][w] / figures[n][r][w]).collect()))
     };
@@ -101,6 +110,7 @@ pub async fn measure(
         .iter()
         .enumerate()
         .map(|(k, &codec)| CodecWire {
+            mtu,
             codec,
             size,
             streams,
@@ -129,14 +139,15 @@ pub fn markdown(md: &mut String, rows: &[CodecWire], wire: &str) {
     );
     let _ = writeln!(
         md,
-        "| region | request | in flight | write Gbit/s | x none | read Gbit/s | x none | wire bytes / payload | bad |"
+        "| packet | region | request | in flight | write Gbit/s | x none | read Gbit/s | x none | wire bytes / payload | bad |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
     let x = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.2} | {} | {:.2} | {} | {:.3} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {:.3} | {} |",
+            r.mtu,
             r.codec,
             ByteSize(r.size),
             r.streams,

@@ -416,7 +416,7 @@ async fn measure(
     if !args.region_codecs.is_empty() {
         let streams = args.streams.iter().copied().max().unwrap_or(1);
         let how = (size, streams, args.total.bytes());
-        let home = (peer, args.home_device);
+        let home = (peer, args.home_device, mtu);
         let codecs = &args.region_codecs;
         out.codecs
             .extend(crate::region_codecs::measure(a, home, region_bytes, codecs, args.codec_rounds, how, &data).await?);

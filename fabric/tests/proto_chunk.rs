@@ -123,6 +123,7 @@ async fn zstd_chunks_cross_packed_and_arrive_whole() {
     let data = vfabric::pattern::skewed(9, 1 << 20);
     assert!(pack_chunk(&data, Compression::Lz4).is_none(), "LZ4 finds nothing in it");
     assert_eq!(pack_chunk(&[0u8; 64 << 10], Compression::Zstd).expect("zeros"), [0, 1, 0, 0, 0]);
+    assert_eq!(pack_chunk(&[7u8; 4096], Compression::Zstd).expect("a small piece of one byte"), [0, 0, 16, 0, 7]);
     assert!(pack_chunk(&[0u8; 64 << 10], Compression::None).is_none());
     guard(async {
         let (_server, _client, accepted, dialed) = connected(&n1, &n0, &settings()).await;

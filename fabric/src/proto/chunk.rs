@@ -11,8 +11,8 @@
 //!
 //! A packed chunk's payload is `| zstd: 1 bit, raw length: 31 bits BE | LZ4 block or zstd frame |`
 //! ([`pack_chunk`]): a sender that compresses (`network.compression`, or a region's own lossless codec) packs a
-//! chunk that shrinks by an eighth with LZ4 or a sixteenth with zstd (a chunk of 16 KiB or more only once its
-//! first 4 KiB do), and sends the others as they are. Its checksum covers the bytes on the wire; unpacking
+//! chunk that shrinks by an eighth with LZ4 or (over 4 KiB) a sixteenth with zstd (a chunk of 16 KiB or more
+//! only once its first 4 KiB do), and sends the others as they are. Its checksum covers the bytes on the wire; unpacking
 //! (checked decoding) must give exactly the raw length, which counts against the payload as a raw chunk's
 //! length does (so a peer cannot make the receiver take more than the payload it agreed to). A chunk of one
 //! byte repeated is packed as `| raw length | the byte |`, whatever the codec.
@@ -213,17 +213,21 @@ pub fn pack_chunk(payload: &[u8], codec: Compression) -> Option<Vec<u8>> {
     }
 }
 
-/// [`pack_chunk`] with zstd, through the storage tier's packer (the same level, probe and one-byte pages).
+/// [`pack_chunk`] with zstd, through the storage tier's packer (the same level and probe; it packs pieces
+/// longer than a 4 KiB block, where it saves a block).
 fn pack_zstd(payload: &[u8], raw: u32) -> Option<Vec<u8>> {
+    let mut out = raw.to_be_bytes().to_vec();
+    if let Some(b) = uniform(payload).filter(|_| payload.len() >= 8) {
+        out.push(b);
+        return Some(out);
+    }
     PACKER.with(|p| {
         let mut p = p.borrow_mut();
         let packed = p.pack(Compression::Zstd, payload)?;
         if packed.len() * 16 > payload.len() * 15 {
             return None;
         }
-        let head = if packed.len() == 1 { raw } else { raw | ZSTD };
-        let mut out = Vec::with_capacity(4 + packed.len());
-        out.extend_from_slice(&head.to_be_bytes());
+        out[..4].copy_from_slice(&(raw | ZSTD).to_be_bytes());
         out.extend_from_slice(packed);
         Some(out)
     })
@@ -459,6 +463,8 @@ pub async fn receive<S: ChunkRead, E: From<ChunkError>>(
                 unpacked.fill(*b);
                 true
             }
+            // No zstd frame is one byte (the packer would take it for a byte repeated).
+            [_] if head & ZSTD != 0 => false,
             zstd if head & ZSTD != 0 => PACKER.with(|p| p.borrow_mut().unpack(Compression::Zstd, zstd, &mut unpacked)),
             lz4 => matches!(lz4_flex::block::decompress_into(lz4, &mut unpacked), Ok(n) if n == raw as usize),
         };
@@ -647,6 +653,12 @@ mod tests {
         let mut garbage = zstd[..4].to_vec();
         garbage.extend_from_slice(&[0xff; 64]);
         assert!(matches!(receive_packed(&garbage), Err(ChunkError::Undecodable { .. })));
+        let mut one = zstd[..4].to_vec();
+        one.push(0);
+        assert!(matches!(receive_packed(&one), Err(ChunkError::Undecodable { .. })), "no zstd frame is one byte");
+        let mut huge = zstd.clone();
+        huge[..4].copy_from_slice(&(MAX_CHUNK_LEN | ZSTD).to_be_bytes());
+        assert!(matches!(receive_packed(&huge), Err(ChunkError::TooLarge { .. })));
         // Where only raw chunks are taken (a local client's socket), a packed one is refused.
         let mut p = Payload::new(1 << 20, 64 << 10);
         assert!(matches!(p.place(&ChunkHeader::for_packed(0, &good)), Err(ChunkError::Packed(0))));
