@@ -24,7 +24,7 @@ LARGE_FABRIC=${LARGE_FABRIC:-10GiB}
 # Blocks whose AdamW step runs on the CPU beside the GPU (the last ones): *_vfabric runs; *_vfabric_gpu runs none.
 SMALL_HOST=${SMALL_HOST:-8}
 LARGE_HOST=${LARGE_HOST:-10}
-declare -A ARGS TMO
+declare -A ARGS TMO LAUNCH
 ARGS[small_resident]="$SMALL --mode resident";                                        TMO[small_resident]=90
 ARGS[small_fsdp]="$SMALL --mode fsdp";                                                TMO[small_fsdp]=150
 ARGS[small_stream]="$SMALL --mode stream --act keep --opt gpu";                       TMO[small_stream]=120
@@ -57,6 +57,30 @@ ARGS[large_vfabric_accum16_blocks]="$LARGE --mode vfabric --accum 16 --schedule 
 ARGS[large_vfabric_accum16_blocks8]="$LARGE --mode vfabric --accum 16 --schedule blocks --group 8 --fabric-budget 8GiB --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16_blocks8]=240
 ARGS[large_vfabric_accum16_blocks4]="$LARGE --mode vfabric --accum 16 --schedule blocks --group 4 --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16_blocks4]=240
 ARGS[large_vfabric_accum16]="$LARGE --mode vfabric --accum 16 --fabric-budget $LARGE_FABRIC --host-layers $LARGE_HOST --steps 4 --warmup 1"; TMO[large_vfabric_accum16]=300
+# Data parallel, two ranks (torchrun, and mpirun for one run; bench/scripts/train_ranks.py): one rank a GPU, or both
+# sharing the GPU of a one-GPU machine (each rank its own NCCL host then: the all-reduces cross sockets, not
+# NVLink). A mid-sized model (0.47 B parameters, batch 4 a rank): DDP, FSDP2 with CPU offload, and the blocks
+# streamed through the node's agent.
+# A step stuck for a minute prints every thread's Python stack (--watchdog) into the log.
+DP="--layers 8 --dim 2048 --heads 16 --vocab 32768 --seq 2048 --batch 4 --steps 6 --warmup 2 --watchdog 60"
+DP_FABRIC=${DP_FABRIC:-2GiB}
+ARGS[dp2_resident]="$DP --mode resident";                                             TMO[dp2_resident]=120; LAUNCH[dp2_resident]=torchrun
+ARGS[dp2_fsdp]="$DP --mode fsdp";                                                     TMO[dp2_fsdp]=150; LAUNCH[dp2_fsdp]=torchrun
+ARGS[dp2_vfabric]="$DP --mode vfabric --fabric-budget $DP_FABRIC --host-layers 2";    TMO[dp2_vfabric]=150; LAUNCH[dp2_vfabric]=torchrun
+ARGS[dp2_vfabric_gpu]="$DP --mode vfabric --fabric-budget $DP_FABRIC";                TMO[dp2_vfabric_gpu]=150; LAUNCH[dp2_vfabric_gpu]=torchrun
+ARGS[dp2_vfabric_mpirun]="$DP --mode vfabric --fabric-budget $DP_FABRIC --host-layers 2"; TMO[dp2_vfabric_mpirun]=150; LAUNCH[dp2_vfabric_mpirun]=mpirun
+RANKS_PER_RUN=${RANKS_PER_RUN:-2}
+# Each rank's PyTorch takes its share of the cores (torchrun would give it one thread, and Open MPI binds each rank
+# to one core unless told not to: the CPU's AdamW would run on one thread).
+RANK_THREADS=$(( $(nproc) / RANKS_PER_RUN ))
+launcher() { # RUN: the command that starts train_offload.py's ranks
+    local threads="env OMP_NUM_THREADS=$RANK_THREADS"
+    case "${LAUNCH[$1]:-}" in
+        torchrun) echo "$threads python3 -m torch.distributed.run --standalone --nproc-per-node $RANKS_PER_RUN" ;;
+        mpirun) echo "$threads mpirun --allow-run-as-root --oversubscribe --bind-to none --mca plm_rsh_agent false -np $RANKS_PER_RUN -x OMP_NUM_THREADS -x PATH -x PYTHONPATH -x PYTORCH_CUDA_ALLOC_CONF -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED python3" ;;
+        *) echo "python3" ;;
+    esac
+}
 RUNS=${RUNS:-"small_resident small_vfabric small_vfabric_gpu small_stream small_stream_recompute small_fsdp small_allocator large_resident large_vfabric large_vfabric_gpu large_stream_recompute large_fsdp large_allocator large_resident_accum16 large_vfabric_accum16"}
 for r in $RUNS; do
     if [ -z "${ARGS[$r]:-}" ]; then
@@ -71,8 +95,9 @@ for r in $RUNS; do
     t=${TMO[$r]}
     [ "$t" -gt "$left" ] && t=$left
     echo "=== $r (timeout $t s, at $(($(date +%s) - T0)) s)" | tee -a "$OUT/train.log"
+    read -ra launch <<< "$(launcher "$r")"
     # shellcheck disable=SC2086
-    timeout -s INT "$t" python3 "$here/train_offload.py" ${ARGS[$r]} --tag "$r" --json "$OUT/train.jsonl" \
+    timeout -s INT "$t" "${launch[@]}" "$here/train_offload.py" ${ARGS[$r]} --tag "$r" --json "$OUT/train.jsonl" \
         >> "$OUT/train.log" 2>&1
     rc=$?
     echo "=== $r rc=$rc at $(($(date +%s) - T0)) s" | tee -a "$OUT/train.log"

@@ -24,19 +24,27 @@
              (vfabric.torch.use_as_allocator(budget=--allocator-budget)).
 --accum N (resident, vfabric, allocator): N micro-batches of --batch each per optimizer step (loss / N each).
 
+Data parallel: started by torchrun or mpirun (one rank a GPU; bench/scripts/train_ranks.py), resident is DDP, fsdp
+shards over the ranks (CPU offload as above), and vfabric streams each rank's blocks through the fabric of the
+node's agent (vfabric.connect(): local rank 0 starts it), each block's gradients averaged across the ranks before
+its AdamW step. Each rank trains on its own batch; the losses are the ranks' mean, the tokens all ranks'.
+
 Data: one fixed batch of random tokens, reused every step, so the loss visibly falls (memorisation).
 Same seeds => same initial weights in every mode; compare the loss columns across modes.
 Output: human-readable lines and one 'RESULT {json}' line (also appended to --json).
 """
-import argparse, json, math, os, statistics, sys, time
+import argparse, contextlib, json, math, os, statistics, sys, time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from train_ranks import Ranks
+
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
 BF16, FP32 = torch.bfloat16, torch.float32
+RANKS = Ranks()
 
 
 def parse():
@@ -59,7 +67,8 @@ def parse():
     p.add_argument("--group", type=int, default=0, help="vfabric --schedule blocks: micro-batches a group (0: all)")
     p.add_argument("--allocator-budget", default="120GiB", help="allocator: the fabric's GPU arena")
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--d", type=int, default=128)
+    # --dim under torchrun, whose own options take --d for an abbreviation of theirs.
+    p.add_argument("--d", "--dim", dest="d", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seq", type=int, default=64)
@@ -77,6 +86,9 @@ def parse():
     p.add_argument("--tag", default="")
     p.add_argument("--json", default="")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--watchdog", type=float, default=0,
+                   help="seconds a step may take before every thread's Python stack goes to stderr (again each time; 0: never)")
+    p.add_argument("--port", type=int, default=29517, help="data parallel under mpirun: rank 0's port (127.0.0.1)")
     a = p.parse_args()
     a.auto_host = a.host_layers == "auto"
     a.host_layers = a.layers // 2 if a.auto_host else int(a.host_layers)
@@ -248,7 +260,17 @@ def setup_resident(a):
                             fused=CUDA)
 
     info = {"optimizer": "torch AdamW fused, GPU" if CUDA else "torch AdamW, CPU", "dump": (model, opt)}
-    return accumulating_step(a, model, opt), info
+    if not RANKS.many:
+        return accumulating_step(a, model, opt), info
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ddp = DDP(model, device_ids=[torch.cuda.current_device()] if CUDA else None)
+    info["data_parallel"] = "DDP (gradients all-reduced in buckets during the backward pass)"
+    info["replicas"] = lambda: list(model.parameters())
+
+    def micro_context(k):  # the backward passes of a step's micro-batches but the last reduce nothing
+        return ddp.no_sync() if k < a.accum - 1 else contextlib.nullcontext()
+
+    return accumulating_step(a, ddp, opt, micro_context=micro_context), info
 
 
 def dump_tensors(a, model, opt, inp, tgt, out_dir, limit=256 << 20):
@@ -288,19 +310,23 @@ def _dump_block(a, model, opt, inp, out_dir, limit):
     print(f"[{a.tag}] tensors of block {len(model.blocks) // 2} written to {out_dir}: {sorted(files)}", flush=True)
 
 
-def accumulating_step(a, model, opt, before_micro=None):
+def accumulating_step(a, model, opt, before_micro=None, micro_context=None, before_step=None):
     """One optimizer step over a.accum micro-batches (loss / accum each; `before_micro(k)` runs before micro-batch
-    k), returning the step's mean loss: the loop of resident, allocator and vfabric alike."""
+    k, inside `micro_context(k)`; `before_step()` before the optimizer's step), returning the step's mean loss: the
+    loop of resident, allocator and vfabric alike."""
 
     def step(inp, tgt):
         total = 0.0
         for k in range(a.accum):
             if before_micro is not None:
                 before_micro(k)
-            with autocast():
-                loss = model(inp[k], tgt[k]) / a.accum
-            loss.backward()
+            with micro_context(k) if micro_context is not None else contextlib.nullcontext():
+                with autocast():
+                    loss = model(inp[k], tgt[k]) / a.accum
+                loss.backward()
             total = total + loss.detach()
+        if before_step is not None:
+            before_step()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return total
@@ -331,14 +357,16 @@ def setup_vfabric(a):
     # Host memory holds every block's compute copy, master weights and moments, and fp32 gradient sums (blocks
     # stepped on the CPU, or accumulating).
     per_block = n_block * (2 + 12 + (4 if a.accum > 1 or a.host_layers or a.auto_host else 0))
-    host = -(-int(a.layers * per_block * 1.04 + (1 << 30)) // (1 << 30))
+    # Data parallel: the node's agent holds the blocks of each of its ranks, and the GPU budget is each rank's.
+    host = -(-int(RANKS.local_world * a.layers * per_block * 1.04 + (1 << 30)) // (1 << 30))
+    budget = size_bytes(a.fabric_budget) * (RANKS.ranks_per_gpu if RANKS.many else 1)
     cfg = os.path.join(tempfile.mkdtemp(), "train.toml")
     with open(cfg, "w") as f:
         f.write(f"""[cluster]
 name = "train"
 [memory]
 page_size = "2MiB"
-gpu_budget = "{a.fabric_budget}"
+gpu_budget = "{budget >> 20}MiB"
 host_arena = "{host}GiB"
 headroom_percent = 2
 readahead = "0"
@@ -348,14 +376,18 @@ low_watermark_percent = 100
 name = "local"
 """)
     t0 = time.perf_counter()
-    fabric = vfabric.Fabric(cfg)
+    if RANKS.many:
+        os.environ["VFABRIC_CONFIG"] = cfg  # for local rank 0, which starts the agent
+        fabric = vfabric.connect()
+    else:
+        fabric = vfabric.Fabric(cfg)
     info = {"fabric_budget": a.fabric_budget, "host_arena_GiB": host, "fabric_start_s": round(time.perf_counter() - t0, 1),
             "device": fabric.device_kind, "lookahead": a.lookahead, "host_layers": a.host_layers,
             "host_chunk": a.host_chunk, "host_threads": a.host_threads or torch.get_num_threads(),
             "torch_threads": torch.get_num_threads()}
     root = GPT(a, DEV, with_blocks=False)
     layers = vt.stream([], fabric, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.wd, lookahead=a.lookahead,
-                       host_chunk=a.host_chunk)
+                       host_chunk=a.host_chunk, data_parallel=RANKS.many or None)
     if a.host_threads:
         torch.set_num_threads(a.host_threads)  # process-wide: every thread's intra-op operations
     if a.auto_host:
@@ -378,6 +410,15 @@ name = "local"
     info["fabric"] = fabric
     info["layers"] = layers
     info["gpu_arena_bytes"] = size_bytes(a.fabric_budget)
+    average = None
+    if RANKS.many:
+        info["data_parallel"] = (f"the node's agent ({'this rank' if fabric.hosts_agent else 'local rank 0'} runs it), "
+                                 "each block's gradients all-reduced before its AdamW, the embedding's before its step")
+        info["replicas"] = lambda: [t for i in range(a.layers) for t in layers.master_weights(i).values()] + list(
+            layers.other_parameters(root))
+
+        def average():
+            vt.average_gradients(layers.other_parameters(root))
 
     if a.schedule == "blocks":
         info["schedule"] = f"blocks, {a.group or a.accum} micro-batches a group"
@@ -387,6 +428,8 @@ name = "local"
                 total = layers.step_by_blocks(
                     list(zip(inp, tgt)), lambda mb: root.embed(mb[0]),
                     lambda x, mb: root.head_loss(x, mb[1]) / a.accum, group=a.group)
+            if average is not None:
+                average()
             opt.step()
             opt.zero_grad(set_to_none=True)
             return total
@@ -396,17 +439,18 @@ name = "local"
     def before_micro(k):
         layers.accumulating = k < a.accum - 1  # the last micro-batch's backward steps the blocks
 
-    return accumulating_step(a, root, opt, before_micro), info
+    return accumulating_step(a, root, opt, before_micro, before_step=average), info
 
 
 def setup_fsdp(a):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy, MixedPrecisionPolicy
-    port = 29500 + (os.getpid() % 1000)
-    backend = "cpu:gloo,cuda:nccl" if CUDA else "gloo"
-    dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    mesh = init_device_mesh(DEV.type, (1,))
+    if not RANKS.many:
+        port = 29500 + (os.getpid() % 1000)
+        backend = "cpu:gloo,cuda:nccl" if CUDA else "gloo"
+        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    mesh = init_device_mesh(DEV.type, (RANKS.world,))
     model = GPT(a, DEV)  # built + initialised on the GPU (same weights as the other modes), then sharded out
     mp = MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=FP32, cast_forward_inputs=False)
     kw = dict(mesh=mesh, mp_policy=mp)
@@ -639,11 +683,17 @@ def setup_stream(a):
 # ------------------------------------------------------------------------------------------ main
 def main():
     a = parse()
+    if RANKS.many:
+        if a.mode not in ("resident", "fsdp", "vfabric"):
+            raise SystemExit(f"data parallel runs (ranks of torchrun or mpirun) are resident, fsdp or vfabric, not {a.mode}")
+        if a.dump_tensors:
+            raise SystemExit("--dump-tensors is for one rank")
+        RANKS.start(a.port)
     if a.mode == "allocator":
         import vfabric.torch as vt
         vt.use_as_allocator(budget=a.allocator_budget)  # before anything allocates CUDA memory
     torch.manual_seed(a.seed)
-    if CUDA:
+    if CUDA and not RANKS.many:
         torch.cuda.set_device(0)
     t_setup = time.perf_counter()
     setup = {"resident": setup_resident, "fsdp": setup_fsdp, "stream": setup_stream, "vfabric": setup_vfabric,
@@ -655,10 +705,10 @@ def main():
     t_setup = time.perf_counter() - t_setup
     n_block = a.layers * sum(math.prod(s) for _, s in param_spec(a.d))
     n_total = n_block + a.vocab * a.d + 2 * a.d
-    tokens = a.batch * a.seq * a.accum
+    tokens = a.batch * a.seq * a.accum * RANKS.world  # all ranks'
     flops_tok = 6 * (n_block + a.vocab * a.d) + 6 * a.layers * a.seq * a.d  # matmuls + causal attention
     g = torch.Generator(device=DEV)
-    g.manual_seed(1234)
+    g.manual_seed(1234 + RANKS.rank)  # each rank its own batch
     data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=DEV, generator=g)
     inp, tgt = data[:, :-1].contiguous(), data[:, 1:].contiguous()
     if a.mode in ("resident", "vfabric", "allocator"):
@@ -670,7 +720,11 @@ def main():
         raise SystemExit("--dump-tensors is for --mode resident")
     streamed = info.pop("layers", None)
     arena = info.pop("gpu_arena_bytes", 0)
-    print(f"[{a.tag}] mode={a.mode} accum={a.accum} L={a.layers} d={a.d} heads={a.heads} V={a.vocab} S={a.seq} B={a.batch} "
+    replicas = info.pop("replicas", None)
+    if RANKS.many:
+        info["ranks"] = RANKS.describe()
+    say = print if RANKS.rank == 0 else (lambda *x, **k: None)  # rank 0 speaks for the job
+    say(f"[{a.tag}] mode={a.mode} accum={a.accum} L={a.layers} d={a.d} heads={a.heads} V={a.vocab} S={a.seq} B={a.batch} "
           f"params={n_total/1e9:.3f}B state(16B/param)={16*n_total/2**30:.1f}GiB setup={t_setup:.1f}s "
           f"info={json.dumps({k: v for k, v in info.items() if k != 'moved'})}", flush=True)
     if CUDA and a.mode != "allocator":  # a pluggable allocator has no peak to reset: the pool's counts from start
@@ -678,26 +732,32 @@ def main():
     times, losses = [], []
     waited0 = streamed.waited if streamed is not None else None
     busy0 = streamed.host_busy if streamed is not None else None
-    stalls0 = fabric.stats()["stalls"] if fabric is not None else None
+    stalls0 = fabric.stats().get("stalls") if fabric is not None else None
     if "moved" in info:
         mv0 = dict(info["moved"])
+    if a.watchdog:
+        import faulthandler
     for it in range(a.steps):
         sync()
         t0 = time.perf_counter()
+        if a.watchdog:  # a step stuck past it says where each thread is
+            faulthandler.dump_traceback_later(a.watchdog, repeat=True)
         loss = step(inp, tgt)
         sync()
         dt = time.perf_counter() - t0
-        lv = loss.item()
+        if a.watchdog:
+            faulthandler.cancel_dump_traceback_later()
+        lv = RANKS.mean(loss.item()) if RANKS.many else loss.item()
         times.append(dt)
         losses.append(lv)
-        print(f"[{a.tag}] step {it} loss {lv:.4f} time {dt*1e3:.1f} ms", flush=True)
+        say(f"[{a.tag}] step {it} loss {lv:.4f} time {dt*1e3:.1f} ms", flush=True)
         if it == 0 and "moved" in info:
             mv1 = {k: info["moved"][k] - mv0[k] for k in mv0}
         if it == a.warmup - 1 and streamed is not None:
             waited0 = streamed.waited
             busy0 = streamed.host_busy
             if fabric is not None:
-                stalls0 = fabric.stats()["stalls"]
+                stalls0 = fabric.stats().get("stalls")
     meas = times[a.warmup:] if len(times) > a.warmup else times
     med = statistics.median(meas)
     res = {"tag": a.tag, "mode": a.mode, "layers": a.layers, "d": a.d, "heads": a.heads, "vocab": a.vocab,
@@ -723,12 +783,13 @@ def main():
         res["host_busy_ms_per_step"] = {k: round((v - busy0[k]) / per * 1e3, 1) for k, v in streamed.host_busy.items()}
     if streamed is not None and streamed.stream.balance is not None:
         res["host_share"] = streamed.stream.balance.describe()
-    if fabric is not None:
-        traffic = fabric.stats()["traffic"]
+    fabric_stats = fabric.stats() if fabric is not None else {}
+    if "traffic" in fabric_stats:
+        traffic = fabric_stats["traffic"]
         res["fabric_traffic_GB"] = {k: round(v / 1e9, 1) for k, v in traffic.items() if k != "stages"}
         # Where the fabric's callers waited, a measured step's share (milliseconds; counts as they are).
-        if a.steps > a.warmup:
-            stalls = fabric.stats()["stalls"]
+        if a.steps > a.warmup and stalls0 is not None:
+            stalls = fabric_stats["stalls"]
             per = a.steps - a.warmup
             res["fabric_stalls_per_step"] = {
                 k.replace("_ns", "_ms"): round((v - stalls0[k]) / per / (1e6 if k.endswith("_ns") else 1), 1)
@@ -737,15 +798,26 @@ def main():
     if "moved" in info:
         res["pcie_bytes_per_step"] = mv1
         info = {k: v for k, v in info.items() if k != "moved"}
+    if RANKS.many:
+        res["world"] = RANKS.world
+        # Every rank took the same steps: the same weights everywhere (FSDP's are sharded: one copy).
+        if replicas is not None:
+            res["replicas_equal"] = RANKS.same_everywhere(replicas())
     res["info"] = info
     line = json.dumps(res)
-    print("RESULT " + line, flush=True)
-    if a.json:
+    say("RESULT " + line, flush=True)
+    if a.json and RANKS.rank == 0:
         with open(a.json, "a") as f:
             f.write(line + "\n")
     if a.dump_tensors:
         dump_tensors(a, *dump, inp, tgt, a.dump_tensors)
-    if a.mode == "fsdp":
+    if RANKS.many:
+        if streamed is not None:
+            streamed.close()  # the agent outlives this rank: its regions go now
+        RANKS.stop()
+        if res.get("replicas_equal") is False:
+            raise SystemExit(f"[{a.tag}] the ranks' weights differ after {a.steps} steps")
+    elif a.mode == "fsdp":
         import torch.distributed as dist
         dist.destroy_process_group()
 

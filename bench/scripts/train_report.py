@@ -25,7 +25,10 @@ MODES = {
 
 
 def size(r):
-    return "large" if r["params"] > 2e9 else "small"
+    """The model's size class, and the ranks of a data-parallel run (compared with the resident run of its own
+    class and ranks: DDP)."""
+    base = "large" if r["params"] > 2e9 else "small" if r["params"] > 0.8e9 else "mid"
+    return base if r.get("world", 1) == 1 else f"{base}, {r['world']} ranks"
 
 
 def label(r):
@@ -46,6 +49,10 @@ def label(r):
         extra.append(f"fabric {info.get('fabric_budget', '?')}")
     if r.get("accum", 1) > 1:
         extra.append(f"accum {r['accum']}")
+    if r.get("world", 1) > 1:
+        extra.append(f"{r['world']} ranks{', DDP' if r['mode'] == 'resident' else ''}")
+        if "replicas_equal" in r:
+            extra.append("same weights on every rank" if r["replicas_equal"] else "WEIGHTS DIFFER between ranks")
     if str(info.get("schedule", "")).startswith("blocks"):
         extra.append(f"block by block, {info['schedule'].split(', ', 1)[-1]}")
     return MODES.get(r["mode"], r["mode"]) + (f" ({', '.join(extra)})" if extra else "")
@@ -97,8 +104,9 @@ def main():
     except ImportError:
         print("train_report: matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
         return
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
-    for ax, which in zip(axes, ("small", "large")):
+    classes = list(dict.fromkeys(size(r) for r in runs))  # small, large, data-parallel ones: as they come
+    fig, axes = plt.subplots(1, len(classes), figsize=(7 * len(classes), 5.5), squeeze=False)
+    for ax, which in zip(axes[0], classes):
         sel = [r for r in runs if size(r) == which]
         if not sel:
             ax.set_visible(False)
@@ -113,7 +121,7 @@ def main():
         for y, r in enumerate(sel):
             ax.text(r["tokens_per_s"], y, f" {r['tokens_per_s']:,.0f}  ({r.get('peak_gpu_GiB', '?')} GiB)", va="center",
                     fontsize=8)
-        ax.set_title(f"{which} model ({sel[0]['params'] / 1e9:.2f} B parameters)")
+        ax.set_title(f"{which}: model of {sel[0]['params'] / 1e9:.2f} B parameters")
         ax.set_xlabel("tokens/s (peak GPU memory in brackets)")
         ax.invert_yaxis()
         ax.set_xlim(0, max(r["tokens_per_s"] for r in sel) * 1.35)

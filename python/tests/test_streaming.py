@@ -3,6 +3,8 @@ its layers' state in the fabric, on a GPU too small to hold it, against the same
 The schedule, the sub-arrays of each layer's regions, the optimizer's bookkeeping and gradient accumulation
 must give the resident model's numbers bit for bit; the fabric must have prefetched and written back."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -86,7 +88,8 @@ class Resident:
     def compute(self, i):
         return {"a": self.master[i]["a"].astype(np.float16), "b": self.master[i]["b"].astype(np.float16), "bias": self.master[i]["bias"].copy()}
 
-    def micro(self, x, t, step_now):
+    def gradients(self, x, t):
+        """The loss of one micro-batch and its gradients, layer by layer."""
         xs, saved = [], []
         for i in range(LAYERS):
             xs.append(x)
@@ -96,17 +99,24 @@ class Resident:
         grads = [None] * LAYERS
         for i in reversed(range(LAYERS)):
             g, grads[i] = backward(xs[i], g, saved[i])
-        grads = [{k: v.astype(np.float32) for k, v in gr.items()} for gr in grads]
-        if self.acc is None:
-            self.acc = grads
-        else:
-            # The stream adds the new micro-batch's gradient to the sum so far, in that order.
-            self.acc = [{k: gr[k] + ac[k] for k in gr} for gr, ac in zip(grads, self.acc)]
+        return loss, [{k: v.astype(np.float32) for k, v in gr.items()} for gr in grads]
+
+    @staticmethod
+    def add_up(acc, grads):
+        # The stream adds the new micro-batch's gradient to the sum so far, in that order.
+        return grads if acc is None else [{k: gr[k] + ac[k] for k in gr} for gr, ac in zip(grads, acc)]
+
+    def step(self, grads):
+        self.steps += 1
+        for i in range(LAYERS):
+            for k in self.master[i]:
+                adamw(self.master[i][k], grads[i][k], self.m[i][k], self.v[i][k], self.steps, OPT)
+
+    def micro(self, x, t, step_now):
+        loss, grads = self.gradients(x, t)
+        self.acc = self.add_up(self.acc, grads)
         if step_now:
-            self.steps += 1
-            for i in range(LAYERS):
-                for k in self.master[i]:
-                    adamw(self.master[i][k], self.acc[i][k], self.m[i][k], self.v[i][k], self.steps, OPT)
+            self.step(self.acc)
             self.acc = None
         return loss
 
@@ -115,10 +125,11 @@ class Streamed:
     """The same model with its layers' state in the fabric, run through a LayerStream; the last `on_host` layers
     take their optimizer step on the CPU."""
 
-    def __init__(self, fabric, on_host=0, host_chunk=0):
+    def __init__(self, fabric, on_host=0, host_chunk=0, grad_reduce=None):
         # Pieces of 3 pages of states (16384 parameters): a layer's states come in 3 pieces.
         self.stream = LayerStream(
-            fabric, "gpu0", NumpyOps(), OPT, lookahead=1, host_ops=NumpyOps(), piece_bytes=192 << 10, host_chunk=host_chunk
+            fabric, "gpu0", NumpyOps(), OPT, lookahead=1, host_ops=NumpyOps(), piece_bytes=192 << 10,
+            host_chunk=host_chunk, grad_reduce=grad_reduce,
         )
         for i in range(LAYERS):
             values = init(i)
@@ -183,6 +194,78 @@ def test_streamed_layers_train_as_the_resident_model_does(tight, micro_batches, 
     assert (run.stream.host_busy["adamw"] > 0) == (on_host > 0), run.stream.host_busy
     run.stream.close()
     assert tight.stats()["directory"]["regions"] == 0
+
+
+class ThreadMean:
+    """An all-reduce (the mean) between ranks that are threads of this process: each rank's array, added in rank
+    order, divided by the ranks; every rank gets the same bits."""
+
+    def __init__(self, ranks):
+        self.ranks, self.slots, self.barrier, self.calls = ranks, [None] * ranks, threading.Barrier(ranks, timeout=60), 0
+
+    @staticmethod
+    def mean(arrays):
+        total = arrays[0].copy()
+        for a in arrays[1:]:
+            total += a
+        return total / np.float32(len(arrays))
+
+    def of_rank(self, r):
+        def reduce(g):
+            self.slots[r] = g.copy()
+            self.barrier.wait()
+            mean = self.mean(self.slots)
+            self.barrier.wait()  # every rank has read every slot before one is written again
+            g[...] = mean
+            if r == 0:
+                self.calls += 1
+
+        return reduce
+
+
+# Two ranks share one fabric (as a node's ranks share its agent), each on its own batches; the last layers'
+# steps on the CPU too, and micro-batches summed before the reduction.
+@pytest.mark.parametrize("micro_batches,on_host", [(1, 0), (2, 0), (2, 3)])
+def test_ranks_whose_gradients_are_reduced_take_the_steps_of_the_mean_gradient(tmp_path, micro_batches, on_host):
+    ranks = 2
+    path = tmp_path / "ranks.toml"
+    path.write_text(TIGHT.replace('gpu_budget = "2MiB"', 'gpu_budget = "6MiB"'))
+    fabric = vfabric.Fabric(str(path))
+    mean = ThreadMean(ranks)
+    runs = [Streamed(fabric, on_host, grad_reduce=mean.of_rank(r)) for r in range(ranks)]
+    ref = Resident()
+    steps, errors = 3, []
+
+    def train(r):
+        try:
+            for step in range(steps):
+                for k in range(micro_batches):
+                    runs[r].micro(*batch(100 * r + 10 * step + k), k == micro_batches - 1)
+            runs[r].stream.flush()
+        except BaseException as e:
+            errors.append(e)
+            mean.barrier.abort()
+
+    threads = [threading.Thread(target=train, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for step in range(steps):  # the reference: each rank's sums, their mean, one step
+        sums = [None] * ranks
+        for r in range(ranks):
+            for k in range(micro_batches):
+                sums[r] = Resident.add_up(sums[r], ref.gradients(*batch(100 * r + 10 * step + k))[1])
+        ref.step([{k: ThreadMean.mean([s[i][k] for s in sums]) for k in sums[0][i]} for i in range(LAYERS)])
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert mean.calls == steps * LAYERS, "one reduction a layer a step"
+    for r in range(ranks):
+        for i in range(LAYERS):
+            got = master_of(runs[r].stream, i)
+            for k, v in ref.master[i].items():
+                assert np.array_equal(got[k], v.reshape(-1)), f"rank {r} layer {i} {k}"
+        runs[r].stream.close()
+    assert fabric.stats()["directory"]["regions"] == 0
 
 
 # The CPU's share changed between steps (by hand, and by the balance from what the steps measured).

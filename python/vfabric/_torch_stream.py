@@ -135,6 +135,7 @@ class StreamedLayers:
         compute_dtype: torch.dtype = torch.bfloat16,
         lookahead: int = 2,
         host_chunk: int = 0,
+        grad_reduce: Optional[Callable[[torch.Tensor], None]] = None,
     ):
         if compute_dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"compute_dtype must be torch.bfloat16, torch.float16 or torch.float32, not {compute_dtype}")
@@ -149,7 +150,7 @@ class StreamedLayers:
         self.compute_dtype = compute_dtype
         self.stream = LayerStream(
             fabric, device, TorchOps(self.device), AdamW(lr, betas, eps, weight_decay), lookahead,
-            host_ops=TorchOps(torch.device("cpu")), host_chunk=host_chunk,
+            host_ops=TorchOps(torch.device("cpu")), host_chunk=host_chunk, grad_reduce=grad_reduce,
         )
         self.modules: List[nn.Module] = []
         self.forwards: List[Callable[..., Any]] = []

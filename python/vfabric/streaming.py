@@ -112,6 +112,7 @@ class LayerStream:
         host_ops: Optional[Ops] = None,
         piece_bytes: int = PIECE_BYTES,
         host_chunk: int = 0,
+        grad_reduce: Optional[Callable[[Array], None]] = None,
     ):
         self.fabric = fabric
         self.device = device
@@ -124,6 +125,10 @@ class LayerStream:
         """Elements of a layer the CPU's step takes at once, AdamW then the compute copy of the same elements,
         while they are still in the CPU's caches (0: AdamW over the whole layer, then its compute copy, which
         reads the master weights from memory again)."""
+        self.grad_reduce = grad_reduce
+        """Called, in place, on each layer's gradients of a whole step (one flat float32 array, the micro-batches'
+        sums added in) before its optimizer step: data parallelism's all-reduce, which leaves every rank the same
+        gradients and so the same step."""
         self.accumulating = False
         """Whether backward passes only add gradients up (every micro-batch of a step but the last)."""
         self.waited = {"acquire": 0.0, "retire": 0.0, "hints": 0.0, "host_steps": 0.0}
@@ -293,11 +298,17 @@ class LayerStream:
         write_back: List[str] = []
         free: List[Any] = []
         host_step = False
+        reduce = self.grad_reduce if not self.accumulating else None
         if not self._steps_here(layer):
             # Add up in the gradient sums (zero-filled pages at a step's first micro-batch: copy instead).
             if layer.grads is None:
                 layer.grads = self.fabric.alloc(lay.grad_bytes, device=self.device, priority="low")
             self._lease(layer, "grads", "w")
+            if reduce is not None:
+                # The step's last micro-batch: the whole step's gradients reduced at once, then kept for the CPU.
+                self._add_sums(layer, g)
+                reduce(ops.view(g, 0, "float32", (lay.numel,)))
+                layer.accumulated = 0
             for k, piece in enumerate(lay.pieces):
                 acc = ops.view(layer.flats[("grads", k)], 0, "float32", (piece.numel,))
                 part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
@@ -308,15 +319,15 @@ class LayerStream:
             if host_step:
                 layer.host_step.clear()
         else:
-            sums = layer.grads is not None and layer.accumulated > 0
-            if sums:
+            if layer.grads is not None and layer.accumulated > 0:
                 self._lease(layer, "grads", "r")
+                self._add_sums(layer, g)
+            if reduce is not None:
+                reduce(ops.view(g, 0, "float32", (lay.numel,)))
             self._lease(layer, "states", "w")
             layer.steps += 1
             for k, piece in enumerate(lay.pieces):
                 part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
-                if sums:
-                    ops.add(part, ops.view(layer.flats[("grads", k)], 0, "float32", (piece.numel,)))
                 p, m, v = (self._state(layer, ops, k, which) for which in range(3))
                 ops.adamw(p, part, m, v, layer.steps, self.optimizer)
             if layer.grads is not None:
@@ -336,6 +347,15 @@ class LayerStream:
                 self._prefetch(prev, "states")
             if prev.grads is not None:
                 self._prefetch(prev, "grads")
+
+    def _add_sums(self, layer: _Layer, g: Array) -> None:
+        """Adds the layer's gradient sums (leased) into `g`, its gradients laid out flat."""
+        if layer.accumulated == 0:
+            return
+        ops = self.ops
+        for k, piece in enumerate(layer.layout.pieces):
+            part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
+            ops.add(part, ops.view(layer.flats[("grads", k)], 0, "float32", (piece.numel,)))
 
     def _judge_step(self) -> None:
         """At the first layer's forward: once an optimizer step lies between this one and the last mark, the

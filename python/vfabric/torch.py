@@ -15,6 +15,16 @@ layers compute. The model stays as it is; the training loop changes in a few lin
         opt.step()
         opt.zero_grad()
 
+With data parallelism (ranks started by `torchrun` or `mpirun`, `torch.distributed` initialised), each rank
+streams its own copy of the layers, through the fabric its node's agent runs (`vfabric.connect()`), and the
+gradients are averaged across ranks before every step, one all-reduce a layer:
+
+    layers = vfabric.torch.stream(model.blocks, vfabric.connect(), data_parallel=True, lr=3e-4)
+    ...
+        loss.backward()                                   # the streamed layers' all-reduce and step run here
+        vfabric.torch.average_gradients(layers.other_parameters(model))
+        opt.step()
+
 `use_as_allocator()` makes the fabric PyTorch's CUDA allocator for this process: an unchanged training loop then
 allocates every CUDA tensor from the fabric's tensor pools (small tensors packed inside pages, large ones in
 regions of their own), and `memory_stats()` reports them beside `torch.cuda.memory_stats()`. Call it before
@@ -87,6 +97,7 @@ def stream(
     lookahead: int = 2,
     host_layers: Union[int, str] = 0,
     host_chunk: int = 0,
+    data_parallel: Any = None,
 ) -> Any:
     """Streams `layers` (an iterable of modules, e.g. a model's `nn.ModuleList` of blocks, run in order) through
     the GPU `device` of `fabric` (default: a new embedded fabric, and its first GPU), with AdamW (`lr`, `betas`,
@@ -98,8 +109,13 @@ def stream(
     GPU's link then carries a fifth of their bytes; `"auto"` starts with half of them and lets the stream choose
     from what each optimizer step measures (`vfabric.balance.HostShare`: fewer when the loop waits for the CPU,
     more while the CPU has time to spare); `host_chunk` (parameters) has the CPU write their compute
-    copy a chunk at a time right after AdamW, while the chunk is in its caches (0: after the whole layer); Returns the `StreamedLayers`: set `accumulating` for the
-    micro-batches of a step but the last, and give `other_parameters(model)` to your own optimizer."""
+    copy a chunk at a time right after AdamW, while the chunk is in its caches (0: after the whole layer).
+    `data_parallel`, a `torch.distributed` process group (or `True` for the default one), averages each layer's
+    gradients of a step across the group's ranks (one all-reduce of the layer's float32 gradients, after its
+    micro-batches are summed) before its AdamW step, so that every rank takes the same step; the parameters that
+    are not streamed are the caller's to average (`average_gradients`). Returns the `StreamedLayers`: set
+    `accumulating` for the micro-batches of a step but the last, and give `other_parameters(model)` to your own
+    optimizer."""
     import torch
 
     import vfabric
@@ -115,6 +131,7 @@ def stream(
         compute_dtype=compute_dtype if compute_dtype is not None else torch.bfloat16,
         lookahead=lookahead,
         host_chunk=host_chunk,
+        grad_reduce=None if data_parallel is None or data_parallel is False else _mean_over(data_parallel),
     )
     layers = list(layers)
     auto = host_layers == "auto"
@@ -129,3 +146,51 @@ def stream(
     if auto:
         streamed.stream.balance_host_layers()
     return streamed
+
+
+def _group(group: Any) -> Any:
+    """The process group `group` names: `None` or `True` is the default one, which must be initialised."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("data parallelism needs torch.distributed initialised (init_process_group) first")
+    return None if group is None or group is True else group
+
+
+def _mean_over(group: Any) -> Any:
+    """The all-reduce that averages a tensor in place across `group`'s ranks."""
+    import torch.distributed as dist
+
+    group = _group(group)
+    ranks = dist.get_world_size(group)
+
+    def mean(t: Any) -> None:
+        # A sum, then a division: ReduceOp.AVG is NCCL's only, and the ranks of the emulated device use gloo.
+        dist.all_reduce(t, group=group)
+        t.div_(ranks)
+
+    return mean
+
+
+def average_gradients(parameters: Any, group: Any = None) -> None:
+    """Averages the gradients of `parameters` (those that have one) across the ranks of `group` (default: the
+    default process group), in place: one all-reduce per device and dtype, over the gradients laid end to end.
+    For the parameters a data-parallel loop does not stream (`StreamedLayers.other_parameters`), before its own
+    optimizer's step. Every rank must call it with the same parameters."""
+    import torch
+    import torch.distributed as dist
+
+    group = _group(group)
+    ranks = dist.get_world_size(group)
+    buckets: Dict[Tuple[Any, Any], list] = {}
+    for p in parameters:
+        if p.grad is not None:
+            buckets.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+    for grads in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat.div_(ranks)
+        at = 0
+        for g in grads:
+            g.copy_(flat[at : at + g.numel()].view_as(g))
+            at += g.numel()
