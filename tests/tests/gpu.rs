@@ -83,6 +83,61 @@ fn chunk_export_and_import() {
     }
 }
 
+/// Open while the legacy default stream may go on (`hold_default_stream`'s host function waits for it).
+static DEFAULT_STREAM_OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn hold_default_stream(_: *mut std::ffi::c_void) {
+    while !DEFAULT_STREAM_OPEN.load(std::sync::atomic::Ordering::Acquire) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// An arena's writes (small, through its pinned staging, and large), reads and fills complete while the legacy
+/// default stream of the process's context is held up, as an application's is while it waits for a collective
+/// that waits on the fabric (an agent inside a rank of a job shares that rank's context). They ran as the
+/// driver's synchronous copies, on the legacy default stream: queued behind the held stream, they never
+/// returned. The held stream is let go after 60 s either way, so a failure does not hang the suite.
+#[test]
+fn arena_copies_do_not_wait_for_the_default_stream() {
+    use cudarc::driver::sys;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let node = node();
+    let a = node.create_arena(&ArenaSpec::new(Location::Gpu(0), 64 << 20)).expect("arena");
+    let ctx = vfabric_transport::cuda::GpuContext::retain(0).expect("context");
+    ctx.bind().expect("bind");
+    DEFAULT_STREAM_OPEN.store(false, Ordering::Release);
+    // SAFETY: the null stream is the context's legacy default stream; the function takes no data.
+    let held = unsafe { sys::cuLaunchHostFunc(std::ptr::null_mut(), Some(hold_default_stream), std::ptr::null_mut()) };
+    assert_eq!(held, sys::CUresult::CUDA_SUCCESS, "cuLaunchHostFunc");
+    let (done, finished) = std::sync::mpsc::channel();
+    let arena = Arc::clone(&a);
+    let worker = std::thread::spawn(move || {
+        let small = pattern::bytes(41, 0, 64 << 10);
+        let large = pattern::bytes(42, 0, 8 << 20);
+        let mut back = vec![0u8; 8 << 20];
+        let r = arena
+            .write(0, &small)
+            .and_then(|()| arena.write(1 << 20, &large))
+            .and_then(|()| arena.fill(32 << 20, 1 << 20, 0x5a))
+            .and_then(|()| arena.read(1 << 20, &mut back))
+            .map(|()| back == large);
+        let _ = done.send(r);
+    });
+    let got = finished.recv_timeout(Duration::from_secs(60));
+    DEFAULT_STREAM_OPEN.store(true, Ordering::Release);
+    ctx.synchronize().expect("the default stream goes on");
+    worker.join().expect("the worker");
+    match got {
+        Ok(Ok(same)) => assert!(same, "the bytes read back are the ones written"),
+        Ok(Err(e)) => panic!("an arena call failed: {e}"),
+        Err(_) => panic!("the arena's calls waited for the held default stream"),
+    }
+    let mut filled = vec![0u8; 1 << 20];
+    a.read(32 << 20, &mut filled).expect("read the fill");
+    assert!(filled.iter().all(|&b| b == 0x5a), "the fill landed");
+}
+
 /// The node reports what the fabric relies on.
 /// A one-rank NCCL channel on gpu0 moves bytes between two device addresses of an arena (a send to itself and
 /// its receive in one group: what one process can run on one GPU) and sums pages where they lie, as the CPU does;

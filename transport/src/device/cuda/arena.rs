@@ -18,13 +18,15 @@ use vfabric_allocator::Location;
 /// can reach it.
 #[derive(Debug)]
 pub struct GpuArena {
-    /// Pinned host memory for small writes (made at the first one): a copy from it is one DMA that is done when
-    /// the call returns, where pageable memory costs the driver's own staging and a context synchronisation.
-    staging: std::sync::Mutex<Option<PinnedHostMemory>>,
-    /// The stream fills run on (made at the first one): a stream of its own that does not wait for other
-    /// work, so a fill costs only itself. On the legacy default stream, with the context synchronised after it
-    /// as before, it waited for every copy the movers had queued and for the caller's own kernels.
-    fill_stream: std::sync::Mutex<Option<Stream>>,
+    /// Pinned host memory for small writes: a copy from it is one DMA, where pageable memory costs the driver's
+    /// own staging.
+    staging: std::sync::Mutex<PinnedHostMemory>,
+    /// The stream the arena's own writes, reads and fills run on, each waited for on it alone. A stream of its
+    /// own that does not wait for other work: the legacy default stream (what the synchronous copies use) and a
+    /// context synchronisation wait for every kernel of the process. A fabric that shares its process's
+    /// context with an application (an agent inside a rank of a job) would then wait for the application's
+    /// queued work, and so for whatever that waits on: another rank's collective, which may wait on this call.
+    stream: Stream,
     // Field order is drop order: unmap, then release the chunks, then free the range.
     _mappings: Vec<Mapping>,
     chunks: Vec<PhysicalChunk>,
@@ -43,18 +45,20 @@ impl GpuArena {
     fn write_staged(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         self.ctx.bind()?;
-        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        if staging.is_none() {
-            *staging = Some(PinnedHostMemory::alloc(Arc::clone(&self.ctx), STAGING as u64)?);
-        }
-        let Some(buf) = staging.as_ref() else {
-            return Err(DeviceError::InvalidArgument("no staging buffer".into()));
-        };
+        let buf = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `len` <= STAGING, the buffer's length, and the pieces cannot alias pinned memory this arena owns.
         unsafe { copy_parts(buf.as_ptr(), parts) };
         // SAFETY: the destination range is inside the mapped arena (the caller checked), the source is `len` bytes
-        // of pinned memory held (locked) until the copy is done.
-        unsafe { cu!(cuMemcpyHtoD_v2(self.range.base() + offset, buf.as_ptr() as *const std::ffi::c_void, len)) }
+        // of pinned memory held (locked) until the copy is done (the stream is waited for before the lock goes).
+        unsafe {
+            cu!(cuMemcpyHtoDAsync_v2(
+                self.range.base() + offset,
+                buf.as_ptr() as *const std::ffi::c_void,
+                len,
+                self.stream.raw()
+            ))?
+        };
+        self.stream.synchronize()
     }
 
     /// Creates `bytes` (a multiple of `granularity`) on the context's GPU in chunks of `chunk` bytes (also a
@@ -92,15 +96,11 @@ impl GpuArena {
             off += c.len();
         }
         set_access(range.base(), off, accessors)?;
-        Ok(GpuArena {
-            staging: std::sync::Mutex::new(None),
-            fill_stream: std::sync::Mutex::new(None),
-            _mappings: mappings,
-            chunks,
-            range,
-            gpu,
-            ctx,
-        })
+        // Made now rather than at the first write: allocating pinned memory may synchronise the whole context,
+        // which, in the middle of an application's work, could wait for it.
+        let staging = std::sync::Mutex::new(PinnedHostMemory::alloc(Arc::clone(&ctx), STAGING as u64)?);
+        let stream = Stream::new(Arc::clone(&ctx))?;
+        Ok(GpuArena { staging, stream, _mappings: mappings, chunks, range, gpu, ctx })
     }
 
     /// Number of physical chunks.
@@ -157,12 +157,18 @@ impl Arena for GpuArena {
             return self.write_staged(offset, &[data]);
         }
         self.ctx.bind()?;
-        // SAFETY: the destination range is inside the mapped arena (checked); `data` is valid for its length.
-        // A copy from pageable memory may return before its DMA ends, so the context is synchronised.
+        // SAFETY: the destination range is inside the mapped arena (checked); `data` is valid for its length and
+        // stays borrowed until the stream is waited for (a copy from pageable memory may return before its DMA
+        // ends).
         unsafe {
-            cu!(cuMemcpyHtoD_v2(self.range.base() + offset, data.as_ptr() as *const std::ffi::c_void, data.len()))?;
-            cu!(cuCtxSynchronize())
-        }
+            cu!(cuMemcpyHtoDAsync_v2(
+                self.range.base() + offset,
+                data.as_ptr() as *const std::ffi::c_void,
+                data.len(),
+                self.stream.raw()
+            ))?
+        };
+        self.stream.synchronize()
     }
 
     fn write_parts(&self, offset: u64, parts: &[&[u8]]) -> Result<(), DeviceError> {
@@ -177,25 +183,25 @@ impl Arena for GpuArena {
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
         check_bounds(self.location(), self.len(), offset, out.len() as u64)?;
         self.ctx.bind()?;
-        // SAFETY: the source range is inside the mapped arena (checked); `out` is valid for its length.
+        // SAFETY: the source range is inside the mapped arena (checked); `out` is valid for its length and stays
+        // borrowed until the stream is waited for.
         unsafe {
-            cu!(cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut std::ffi::c_void, self.range.base() + offset, out.len()))
-        }
+            cu!(cuMemcpyDtoHAsync_v2(
+                out.as_mut_ptr() as *mut std::ffi::c_void,
+                self.range.base() + offset,
+                out.len(),
+                self.stream.raw()
+            ))?
+        };
+        self.stream.synchronize()
     }
 
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), DeviceError> {
         check_bounds(self.location(), self.len(), offset, len)?;
         self.ctx.bind()?;
-        let mut stream = self.fill_stream.lock().unwrap_or_else(|p| p.into_inner());
-        if stream.is_none() {
-            *stream = Some(Stream::new(Arc::clone(&self.ctx))?);
-        }
-        let Some(stream) = stream.as_ref() else {
-            return Err(DeviceError::InvalidArgument("no fill stream".into()));
-        };
         // SAFETY: the range is inside the mapped arena (checked); the stream is this context's.
-        unsafe { cu!(cuMemsetD8Async(self.range.base() + offset, byte, len as usize, stream.raw()))? };
-        stream.synchronize()
+        unsafe { cu!(cuMemsetD8Async(self.range.base() + offset, byte, len as usize, self.stream.raw()))? };
+        self.stream.synchronize()
     }
 
     fn as_any(&self) -> &dyn Any {

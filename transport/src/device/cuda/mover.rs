@@ -104,7 +104,7 @@ impl CudaMover {
                     stream: Stream::new(Arc::clone(ctx))?,
                     index_buf: 0,
                     index_cap: 0,
-                    staging: IndexStaging::new(),
+                    staging: IndexStaging::new(ctx)?,
                 }))
             };
             gpus.push(GpuLanes {

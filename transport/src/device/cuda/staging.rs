@@ -80,15 +80,20 @@ impl<T> UploadRing<T> {
     }
 }
 
-/// One lane's pinned staging: memory made at first use, and the ring over it.
+/// One lane's pinned staging: memory made with the lane, and the ring over it.
 pub(crate) struct IndexStaging {
-    mem: Option<PinnedHostMemory>,
+    mem: PinnedHostMemory,
     ring: UploadRing<Event>,
 }
 
 impl IndexStaging {
-    pub(crate) fn new() -> Self {
-        IndexStaging { mem: None, ring: UploadRing::new(CAPACITY) }
+    /// Made with the mover rather than at the first scattered copy: allocating pinned memory may synchronise the
+    /// whole context, which, in the middle of an application's work in the same process, could wait for it.
+    pub(crate) fn new(ctx: &Arc<GpuContext>) -> Result<Self, DeviceError> {
+        Ok(IndexStaging {
+            mem: PinnedHostMemory::alloc(Arc::clone(ctx), CAPACITY as u64)?,
+            ring: UploadRing::new(CAPACITY),
+        })
     }
 
     /// Queues a copy of `data` to `dst` on `stream` from pinned memory, returning at once; `false` when the
@@ -103,10 +108,7 @@ impl IndexStaging {
         let bytes = std::mem::size_of_val(data);
         self.ring.retire(|e: &Event| e.is_done())?;
         let Some(range) = self.ring.place(bytes, |e: &Event| e.synchronize())? else { return Ok(false) };
-        if self.mem.is_none() {
-            self.mem = Some(PinnedHostMemory::alloc(Arc::clone(ctx), CAPACITY as u64)?);
-        }
-        let mem = self.mem.as_ref().expect("made above");
+        let mem = &self.mem;
         // SAFETY: `range` is inside the `CAPACITY` bytes of `mem` (the ring's size), no copy in flight reads it
         // (the ring waited for those that did), and `data` is `bytes` long.
         let src = unsafe {
