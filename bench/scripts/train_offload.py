@@ -688,6 +688,8 @@ def main():
             raise SystemExit(f"data parallel runs (ranks of torchrun or mpirun) are resident, fsdp or vfabric, not {a.mode}")
         if a.dump_tensors:
             raise SystemExit("--dump-tensors is for one rank")
+        if a.auto_host:
+            raise SystemExit("--host-layers auto is for one rank: each rank would choose its own share")
         RANKS.start(a.port)
     if a.mode == "allocator":
         import vfabric.torch as vt

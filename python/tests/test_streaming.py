@@ -268,6 +268,15 @@ def test_ranks_whose_gradients_are_reduced_take_the_steps_of_the_mean_gradient(t
     assert fabric.stats()["directory"]["regions"] == 0
 
 
+def test_the_cpus_share_is_not_balanced_under_data_parallelism(tight):
+    # Each rank would choose its own share from its own timings, and their weights would drift apart.
+    s = Streamed(tight, on_host=2, grad_reduce=lambda g: None).stream
+    with pytest.raises(ValueError, match="data parallelism"):
+        s.balance_host_layers()
+    assert s.balance is None
+    s.close()
+
+
 # The CPU's share changed between steps (by hand, and by the balance from what the steps measured).
 @pytest.mark.parametrize("shares", [(3, 1, 5, 0), (6, 0, 6, 2), "auto"])
 def test_the_cpus_share_changes_between_steps_and_the_numbers_stay_the_resident_models(tight, shares):

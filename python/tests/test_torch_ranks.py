@@ -40,19 +40,22 @@ def train(tmp_path: pathlib.Path, mode: str, *extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "SLURM_", "NCCL_HOSTID"))}
     env.update(VFABRIC_SOCKET=str(tmp_path / f"{mode}.sock"), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(RANKS), LOCAL_WORLD_SIZE=str(RANKS), NCCL_NVLS_ENABLE="0")
-    procs = []
+    procs, logs = [], [tmp_path / f"{mode}-{r}.log" for r in range(RANKS)]
     try:
         for r in range(RANKS):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(SCRIPT), "--mode", mode, *TINY, *extra, "--tag", f"{mode}-r{r}"],
-                env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True))
-        outputs = [p.communicate(timeout=300)[0] for p in procs]
+            # Into files: a rank whose pipe nobody reads would stop in a write, and its peer in a collective.
+            with open(logs[r], "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, str(SCRIPT), "--mode", mode, *TINY, *extra, "--tag", f"{mode}-r{r}"],
+                    env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=log, stderr=subprocess.STDOUT))
+        for p in procs:
+            p.wait(timeout=300)
     finally:
         for p in procs:  # only the processes this test started
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    outputs = [log.read_text() for log in logs]
     for r, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0, f"{mode}: rank {r} failed:\n{out}"
     line = next(l for l in outputs[0].splitlines() if l.startswith("RESULT "))

@@ -216,6 +216,10 @@ class LayerStream:
         (`vfabric.balance.HostShare`), starting from how many do now."""
         if self.host_ops is None:
             raise ValueError("balancing the CPU's share needs the stream's host_ops")
+        if self.grad_reduce is not None:
+            # Each rank would choose from its own timings, and the CPU's AdamW and the GPU's do not round alike:
+            # the ranks' weights would drift apart.
+            raise ValueError("the CPU's share cannot be balanced with data parallelism: give host_layers a number")
         self.balance = HostShare(len(self._layers), self.host_layers())
 
     def master_weights(self, i: int) -> Dict[str, bytes]:

@@ -113,7 +113,8 @@ def stream(
     `data_parallel`, a `torch.distributed` process group (or `True` for the default one), averages each layer's
     gradients of a step across the group's ranks (one all-reduce of the layer's float32 gradients, after its
     micro-batches are summed) before its AdamW step, so that every rank takes the same step; the parameters that
-    are not streamed are the caller's to average (`average_gradients`). Returns the `StreamedLayers`: set
+    are not streamed are the caller's to average (`average_gradients`). Every rank must give the same
+    `host_layers`, a number (`"auto"` would let each rank choose its own share). Returns the `StreamedLayers`: set
     `accumulating` for the micro-batches of a step but the last, and give `other_parameters(model)` to your own
     optimizer."""
     import torch
@@ -121,6 +122,9 @@ def stream(
     import vfabric
     from vfabric._torch_stream import StreamedLayers
 
+    if host_layers == "auto" and data_parallel not in (None, False):
+        # Each rank would choose from its own timings, and the CPU's AdamW and the GPU's do not round alike.
+        raise ValueError("host_layers=\"auto\" cannot go with data_parallel: give host_layers a number")
     streamed = StreamedLayers(
         fabric if fabric is not None else vfabric.Fabric(),
         device,
@@ -173,19 +177,32 @@ def _mean_over(group: Any) -> Any:
 
 
 def average_gradients(parameters: Any, group: Any = None) -> None:
-    """Averages the gradients of `parameters` (those that have one) across the ranks of `group` (default: the
-    default process group), in place: one all-reduce per device and dtype, over the gradients laid end to end.
-    For the parameters a data-parallel loop does not stream (`StreamedLayers.other_parameters`), before its own
-    optimizer's step. Every rank must call it with the same parameters."""
+    """Averages the gradients of `parameters` across the ranks of `group` (default: the default process group),
+    in place: one all-reduce per device and dtype, over the gradients laid end to end. A parameter with no
+    gradient on a rank counts as zeros there (and gets the average), one with none on any rank keeps none (the
+    ranks first agree on which have one). For the parameters a data-parallel loop does not stream
+    (`StreamedLayers.other_parameters`), before its own optimizer's step. Every rank must call it with the same
+    parameters, in the same order."""
     import torch
     import torch.distributed as dist
 
     group = _group(group)
     ranks = dist.get_world_size(group)
+    parameters = list(parameters)
+    if not parameters:
+        return
+    # Which parameters have a gradient on some rank: without the same list everywhere the all-reduces would not
+    # match (a hang, or sums of unrelated bytes).
+    device = parameters[0].device
+    has = torch.tensor([p.grad is not None for p in parameters], dtype=torch.int32, device=device)
+    dist.all_reduce(has, op=dist.ReduceOp.MAX, group=group)
     buckets: Dict[Tuple[Any, Any], list] = {}
-    for p in parameters:
-        if p.grad is not None:
-            buckets.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+    for p, some in zip(parameters, has.tolist()):
+        if not some:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        buckets.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
     for grads in buckets.values():
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=group)
