@@ -36,7 +36,9 @@ pub mod pool;
 pub mod proto;
 pub mod units;
 
-pub use agent::{Agent, AgentLease, AllocOptions, AttachedClient, JobRank, JoinOptions, LocalClient, LocalLease};
+pub use agent::{
+    Agent, AgentLease, AllocOptions, AttachedClient, HostAgentLaunch, JobRank, JoinOptions, LocalClient, LocalLease,
+};
 pub use config::{ClusterConfig, ConfigError};
 pub use directory::{DirectoryError, Mode, Placement, Priority};
 pub use error::{FabricError, LaunchError, NetworkError};

@@ -93,6 +93,9 @@ fn render(now: &Value, before: Option<(Duration, &Value)>) -> String {
         uptime / 60 % 60,
         uptime % 60
     );
+    if let Some(why) = now["fabric"]["stalled"].as_str() {
+        out += &format!("STALLED: {why}\n\n");
+    }
     let dir = &now["fabric"]["directory"];
     out += &format!(
         "{:<10} {:>10} {:>10} {:>10} {:>10} {:>17} {:>14}\n",
@@ -348,6 +351,17 @@ mod tests {
         // Waits: 1.05 s fetching since start; 4.19 s more in 2 s, 2,097 ms a second.
         assert!(first.contains("callers waited since start: fetching 1048.6 ms"), "{first}");
         assert!(text.contains("callers waited, the last 2.0 s: fetching 2097.2 ms/s"), "{text}");
+        assert!(!text.contains("STALLED"), "{text}");
+    }
+
+    #[test]
+    fn a_stalled_fabric_says_so_first() {
+        let mut now = status(0, json!([]));
+        now["fabric"]["stalled"] =
+            json!("stalled: a fetch stage (4 page(s) host -> gpu0) has not finished after 130.2 s");
+        let text = render(&now, None);
+        let second = text.lines().nth(2).expect("a line after the node's");
+        assert!(second.starts_with("STALLED: stalled: a fetch stage (4 page(s) host -> gpu0)"), "{text}");
     }
 
     #[test]

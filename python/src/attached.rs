@@ -5,8 +5,8 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use vfabric::{
-    AllocOptions, AttachedClient, DeviceKind, FabricError, JobRank, JoinOptions, LeasePtr, LocalLease, Location, Mode,
-    Region, TenantId,
+    AllocOptions, AttachedClient, DeviceKind, FabricError, HostAgentLaunch, JobRank, JoinOptions, LeasePtr, LocalLease,
+    Location, Mode, Region, TenantId,
 };
 
 use crate::backend::{AllocArgs, Backend, HeldLease, HeldReservation};
@@ -18,10 +18,10 @@ pub struct Attached {
 
 impl Attached {
     /// Attaches as a rank of the job the launcher's variables describe, if any, to the agent at `socket` (or
-    /// `VFABRIC_SOCKET`, or the job's socket), starting it here when this is local rank 0 of a job on one host
-    /// and none runs (`AttachedClient::join`).
-    pub fn join(socket: Option<PathBuf>) -> Result<Attached, FabricError> {
-        let options = JoinOptions { socket, ..JoinOptions::default() };
+    /// `VFABRIC_SOCKET`, or the job's socket), starting it as `launch` says when this is local rank 0 of a job
+    /// on one host and none runs (`AttachedClient::join`).
+    pub fn join(socket: Option<PathBuf>, launch: HostAgentLaunch) -> Result<Attached, FabricError> {
+        let options = JoinOptions { socket, launch, ..JoinOptions::default() };
         Ok(Attached { client: AttachedClient::join(JobRank::from_env().ok(), &options)? })
     }
 

@@ -5,12 +5,13 @@
 //! Each method checks its arguments while holding the GIL, then calls the backend with the GIL released, so
 //! other Python threads run while the fabric copies pages.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use vfabric::{ClusterConfig, FabricError, Region};
+use vfabric::{ClusterConfig, FabricError, HostAgentLaunch, Region};
 
 use crate::args;
 use crate::attached::Attached;
@@ -307,13 +308,15 @@ impl PyClient {
 
 /// Attaches this process to its node's agent and maps the node's memory here. The agent is the one serving
 /// `socket`, else `$VFABRIC_SOCKET`, else the job's socket; under a launcher (mpirun, Slurm, torchrun) local rank
-/// 0 of a job on one host starts it in its own process when none runs, and the other ranks wait for it. Returns
+/// 0 of a job on one host starts it when none runs (a process of its own, which ends with the rank;
+/// `VFABRIC_HOST_AGENT=thread` runs it in the rank's process instead), and the other ranks wait for it. Returns
 /// a `Client`, with the same calls as `Fabric`; its default device is the rank's local GPU. Regions it allocates
 /// without `keep=True` are freed when this process disconnects or ends.
 #[pyfunction]
 #[pyo3(signature = (socket=None))]
 pub fn connect(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Py<PyClient>> {
-    let attached = py.detach(|| Attached::join(socket)).map_err(to_py)?;
+    let launch = host_agent_launch(py)?;
+    let attached = py.detach(|| Attached::join(socket, launch)).map_err(to_py)?;
     let (node, hosts_agent) = (attached.node(), attached.hosts_agent());
     let default_device = args::location_name(attached.default_device());
     let init = PyClassInitializer::from(PyFabricBase::new(Arc::new(attached))).add_subclass(PyClient {
@@ -322,4 +325,35 @@ pub fn connect(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Py<PyClient>
         hosts_agent,
     });
     Py::new(py, init)
+}
+
+/// How local rank 0 runs its host's agent: `VFABRIC_HOST_AGENT` is `process` (the default: this Python, with
+/// this `vfabric` package, running `_serve_host_agent`) or `thread` (in this process).
+fn host_agent_launch(py: Python<'_>) -> PyResult<HostAgentLaunch> {
+    match std::env::var("VFABRIC_HOST_AGENT").as_deref() {
+        Err(_) | Ok("process") => {}
+        Ok("thread") => return Ok(HostAgentLaunch::InProcess),
+        Ok(other) => {
+            return Err(PyValueError::new_err(format!("VFABRIC_HOST_AGENT={other}: it is \"process\" or \"thread\"")))
+        }
+    }
+    let program: PathBuf = py.import("sys")?.getattr("executable")?.extract()?;
+    if program.as_os_str().is_empty() {
+        return Err(PyValueError::new_err(
+            "sys.executable is empty, so the host's agent cannot run as a process: set VFABRIC_HOST_AGENT=thread",
+        ));
+    }
+    // The folder holding this `vfabric` package, first on the child's path: it runs the same one.
+    let package: PathBuf = py.import("vfabric")?.getattr("__file__")?.extract()?;
+    let root = package.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+    let code = "import sys; sys.path.insert(0, sys.argv[1]); from vfabric._native import _serve_host_agent; \
+                _serve_host_agent()";
+    Ok(HostAgentLaunch::Process { program, args: vec!["-c".into(), code.into(), root.into()] })
+}
+
+/// Serves the ranks of this host as the agent process their local rank 0 started (`connect`), until this
+/// process's standard input ends.
+#[pyfunction]
+pub fn _serve_host_agent(py: Python<'_>) -> PyResult<()> {
+    py.detach(vfabric::agent::serve_host_agent).map_err(to_py)
 }

@@ -81,6 +81,7 @@ exceptions! {
     UnknownLease(FabricError) => "A lease that is not, or no longer, held.";
     PeerDead(FabricError) => "A node the call depends on stopped answering.";
     Unavailable(FabricError) => "What the call needs cannot be reached now: a replicated region's standby copy, or nodes enough for its replicas.";
+    Stalled(FabricError) => "The node's copies (a GPU's, a drive's) stopped making progress: calls that move pages fail until they finish.";
     NetworkError(FabricError) => "The network failed: binding, connecting, a stream, TLS, the local socket.";
     ProtocolError(FabricError) => "A peer (or the node's agent) broke the protocol.";
     ChecksumError(FabricError) => "Page bytes arrived with a checksum that does not match: nothing was written.";
@@ -114,6 +115,7 @@ pub fn to_py(e: RustError) -> PyErr {
         RustError::Config(_) => ConfigError::err(message),
         RustError::PeerDead { .. } => PeerDead::err(message),
         RustError::Unavailable(_) => Unavailable::err(message),
+        RustError::Stalled { .. } => Stalled::err(message),
         RustError::Network(_) => NetworkError::err(message),
         RustError::Launch(_) => LaunchError::err(message),
         RustError::NoRuntime | RustError::Internal(_) => InternalError::err(message),
@@ -167,6 +169,7 @@ fn remote(kind: ErrorKind, message: String) -> PyErr {
         ErrorKind::UnknownLease => UnknownLease::err(message),
         ErrorKind::PeerDead => PeerDead::err(message),
         ErrorKind::Unavailable => Unavailable::err(message),
+        ErrorKind::Stalled => Stalled::err(message),
         ErrorKind::Protocol => ProtocolError::err(message),
         ErrorKind::Checksum => ChecksumError::err(message),
         ErrorKind::Internal => InternalError::err(message),

@@ -45,5 +45,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(torch_alloc::_torch_allocator_stats, m)?)?;
     m.add_function(wrap_pyfunction!(torch_alloc::_torch_allocator_attach, m)?)?;
     m.add_function(wrap_pyfunction!(client::connect, m)?)?;
+    m.add_function(wrap_pyfunction!(client::_serve_host_agent, m)?)?;
     Ok(())
 }

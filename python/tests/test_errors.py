@@ -2,6 +2,7 @@
 arguments), never a crash."""
 
 import os
+import time
 
 import pytest
 
@@ -22,6 +23,7 @@ ALL = [
     "UnknownLease",
     "PeerDead",
     "Unavailable",
+    "Stalled",
     "NetworkError",
     "ProtocolError",
     "ChecksumError",
@@ -138,3 +140,45 @@ def test_connect_names_the_variable_and_reports_a_missing_agent(tmp_path, monkey
     with pytest.raises(vfabric.LaunchError, match="no-agent.sock"):
         vfabric.connect()
     assert not os.path.exists(tmp_path / "no-agent.sock")
+
+
+def test_a_copy_past_its_deadline_is_stalled_then_goes_on(tmp_path):
+    # A host link paced to 1 MiB a second: fetching 4 MiB to the GPU takes 4 s, against a deadline of 100 ms.
+    config = tmp_path / "slow.toml"
+    config.write_text(
+        """
+[cluster]
+name = "slow"
+[device]
+backend = "emulated"
+emulated_gpus = 1
+emulated_gpu_memory = "64MiB"
+emulated_host_link = "1MiB"
+copy_deadline_ms = 100
+[memory]
+page_size = "64KiB"
+gpu_budget = "8MiB"
+host_arena = "16MiB"
+readahead = "0"
+[[node]]
+name = "local"
+"""
+    )
+    fabric = vfabric.Fabric(str(config))
+    r = fabric.alloc(4 << 20, device="host")
+    data = bytes(range(256)) * (4 << 12)
+    fabric.write(r, 0, data)
+    with pytest.raises(vfabric.Stalled, match="fetch stage .* host -> gpu0"):
+        fabric.acquire(r, device="gpu0")
+    with pytest.raises(vfabric.Stalled):
+        fabric.free(r)
+    assert fabric.read(r, 0, len(data)) == data  # reads go on
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with fabric.acquire(r, device="gpu0"):
+                break
+        except vfabric.Stalled:
+            assert time.monotonic() < deadline, "the copies landed long ago"
+            time.sleep(0.05)
+    fabric.free(r)

@@ -66,6 +66,9 @@ class PeerDead(FabricError):
 class Unavailable(FabricError):
     """What the call needs cannot be reached now: a replicated region's standby copy, or nodes enough for its replicas."""
 
+class Stalled(FabricError):
+    """The node's copies (a GPU's, a drive's) stopped making progress: calls that move pages fail until they finish."""
+
 class NetworkError(FabricError):
     """The network failed: binding, connecting, a stream, TLS, the local socket."""
 
@@ -328,7 +331,11 @@ class Client(FabricBase):
 def connect(socket: Optional[Union[str, "os.PathLike[str]"]] = None) -> Client:
     """Attaches to the node's agent serving `socket` (default: $VFABRIC_SOCKET, else the job's socket) and maps
     its memory here. Under a launcher (mpirun, Slurm, torchrun), local rank 0 of a job on one host starts the
-    agent in its own process when none runs, and the other ranks wait for it."""
+    agent when none runs (a process of its own, which ends with the rank; VFABRIC_HOST_AGENT=thread runs it in
+    the rank's process), and the other ranks wait for it."""
+
+def _serve_host_agent() -> None:
+    """Serves the ranks of this host as the agent process their local rank 0 started, until standard input ends."""
 
 def _torch_allocator_start(config: Optional[Union[str, "os.PathLike[str]"]] = None, budget: Optional[int] = None) -> str:
     """Starts the embedded fabric PyTorch's allocator takes memory from (use `vfabric.torch.use_as_allocator`);

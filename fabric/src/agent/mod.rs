@@ -74,7 +74,10 @@ pub use backups::{may_take_over, serves_alone};
 pub use drain::Drained;
 pub use launch::{rank_name, JobRank};
 pub use link::LinkStats;
-pub use local::{default_socket, job_socket, AllocOptions, AttachedClient, JoinOptions, LocalClient, LocalLease};
+pub use local::{
+    default_socket, job_socket, serve_host_agent, AllocOptions, AttachedClient, HostAgentLaunch, JoinOptions,
+    LocalClient, LocalLease, HOST_AGENT_SOCKET,
+};
 #[cfg(feature = "etcd")]
 pub use membership::{members_prefix, region_text, takeover_key};
 pub use metrics_server::MetricsServer;

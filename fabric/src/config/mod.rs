@@ -161,6 +161,11 @@ pub struct DeviceSection {
     /// take the time they would on a GPU machine, scaled: schedules then meet the waits they meet there. "0"
     /// (the default): as fast as memory copies go.
     pub emulated_host_link: ByteSize,
+    /// How long the fabric waits for a stage's copies (a GPU's, or the storage tier's reads behind a prefetch)
+    /// before it reports them stalled: the call fails with `Stalled`, and the calls that move pages fail so at
+    /// once until the copies finish (the fabric then takes them in and goes on). Longer than any stage takes
+    /// on a working device: a stage moves at most a call's pages, seconds at the slowest tier.
+    pub copy_deadline_ms: u64,
 }
 
 impl Default for DeviceSection {
@@ -170,6 +175,7 @@ impl Default for DeviceSection {
             emulated_gpus: 2,
             emulated_gpu_memory: ByteSize(1 << 30),
             emulated_host_link: ByteSize(0),
+            copy_deadline_ms: 120_000,
         }
     }
 }
@@ -457,6 +463,9 @@ impl ClusterConfig {
                     self.nodes.len()
                 )));
             }
+        }
+        if self.device.copy_deadline_ms == 0 {
+            return Err(bad("device.copy_deadline_ms is 0: a copy needs some time to finish (default 120000)".into()));
         }
         if !matches!(self.network.compression, Compression::None | Compression::Lz4) {
             return Err(bad(format!(

@@ -69,6 +69,15 @@ pub enum LaunchError {
     /// Rank 0 sent a table this rank cannot read.
     #[error("rendezvous: {0}")]
     BadTable(String),
+    /// The agent process local rank 0 started for its host did not come up: it could not be started, or it
+    /// ended before it served (its own error is on its standard error, which is the rank's).
+    #[error("the host's agent process ({command}): {why}")]
+    AgentProcess {
+        /// The command that starts it.
+        command: String,
+        /// What happened.
+        why: String,
+    },
 }
 
 impl LaunchError {

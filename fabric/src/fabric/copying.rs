@@ -4,6 +4,7 @@
 //! walk that asked for them goes on meanwhile.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use vfabric_allocator::{Compression, Location, PageMove};
 use vfabric_transport::storage::StorageFile;
@@ -180,6 +181,28 @@ fn stored_page(dir: &Directory, slot: u64) -> Option<(RegionHandle, u64)> {
         let (page, _) = r.pages.touched().find(|(_, e)| e.copies().any(|c| c == at))?;
         Some((r.handle, page as u64))
     })
+}
+
+/// Polls `copies` until all have finished (true) or `deadline` passes (false). Yields for the first
+/// milliseconds (most stages finish in microseconds to milliseconds: a sleep's granularity would show in every
+/// acquire), then sleeps in steps of at most a millisecond.
+pub(crate) fn all_done_by(copies: &mut [Copying], deadline: Instant) -> bool {
+    let start = Instant::now();
+    loop {
+        if copies.iter_mut().all(Copying::is_complete) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        let waited = now - start;
+        if waited < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep((waited / 16).clamp(Duration::from_micros(20), Duration::from_millis(1)));
+        }
+    }
 }
 
 /// Whether a batch between `from` and `to` is the storage tier's (file I/O) rather than a mover's.

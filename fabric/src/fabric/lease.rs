@@ -5,7 +5,7 @@ use std::sync::Arc;
 use vfabric_allocator::Location;
 use vfabric_transport::{Arena, EngineChoice, PageBatch, PageMove, TransferReport};
 
-use super::node::{lock, Inner};
+use super::node::{lock, Deferred, Inner};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::FabricError;
 
@@ -96,10 +96,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
-            let r = lock(&self.inner.state).dir.release(self.id);
-            if let Err(e) = r {
-                tracing::warn!(lease = self.id, error = %e, "releasing a dropped lease failed");
-            }
+            lock(&self.inner.state).apply_or_defer(Deferred::Release(self.id));
         }
     }
 }

@@ -23,6 +23,7 @@ mod plan;
 mod probe_skip;
 mod reservation;
 mod stages;
+mod stalled;
 mod stalls;
 mod stats;
 mod traffic;
@@ -142,6 +143,9 @@ impl Fabric {
                     prefetch: VecDeque::new(),
                     arrived: Vec::new(),
                     probes: Default::default(),
+                    parked: Vec::new(),
+                    deferred: Vec::new(),
+                    copy_deadline: std::time::Duration::from_millis(config.device.copy_deadline_ms),
                 }),
                 layer,
                 arenas,
@@ -266,7 +270,7 @@ impl Fabric {
 
     /// Frees a region and all its memory. Refused while any of its pages is leased.
     pub fn free(&self, region: &Region) -> Result<(), FabricError> {
-        let mut st = lock(&self.inner.state);
+        let mut st = self.state()?;
         let freed = self.drive(&mut st, |d| d.free(region));
         // Even when freeing failed late (the slot may already be free for the next region).
         st.probes.forget(region.slot);
@@ -295,7 +299,7 @@ impl Fabric {
     /// first where the pages live in host memory.
     pub fn write_parts(&self, region: &Region, offset: u64, parts: &[&[u8]]) -> Result<(), FabricError> {
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let mut st = lock(&self.inner.state);
+        let mut st = self.state()?;
         let targets = self.drive(&mut st, |d| d.step_write(region, offset, len))?;
         let lossy = st.dir.region(region)?.placement.compression.lossy();
         let ps = self.inner.page_size;
@@ -412,7 +416,7 @@ impl Fabric {
     ) -> Result<Lease, FabricError> {
         let len = range_len(region, &range)?;
         let mut req = AcquireRequest::new(*region, range.start, len, device, mode);
-        let mut st = lock(&self.inner.state);
+        let mut st = self.state()?;
         self.settle_if_done(&mut st);
         let grant = self.drive(&mut st, |d| d.step_acquire(&mut req))?;
         let dev = st.dir.dev(device)?;
@@ -471,7 +475,7 @@ impl Fabric {
         mut step: impl FnMut(&mut Directory, u64, u64) -> Result<Step<Option<Stage>>, DirectoryError>,
     ) -> Result<(), FabricError> {
         let len = range_len(region, &range)?;
-        let mut st = lock(&self.inner.state);
+        let mut st = self.state()?;
         self.settle_if_done(&mut st);
         match self.drive(&mut st, |d| step(d, range.start, len))? {
             Some(stage) => self.launch(&mut st, stage),
@@ -482,13 +486,20 @@ impl Fabric {
     /// Releases a lease (dropping it does the same, logging instead of returning an error).
     pub fn release(&self, mut lease: Lease) -> Result<(), FabricError> {
         lease.released = true;
-        Ok(lock(&self.inner.state).dir.release(lease.id)?)
+        let mut st = lock(&self.inner.state);
+        match st.parked.is_empty() {
+            true => Ok(st.dir.release(lease.id)?),
+            false => {
+                st.deferred.push(node::Deferred::Release(lease.id));
+                Ok(())
+            }
+        }
     }
 
     /// Moves a region to `device`: new pages go there, and pages on other GPUs move there (those that do not fit
     /// go to host memory). Refused while any page is leased.
     pub fn migrate(&self, region: &Region, device: Location) -> Result<(), FabricError> {
-        let mut st = lock(&self.inner.state);
+        let mut st = self.state()?;
         self.drive(&mut st, |d| d.step_migrate(region, device))
     }
 
@@ -496,7 +507,7 @@ impl Fabric {
     /// on its own when a device is too fragmented). Returns the pages moved.
     pub fn compact(&self, device: Location, frames: u32) -> Result<u64, FabricError> {
         let before = self.inner.counters.compacted.load(Ordering::Relaxed);
-        let mut st = lock(&self.inner.state);
+        let mut st = self.state()?;
         self.drive(&mut st, |d| d.plan_compaction(device, frames))?;
         Ok((self.inner.counters.compacted.load(Ordering::Relaxed) - before) / self.inner.page_size)
     }
@@ -516,8 +527,10 @@ impl Fabric {
             let (file_bytes, pages) = s.stored_in(in_use.into_iter().map(u64::from));
             StorageUsage { pages, page_bytes: pages * s.page_size(), file_bytes }
         });
+        let st = lock(&self.inner.state);
         Stats {
-            directory: lock(&self.inner.state).dir.stats(),
+            stalled: self.stalled_now(&st),
+            directory: st.dir.stats(),
             traffic: self.inner.counters.snapshot(),
             stalls: self.inner.stalls.snapshot(),
             storage,

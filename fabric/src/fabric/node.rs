@@ -3,13 +3,13 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use vfabric_transport::storage::StorageFile;
 use vfabric_transport::{Arena, DeviceError, DeviceLayer, Mover};
 
 use super::copying::Copying;
 use super::probe_skip::ProbeSkips;
-
 use super::stalls::StallCounters;
 use super::traffic::Counters;
 use crate::directory::{Directory, Stage};
@@ -25,11 +25,68 @@ pub(crate) struct State {
     pub(crate) arrived: Vec<u32>,
     /// Which regions' pages are not worth looking at for the compressed tier for now.
     pub(crate) probes: ProbeSkips,
+    /// Stages whose copies passed `copy_deadline`, oldest first: nothing plans a stage until they finish
+    /// (`stalled.rs`).
+    pub(crate) parked: Vec<InFlight>,
+    /// Releases and given-back reservations kept while a stage is parked.
+    pub(crate) deferred: Vec<Deferred>,
+    /// How long a stage's copies may take before they are reported stalled (`device.copy_deadline_ms`).
+    pub(crate) copy_deadline: Duration,
+}
+
+/// A change to the directory kept while a stage is parked, applied once none is.
+pub(crate) enum Deferred {
+    /// A lease let go.
+    Release(u64),
+    /// A reservation given back.
+    Unreserve(u64),
+}
+
+impl State {
+    /// Applies a directory change now, or keeps it for later while a stage is parked (`stalled.rs`).
+    pub(crate) fn apply_or_defer(&mut self, d: Deferred) {
+        if self.parked.is_empty() {
+            self.apply(d);
+        } else {
+            self.deferred.push(d);
+        }
+    }
+
+    /// Applies a directory change; a failure is logged (the caller has gone: a dropped lease or reservation).
+    pub(crate) fn apply(&mut self, d: Deferred) {
+        let (what, id, r) = match d {
+            Deferred::Release(id) => ("releasing a dropped lease", id, self.dir.release(id)),
+            Deferred::Unreserve(id) => ("giving back a reservation", id, self.dir.unreserve(id)),
+        };
+        if let Err(e) = r {
+            tracing::warn!(id, error = %e, "{what} failed");
+        }
+    }
 }
 
 pub(crate) struct InFlight {
     pub(crate) stage: Stage,
     pub(crate) copies: Vec<Copying>,
+    /// When its copies started.
+    pub(crate) started: Instant,
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        // A parked stage's copies may never finish, and dropping them waits for them: they are left running,
+        // with the arenas they hold (a device that stopped answering keeps its memory until the process ends).
+        for p in self.parked.drain(..) {
+            std::mem::forget(p.copies);
+        }
+        // Those in flight get their deadline too before being left the same way.
+        for p in self.prefetch.drain(..) {
+            let mut copies = p.copies;
+            if !super::copying::all_done_by(&mut copies, p.started + self.copy_deadline) {
+                tracing::error!("dropping the fabric: a prefetch's copies passed their deadline and are left running");
+                std::mem::forget(copies);
+            }
+        }
+    }
 }
 
 pub(crate) struct Inner {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use vfabric_allocator::{Location, TenantId, Tier};
 
-use super::node::{lock, Inner};
+use super::node::{lock, Deferred, Inner};
 use super::Fabric;
 use crate::directory::ReservationInfo;
 use crate::error::FabricError;
@@ -44,9 +44,7 @@ impl std::fmt::Debug for Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Err(e) = lock(&self.inner.state).dir.unreserve(self.id) {
-            tracing::warn!(id = self.id, error = %e, "giving back a reservation failed");
-        }
+        lock(&self.inner.state).apply_or_defer(Deferred::Unreserve(self.id));
     }
 }
 
@@ -58,7 +56,7 @@ impl Fabric {
     /// the tenant's quota. The tenant's pages evicted to that device (host memory, the storage tier) take the
     /// reservation's frames as they arrive; no other tenant's take them.
     pub fn reserve(&self, location: Location, bytes: u64, tenant: TenantId) -> Result<Reservation, FabricError> {
-        let mut st = lock(&self.inner.state);
+        let mut st = self.state()?;
         let id = self.drive(&mut st, |d| d.step_reserve(location, bytes, tenant))?;
         Ok(Reservation { inner: Arc::clone(&self.inner), id, location })
     }

@@ -12,7 +12,7 @@ use vfabric_transport::PageBatch;
 
 use super::copying::{self, Copying};
 use super::node::{InFlight, State};
-use super::{compressed, Fabric, Region};
+use super::{compressed, stalled, Fabric, Region};
 use crate::directory::{Directory, DirectoryError, Stage, StageBatch, StageKind, Step, PREFETCH_DEPTH, STAGING_DEPTH};
 use crate::error::FabricError;
 
@@ -24,6 +24,11 @@ impl Fabric {
         st: &mut State,
         mut step: impl FnMut(&mut Directory) -> Result<Step<T>, DirectoryError>,
     ) -> Result<T, FabricError> {
+        // The callers check at their start (`Fabric::state`); a stage parked inside this call (packing arrivals
+        // after it, say) must stop the ones after it too.
+        if let Some(p) = st.parked.first() {
+            return Err(stalled::stalled(&p.stage, p.started));
+        }
         // Each stage frees, moves or fills at least one frame; a bound only guards against a directory bug.
         for _ in 0..1_000_000 {
             match step(&mut st.dir)? {
@@ -31,16 +36,7 @@ impl Fabric {
                     self.pack_arrivals(st);
                     return Ok(t);
                 }
-                Step::Stage(stage) => match self.carry_out(&st.dir, &stage) {
-                    Ok(()) => {
-                        st.arrived.extend(arrivals(&stage));
-                        st.dir.commit(stage);
-                    }
-                    Err(e) => {
-                        st.dir.abort(stage);
-                        return Err(e);
-                    }
-                },
+                Step::Stage(stage) => self.carry_out(st, stage)?,
                 Step::Wait => {
                     if st.prefetch.is_empty() {
                         return Err(FabricError::Internal(
@@ -48,21 +44,47 @@ impl Fabric {
                         ));
                     }
                     let t = Instant::now();
-                    self.settle_some(st);
+                    let settled = self.settle_some(st);
                     self.inner.stalls.in_flight(t.elapsed());
+                    settled?;
                 }
             }
         }
         Err(FabricError::Internal("the directory asked for a million stages without finishing"))
     }
 
-    /// Starts a stage's copies and waits for them, counting the wait. A page that comes back wrong from the
-    /// storage tier is named by its region and index.
-    pub(super) fn carry_out(&self, dir: &Directory, stage: &Stage) -> Result<(), FabricError> {
-        let t = Instant::now();
-        let done = self.start(dir, stage).and_then(|c| self.finish(stage, c));
-        self.inner.stalls.stage(stage.kind, t.elapsed());
-        done.map_err(|e| copying::naming_stored_page(dir, e))
+    /// Starts a stage's copies, waits for them (parking the stage if they pass their deadline) and commits it,
+    /// or aborts it when a copy failed; counts the wait. A page that comes back wrong from the storage tier is
+    /// named by its region and index.
+    fn carry_out(&self, st: &mut State, stage: Stage) -> Result<(), FabricError> {
+        let (t, kind) = (Instant::now(), stage.kind);
+        let done = match self.start(&st.dir, &stage) {
+            Ok(copies) => match self.wait_or_park(st, stage, copies, t) {
+                Ok((stage, copies)) => {
+                    let done = self.finish(&stage, copies);
+                    (stage, done)
+                }
+                Err(e) => {
+                    self.inner.stalls.stage(kind, t.elapsed());
+                    return Err(e);
+                }
+            },
+            Err(e) => (stage, Err(e)),
+        };
+        self.inner.stalls.stage(kind, t.elapsed());
+        match done {
+            (stage, Ok(())) => {
+                st.arrived.extend(arrivals(&stage));
+                st.dir.commit(stage);
+                Ok(())
+            }
+            (stage, Err(e)) => {
+                // Named before the abort: the directory still has the slot's page where the stage read it.
+                let e = copying::naming_stored_page(&st.dir, e);
+                st.dir.abort(stage);
+                Err(e)
+            }
+        }
     }
 
     /// Starts the prefetches the directory asks for after an acquire of `region` on `device`, if any. Failures
@@ -92,7 +114,7 @@ impl Fabric {
         self.inner.stalls.launch(t.elapsed());
         match started {
             Ok(copies) => {
-                st.prefetch.push_back(InFlight { stage, copies });
+                st.prefetch.push_back(InFlight { stage, copies, started: t });
                 Ok(())
             }
             Err(e) => {
@@ -105,7 +127,13 @@ impl Fabric {
     /// Commits the stage in flight at `i` once its copies have arrived (or, when a copy failed, aborts it: its
     /// pages stay where they were).
     fn settle(&self, st: &mut State, i: usize) {
-        let Some(p) = st.prefetch.remove(i) else { return };
+        if let Some(p) = st.prefetch.remove(i) {
+            self.settle_flight(st, p);
+        }
+    }
+
+    /// Commits a stage that stayed in flight, its copies all finished (or aborts it when one failed).
+    pub(super) fn settle_flight(&self, st: &mut State, p: InFlight) {
         match self.finish(&p.stage, p.copies) {
             Ok(()) => {
                 st.arrived.extend(arrivals(&p.stage));
@@ -138,10 +166,21 @@ impl Fabric {
 
     /// Blocks until at least one stage in flight has landed, and commits every one that has: what a call the
     /// directory told to wait needs. Polls (the copies run on the device; a poll is one query per transfer).
-    pub(super) fn settle_some(&self, st: &mut State) {
+    /// When every one has passed its deadline and none has landed, they are parked and the call fails.
+    pub(super) fn settle_some(&self, st: &mut State) -> Result<(), FabricError> {
         while !st.prefetch.is_empty() && self.settle_if_done(st) == 0 {
+            let newest = st.prefetch.iter().map(|p| p.started).max();
+            if newest.is_some_and(|t| t.elapsed() >= st.copy_deadline) {
+                let mut first = None;
+                for p in std::mem::take(&mut st.prefetch) {
+                    let e = self.park(st, p);
+                    first.get_or_insert(e);
+                }
+                return Err(first.unwrap_or(FabricError::Internal("no prefetch to park")));
+            }
             std::thread::sleep(std::time::Duration::from_micros(20));
         }
+        Ok(())
     }
 
     /// Zero-fills a stage's new pages and starts its copies (all batches at once).

@@ -16,6 +16,9 @@ pub struct Stats {
     pub stalls: Stalls,
     /// What the storage tier holds, when the node has one.
     pub storage: Option<StorageUsage>,
+    /// While a stage's copies are past their deadline (`device.copy_deadline_ms`), the error the calls that move
+    /// pages fail with: which stage, and for how long.
+    pub stalled: Option<String>,
 }
 
 /// What a storage tier holds: pages, and the bytes they take in its file (pages of regions stored compressed

@@ -111,6 +111,7 @@ pub(crate) fn error_kind(e: &FabricError) -> ErrorKind {
         FabricError::UseAfterFree(_) => ErrorKind::UseAfterFree,
         FabricError::PermissionDenied(_) => ErrorKind::PermissionDenied,
         FabricError::Unavailable(_) => ErrorKind::Unavailable,
+        FabricError::Stalled { .. } => ErrorKind::Stalled,
         FabricError::LeasedElsewhere { .. } => ErrorKind::LeasedElsewhere,
         FabricError::DeviceUnavailable(_) => ErrorKind::DeviceUnavailable,
         FabricError::UnknownLease(_) => ErrorKind::UnknownLease,

@@ -119,6 +119,9 @@ pub enum ErrorKind {
     PermissionDenied,
     /// What the call needs cannot be reached now: a region's standby copy, or nodes enough for its replicas.
     Unavailable,
+    /// The node's copies stopped making progress (a device or drive not answering); calls that move pages fail
+    /// until they finish.
+    Stalled,
 }
 
 /// One control message. Every request goes on its own bidirectional stream: the requester writes one request

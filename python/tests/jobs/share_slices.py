@@ -1,6 +1,7 @@
 """One rank of a job whose ranks share a region through their host's agent (run by test_ranks.py).
 
-Every rank attaches with `vfabric.connect()`: local rank 0 starts the host's agent, the others wait for it.
+Every rank attaches with `vfabric.connect()`: local rank 0 starts the host's agent (a process of its own, or
+with VFABRIC_HOST_AGENT=thread in rank 0's), the others wait for it.
 Rank 0 allocates a region and leaves its handle in the notes folder (argv[1]); every rank writes its slice on
 its own GPU through its own mapping (a torch kernel on CUDA, numpy on the emulated device), then says so; rank 0
 waits for all of them and checks every slice through its own mapping and through the socket, then leaves last
@@ -12,6 +13,8 @@ import pathlib
 import pickle
 import sys
 import time
+
+from agent_pid import agent_pid
 
 import vfabric
 
@@ -40,6 +43,12 @@ def main() -> None:
     local_rank = var("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK")
     client = vfabric.connect()
     assert client.hosts_agent == (local_rank == 0), (rank, client.hosts_agent)
+    if local_rank == 0:
+        # A process of its own unless VFABRIC_HOST_AGENT=thread asks for this one.
+        pid = agent_pid(os.environ["VFABRIC_SOCKET"])
+        in_process = os.environ.get("VFABRIC_HOST_AGENT", "process") == "thread"
+        assert (pid == os.getpid()) == in_process, (pid, os.getpid(), os.environ.get("VFABRIC_HOST_AGENT"))
+        print(f"agent {pid}", flush=True)
     if rank == 0:
         region = client.alloc(size * SLICE)
         (notes / "region.part").write_bytes(pickle.dumps(region))

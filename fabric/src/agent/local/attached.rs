@@ -14,7 +14,7 @@ use vfabric_allocator::{Location, TenantId};
 use vfabric_transport::{Arena, ArenaShare, Backend, DeviceKind, DeviceLayer, Mover, MoverConfig, OpenOptions};
 
 use super::connection::{answer, exchange, send, Connection};
-use super::host_agent::HostAgent;
+use super::host_process::HostAgentHandle;
 use super::mapped_lease::LocalLease;
 use super::{CHUNK, MAX_CHUNK};
 use crate::directory::{Mode, Priority, RegionHandle as Region};
@@ -52,7 +52,7 @@ pub struct AttachedClient {
     pub(super) default_device: Option<Location>,
     /// The agent this process started for its host's ranks ([`AttachedClient::join`]), if it did: it runs as
     /// long as a clone of this client does. Declared after `inner`, so the client's socket closes first.
-    pub(super) host: Option<Arc<HostAgent>>,
+    pub(super) host: Option<Arc<HostAgentHandle>>,
 }
 
 pub(super) struct ClientInner {

@@ -13,6 +13,7 @@ use vfabric_allocator::Location;
 
 use super::attached::AttachedClient;
 use super::host_agent::HostAgent;
+use super::host_process::{answers, job_config, HostAgentHandle, HostAgentLaunch, HostAgentProcess};
 use crate::agent::launch::JobRank;
 use crate::config::ClusterConfig;
 use crate::error::{FabricError, LaunchError};
@@ -26,12 +27,14 @@ pub struct JoinOptions {
     pub config: Option<ClusterConfig>,
     /// How long a rank waits for local rank 0's agent; default `$VFABRIC_AGENT_TIMEOUT` seconds, else 60.
     pub wait: Duration,
+    /// How local rank 0 runs the agent it starts: in its own process by default.
+    pub launch: HostAgentLaunch,
 }
 
 impl Default for JoinOptions {
     fn default() -> Self {
         let wait = std::env::var("VFABRIC_AGENT_TIMEOUT").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-        JoinOptions { socket: None, config: None, wait: Duration::from_secs(wait) }
+        JoinOptions { socket: None, config: None, wait: Duration::from_secs(wait), launch: HostAgentLaunch::InProcess }
     }
 }
 
@@ -39,11 +42,6 @@ impl Default for JoinOptions {
 /// host (the agent serves only its own user's processes).
 pub fn job_socket() -> PathBuf {
     std::env::temp_dir().join(format!("vfabric-job-{}.sock", nix::unistd::geteuid().as_raw()))
-}
-
-/// Whether an agent answers at `socket`.
-fn answers(socket: &Path) -> bool {
-    std::os::unix::net::UnixStream::connect(socket).is_ok()
 }
 
 impl AttachedClient {
@@ -58,14 +56,24 @@ impl AttachedClient {
         if !answers(&socket) {
             match job {
                 Some(j) if j.local_rank == 0 && j.single_host() => {
-                    let config = match &options.config {
-                        Some(c) => c.clone(),
-                        None => match std::env::var_os("VFABRIC_CONFIG") {
-                            Some(path) => ClusterConfig::from_file(Path::new(&path))?,
-                            None => ClusterConfig::embedded_local(),
-                        },
-                    };
-                    host = Some(Arc::new(HostAgent::start(&config, &socket)?));
+                    host = Some(Arc::new(match &options.launch {
+                        HostAgentLaunch::InProcess => HostAgentHandle::InProcess(HostAgent::start(
+                            &job_config(options.config.as_ref())?,
+                            &socket,
+                        )?),
+                        HostAgentLaunch::Process { program, args } => {
+                            if options.config.is_some() {
+                                return Err(LaunchError::AgentProcess {
+                                    command: program.display().to_string(),
+                                    why: "an agent process takes its configuration from VFABRIC_CONFIG, not from \
+                                          JoinOptions::config"
+                                        .into(),
+                                }
+                                .into());
+                            }
+                            HostAgentHandle::Process(HostAgentProcess::start(program, args, &socket, options.wait)?)
+                        }
+                    }));
                 }
                 Some(j) if j.single_host() => wait_for(&socket, options.wait)?,
                 _ => return Err(LaunchError::NoAgent { socket }.into()),

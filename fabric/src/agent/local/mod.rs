@@ -20,6 +20,7 @@ mod attached;
 mod client;
 mod connection;
 mod host_agent;
+mod host_process;
 mod join;
 mod mapped_lease;
 mod payload;
@@ -33,6 +34,7 @@ mod tenancy;
 
 pub use attached::{AllocOptions, AttachedClient};
 pub use client::{default_socket, LocalClient};
+pub use host_process::{serve_host_agent, HostAgentLaunch, HOST_AGENT_SOCKET};
 pub use join::{job_socket, JoinOptions};
 pub use mapped_lease::LocalLease;
 
