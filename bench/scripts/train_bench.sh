@@ -24,7 +24,7 @@ LARGE_FABRIC=${LARGE_FABRIC:-10GiB}
 # Blocks whose AdamW step runs on the CPU beside the GPU (the last ones): *_vfabric runs; *_vfabric_gpu runs none.
 SMALL_HOST=${SMALL_HOST:-8}
 LARGE_HOST=${LARGE_HOST:-10}
-declare -A ARGS TMO LAUNCH
+declare -A ARGS TMO LAUNCH ENVS
 ARGS[small_resident]="$SMALL --mode resident";                                        TMO[small_resident]=90
 ARGS[small_fsdp]="$SMALL --mode fsdp";                                                TMO[small_fsdp]=150
 ARGS[small_stream]="$SMALL --mode stream --act keep --opt gpu";                       TMO[small_stream]=120
@@ -69,12 +69,15 @@ ARGS[dp2_fsdp]="$DP --mode fsdp";                                               
 ARGS[dp2_vfabric]="$DP --mode vfabric --fabric-budget $DP_FABRIC --host-layers 2";    TMO[dp2_vfabric]=150; LAUNCH[dp2_vfabric]=torchrun
 ARGS[dp2_vfabric_gpu]="$DP --mode vfabric --fabric-budget $DP_FABRIC";                TMO[dp2_vfabric_gpu]=150; LAUNCH[dp2_vfabric_gpu]=torchrun
 ARGS[dp2_vfabric_mpirun]="$DP --mode vfabric --fabric-budget $DP_FABRIC --host-layers 2"; TMO[dp2_vfabric_mpirun]=150; LAUNCH[dp2_vfabric_mpirun]=mpirun
+# The same as dp2_vfabric with the agent inside local rank 0's process (the default is a process of its own).
+ARGS[dp2_vfabric_thread]="${ARGS[dp2_vfabric]}";                                      TMO[dp2_vfabric_thread]=150; LAUNCH[dp2_vfabric_thread]=torchrun
+ENVS[dp2_vfabric_thread]="VFABRIC_HOST_AGENT=thread"
 RANKS_PER_RUN=${RANKS_PER_RUN:-2}
 # Each rank's PyTorch takes its share of the cores (torchrun would give it one thread, and Open MPI binds each rank
 # to one core unless told not to: the CPU's AdamW would run on one thread).
 RANK_THREADS=$(( $(nproc) / RANKS_PER_RUN ))
 launcher() { # RUN: the command that starts train_offload.py's ranks
-    local threads="env OMP_NUM_THREADS=$RANK_THREADS"
+    local threads="env ${ENVS[$1]:-} OMP_NUM_THREADS=$RANK_THREADS"
     case "${LAUNCH[$1]:-}" in
         torchrun) echo "$threads python3 -m torch.distributed.run --standalone --nproc-per-node $RANKS_PER_RUN" ;;
         mpirun) echo "$threads mpirun --allow-run-as-root --oversubscribe --bind-to none --mca plm_rsh_agent false -np $RANKS_PER_RUN -x OMP_NUM_THREADS -x PATH -x PYTHONPATH -x PYTORCH_CUDA_ALLOC_CONF -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED python3" ;;

@@ -4,6 +4,8 @@ The schedule, the sub-arrays of each layer's regions, the optimizer's bookkeepin
 must give the resident model's numbers bit for bit; the fabric must have prefetched and written back."""
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -202,6 +204,7 @@ class ThreadMean:
 
     def __init__(self, ranks):
         self.ranks, self.slots, self.barrier, self.calls = ranks, [None] * ranks, threading.Barrier(ranks, timeout=60), 0
+        self.pools = []
 
     @staticmethod
     def mean(arrays):
@@ -222,17 +225,31 @@ class ThreadMean:
 
         return reduce
 
+    def later_of_rank(self, r, where):
+        """Rank `r`'s reduction, under way until the `wait()` of what it returns: done inside the wait
+        ("in_wait"), or on a thread of the rank's, launch after launch, as gloo's all-reduce runs
+        ("on_a_thread")."""
+        reduce = self.of_rank(r)
+        if where == "in_wait":
+            return lambda g: SimpleNamespace(wait=lambda: reduce(g))
+        pool = ThreadPoolExecutor(1)
+        self.pools.append(pool)
+        return lambda g: SimpleNamespace(wait=pool.submit(reduce, g).result)
+
 
 # Two ranks share one fabric (as a node's ranks share its agent), each on its own batches; the last layers'
-# steps on the CPU too, and micro-batches summed before the reduction.
+# steps on the CPU too, and micro-batches summed before the reduction; reductions done when they return, or
+# finished later (as torch.distributed's with async_op=True).
+@pytest.mark.parametrize("reduced", ["now", "in_wait", "on_a_thread"])
 @pytest.mark.parametrize("micro_batches,on_host", [(1, 0), (2, 0), (2, 3)])
-def test_ranks_whose_gradients_are_reduced_take_the_steps_of_the_mean_gradient(tmp_path, micro_batches, on_host):
+def test_ranks_whose_gradients_are_reduced_take_the_steps_of_the_mean_gradient(tmp_path, micro_batches, on_host, reduced):
     ranks = 2
     path = tmp_path / "ranks.toml"
     path.write_text(TIGHT.replace('gpu_budget = "2MiB"', 'gpu_budget = "6MiB"'))
     fabric = vfabric.Fabric(str(path))
     mean = ThreadMean(ranks)
-    runs = [Streamed(fabric, on_host, grad_reduce=mean.of_rank(r)) for r in range(ranks)]
+    reduce = mean.of_rank if reduced == "now" else lambda r: mean.later_of_rank(r, reduced)
+    runs = [Streamed(fabric, on_host, grad_reduce=reduce(r)) for r in range(ranks)]
     ref = Resident()
     steps, errors = 3, []
 
@@ -257,6 +274,8 @@ def test_ranks_whose_gradients_are_reduced_take_the_steps_of_the_mean_gradient(t
         ref.step([{k: ThreadMean.mean([s[i][k] for s in sums]) for k in sums[0][i]} for i in range(LAYERS)])
     for t in threads:
         t.join(timeout=120)
+    for pool in mean.pools:
+        pool.shutdown()
     assert not errors, errors
     assert mean.calls == steps * LAYERS, "one reduction a layer a step"
     for r in range(ranks):
@@ -266,6 +285,91 @@ def test_ranks_whose_gradients_are_reduced_take_the_steps_of_the_mean_gradient(t
                 assert np.array_equal(got[k], v.reshape(-1)), f"rank {r} layer {i} {k}"
         runs[r].stream.close()
     assert fabric.stats()["directory"]["regions"] == 0
+
+
+class Later:
+    """One rank's reduction (the identity) that finishes in the `wait()` of what it returns: logs each launch and
+    each wait by the reduction's number, checks that its array stays as it was in between, and fails the wait
+    of reduction `fail`."""
+
+    def __init__(self, fail=None):
+        self.log, self.fail = [], fail
+
+    def __call__(self, g):
+        n = sum(what == "launch" for what, _ in self.log)
+        self.log.append(("launch", n))
+        launched = g.copy()
+
+        def wait():
+            self.log.append(("wait", n))
+            assert np.array_equal(g, launched), f"reduction {n}: its gradients changed before it was waited for"
+            if n == self.fail:
+                raise RuntimeError(f"reduction {n} failed")
+
+        return SimpleNamespace(wait=wait)
+
+
+def overlapped(steps):
+    """The log of `steps` steps' reductions (a layer's a step, the last layer's first) when each is waited for
+    once the next one is launched, and a step's last one before the next step's first is launched."""
+    log = []
+    for n in range(steps * LAYERS):
+        log.append(("launch", n))
+        if n % LAYERS:
+            log.append(("wait", n - 1))
+        if n % LAYERS == LAYERS - 1:
+            log.append(("wait", n))
+    return log
+
+
+# On the tight device; on a roomier one with steps on the CPU and micro-batches (room enough whatever the CPU's
+# timing); and on a device so small that a part of the last layer's states finds no run of frames until the
+# pending layers let theirs go (a flush inside a deferred step).
+@pytest.mark.parametrize("budget,micro_batches,on_host", [("2MiB", 1, 0), ("6MiB", 2, 3), ("1280KiB", 1, 0)])
+def test_a_layers_reduction_is_waited_for_once_the_next_layers_is_under_way(tmp_path, budget, micro_batches, on_host):
+    path = tmp_path / "stream.toml"
+    path.write_text(TIGHT.replace('gpu_budget = "2MiB"', f'gpu_budget = "{budget}"'))
+    fabric = vfabric.Fabric(str(path))
+    later = Later()
+    ref, run = Resident(), Streamed(fabric, on_host, grad_reduce=later)
+    for step in range(3):
+        for k in range(micro_batches):
+            x, t = batch(10 * step + k)
+            last = k == micro_batches - 1
+            assert run.micro(x, t, last) == ref.micro(x, t, last), f"step {step} micro-batch {k}"
+    s = run.stream
+    assert s.steps(0) == 3, "the first layer's step waits for its reduction, then counts"
+    s.flush()
+    assert later.log == overlapped(3)
+    assert (s.flushed_for_runs > 0) == (budget == "1280KiB"), s.flushed_for_runs
+    for i in range(LAYERS):
+        assert s.steps(i) == 3
+        got = master_of(s, i)
+        for k, v in ref.master[i].items():
+            assert np.array_equal(got[k], v.reshape(-1)), f"layer {i} {k}"
+    s.close()
+    assert fabric.stats()["directory"]["regions"] == 0
+
+
+# A middle layer's reduction fails in the next layer's backward_done; the last one's in the flush after the pass.
+@pytest.mark.parametrize("fail", [2, LAYERS - 1])
+def test_a_reduction_that_fails_raises_in_the_call_that_waits_for_it(tight, fail):
+    later = Later(fail)
+    run = Streamed(tight, grad_reduce=later)
+    s = run.stream
+    if fail < LAYERS - 1:
+        with pytest.raises(RuntimeError, match=f"reduction {fail} failed"):
+            run.micro(*batch(0), True)
+        assert later.log[-2:] == [("launch", fail + 1), ("wait", fail)], "raised once the next one was launched"
+    else:
+        run.micro(*batch(0), True)
+        with pytest.raises(RuntimeError, match=f"reduction {fail} failed"):
+            s.flush()
+    s.close()  # finishes the reduction launched after the failed one; the failed layer's leases were let go
+    assert later.log.count(("wait", fail)) == 1, "a failed reduction is not waited for again"
+    assert later.log[-1] == ("wait", min(fail + 1, LAYERS - 1)), later.log
+    stats = tight.stats()["directory"]
+    assert stats["leases"] == 0 and stats["regions"] == 0, stats
 
 
 def test_the_cpus_share_is_not_balanced_under_data_parallelism(tight):

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import torch
 import torch.nn as nn
 
-from vfabric.streaming import AdamW, LayerStream, ParamSpec
+from vfabric.streaming import AdamW, LayerStream, ParamSpec, Reduction
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "uint8": torch.uint8}
 _NAMES = {v: k for k, v in _DTYPES.items()}
@@ -135,7 +135,7 @@ class StreamedLayers:
         compute_dtype: torch.dtype = torch.bfloat16,
         lookahead: int = 2,
         host_chunk: int = 0,
-        grad_reduce: Optional[Callable[[torch.Tensor], None]] = None,
+        grad_reduce: Optional[Callable[[torch.Tensor], Optional[Reduction]]] = None,
     ):
         if compute_dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"compute_dtype must be torch.bfloat16, torch.float16 or torch.float32, not {compute_dtype}")

@@ -35,6 +35,12 @@ the step to finish before the next forward pass needs them.
 Leases are released one layer late: after the next layer's work is queued, the stream waits for an event
 recorded after the layer's last kernel, then releases without a device-wide synchronisation (the device keeps
 computing).
+
+With data parallelism (`grad_reduce`), a reduction may finish later than it starts (`Reduction`): the layer's
+step then waits for it while the next layer's backward runs, as DDP overlaps its all-reduces with the backward
+pass. The layer's work is queued once the next layer's reduction is launched (or sooner, when the stream needs
+the layer: a flush, a forward pass, its master weights), and its leases are released one layer after that.
+Two work buffers alternate, so that the next layer's gradients never overwrite those being reduced.
 """
 
 import atexit
@@ -43,12 +49,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 from vfabric.balance import HostShare
 from vfabric.stream_layout import ITEMSIZE, PIECE_BYTES, AdamW, Array, Event, LayerLayout, Ops, ParamSpec, Part, Piece
 
-__all__ = ["AdamW", "LayerLayout", "LayerStream", "Ops", "ParamSpec"]
+__all__ = ["AdamW", "LayerLayout", "LayerStream", "Ops", "ParamSpec", "Reduction"]
 
 Key = Tuple[str, int]
 """One lease of a layer: its region's role ("weights", "states", "grads") and the part of it."""
@@ -84,6 +90,28 @@ class _Layer:
         return [part(k) for k in range(len(lay.pieces))]
 
 
+class Reduction(Protocol):
+    """A reduction of a layer's gradients under way, as `grad_reduce` may return it (`torch.distributed`'s
+    all-reduce with `async_op=True`, then the division by the ranks)."""
+
+    def wait(self) -> None:
+        """Returns once the gradients are final: work queued on the device after this call sees them."""
+
+
+class _Grads(NamedTuple):
+    """A layer's gradients of one backward pass, in a work buffer (`slot`), and what is left to do with them."""
+
+    layer: int
+    slot: int
+    flat: Array
+    reduction: Optional[Reduction]
+    """None: final now; else final once it is waited for."""
+    step: bool
+    """Whether this pass takes the layer's optimizer step."""
+    to_sums: bool
+    """Whether they go to the gradient sums (added up for a later step, or for the CPU's step)."""
+
+
 class _Pending(NamedTuple):
     layer: int
     event: Optional[Event]
@@ -112,7 +140,7 @@ class LayerStream:
         host_ops: Optional[Ops] = None,
         piece_bytes: int = PIECE_BYTES,
         host_chunk: int = 0,
-        grad_reduce: Optional[Callable[[Array], None]] = None,
+        grad_reduce: Optional[Callable[[Array], Optional[Reduction]]] = None,
     ):
         self.fabric = fabric
         self.device = device
@@ -128,7 +156,12 @@ class LayerStream:
         self.grad_reduce = grad_reduce
         """Called, in place, on each layer's gradients of a whole step (one flat float32 array, the micro-batches'
         sums added in) before its optimizer step: data parallelism's all-reduce, which leaves every rank the same
-        gradients and so the same step."""
+        gradients and so the same step. It returns None when the gradients are final on return, or a
+        `Reduction` under way, final once its `wait()` returns: the stream calls that later, after the next
+        layer's reduction is launched (or when it needs the layer sooner), and until then keeps the array and
+        the layer's leases as they are. An error `wait()` raises comes out of the stream's call that waited;
+        the layer's step is then lost. Every rank must launch the reductions in the same order (the stream
+        does: a layer's at its `backward_done`)."""
         self.accumulating = False
         """Whether backward passes only add gradients up (every micro-batch of a step but the last)."""
         self.waited = {"acquire": 0.0, "retire": 0.0, "hints": 0.0, "host_steps": 0.0}
@@ -146,8 +179,10 @@ class LayerStream:
         """Times a part found no run of frames until the pending layers let theirs go."""
         self._layers: List[_Layer] = []
         self._pending: Deque[_Pending] = deque()
-        self._work: Optional[Array] = None
-        self._work_bytes = 0
+        self._deferred: Optional[_Grads] = None
+        """The layer whose reduction is under way, its work not queued yet (at most one)."""
+        self._work: List[Optional[Array]] = [None, None]
+        self._work_bytes = [0, 0]
         self._host_queue: "Optional[queue.Queue[Optional[Tuple[int, Any]]]]" = None
         self._host_thread: Optional[threading.Thread] = None
 
@@ -160,6 +195,7 @@ class LayerStream:
 
     def steps(self, i: int) -> int:
         """Optimizer steps layer `i` has taken."""
+        self._retire_layer(i)  # a step still deferred, or to hand to the CPU
         self._wait_host_step(self._layers[i])
         return self._layers[i].steps
 
@@ -238,6 +274,7 @@ class LayerStream:
 
     def flush(self) -> None:
         """Waits for the queued work of every layer (the CPU's steps included) and releases its leases."""
+        self._finish_deferred()
         while self._pending:
             self._retire()
         for layer in self._layers:
@@ -252,12 +289,13 @@ class LayerStream:
                 if r is not None:
                     self.fabric.free(r)
         self._layers.clear()
-        self._work = None
+        self._work = [None, None]
 
     # ------------------------------------------------------------------------------------------------ passes
     def forward_weights(self, i: int) -> Dict[str, Array]:
         """Layer `i`'s parameters for its forward pass (its compute copy, leased for reading), prefetching the
         next layers'. Valid until `forward_done(i)`: the caller drops them by then."""
+        self._finish_deferred()  # the backward pass is over
         if i == 0 and self.balance is not None:
             self._judge_step()
         layer = self._layers[i]
@@ -289,21 +327,21 @@ class LayerStream:
     def backward_done(self, i: int, grads: Mapping[str, Array]) -> None:
         """Layer `i`'s gradients (one array per parameter, any float dtype): added to the layer's gradient sums,
         or, when this pass steps, the layer's AdamW step (queued on the device now, or handed to the CPU once
-        the sums are in host memory)."""
+        the sums are in host memory). When `grad_reduce` returns a `Reduction`, what follows it waits for the
+        stream's next call that needs it (the next layer's `backward_done` at the latest)."""
         layer = self._layers[i]
         lay = layer.layout
         ops = self.ops
-        g = self._work_buffer(lay.numel)
+        slot, g = self._work_buffer(lay.numel)
         for spec, off in zip(lay.specs, lay.flat):
             grad = grads.get(spec.name)
             if grad is None:
                 raise ValueError(f"layer {i}: no gradient for {spec.name}")
             ops.copy(ops.view(g, 4 * off, "float32", spec.shape), grad)
-        write_back: List[str] = []
-        free: List[Any] = []
-        host_step = False
-        reduce = self.grad_reduce if not self.accumulating else None
-        if not self._steps_here(layer):
+        step = not self.accumulating
+        to_sums = not step or layer.on_host
+        reduce = self.grad_reduce if step else None
+        if to_sums:
             # Add up in the gradient sums (zero-filled pages at a step's first micro-batch: copy instead).
             if layer.grads is None:
                 layer.grads = self.fabric.alloc(lay.grad_bytes, device=self.device, priority="low")
@@ -311,39 +349,18 @@ class LayerStream:
             if reduce is not None:
                 # The step's last micro-batch: the whole step's gradients reduced at once, then kept for the CPU.
                 self._add_sums(layer, g)
-                reduce(ops.view(g, 0, "float32", (lay.numel,)))
                 layer.accumulated = 0
-            for k, piece in enumerate(lay.pieces):
-                acc = ops.view(layer.flats[("grads", k)], 0, "float32", (piece.numel,))
-                part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
-                ops.copy(acc, part) if layer.accumulated == 0 else ops.add(acc, part)
-            layer.accumulated += 1
-            write_back.append("grads")
-            host_step = not self.accumulating
-            if host_step:
-                layer.host_step.clear()
-        else:
-            if layer.grads is not None and layer.accumulated > 0:
-                self._lease(layer, "grads", "r")
-                self._add_sums(layer, g)
-            if reduce is not None:
-                reduce(ops.view(g, 0, "float32", (lay.numel,)))
-            self._lease(layer, "states", "w")
-            layer.steps += 1
-            for k, piece in enumerate(lay.pieces):
-                part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
-                p, m, v = (self._state(layer, ops, k, which) for which in range(3))
-                ops.adamw(p, part, m, v, layer.steps, self.optimizer)
-            if layer.grads is not None:
-                # Consumed: the next step's first micro-batch starts from fresh (zero-filled) pages.
-                free.append(layer.grads)
-                layer.grads = None
-                layer.accumulated = 0
-            self._write_compute_copy(layer, ops)
-            write_back += ["weights", "states"]
-        if i == 0 and not self.accumulating:
+        elif layer.grads is not None and layer.accumulated > 0:
+            self._lease(layer, "grads", "r")
+            self._add_sums(layer, g)
+        reduction = reduce(ops.view(g, 0, "float32", (lay.numel,))) if reduce is not None else None
+        if i == 0 and step:
             self._stepped = True
-        self._pend(i, write_back=write_back, free=free, host_step=host_step)
+        done = _Grads(i, slot, g, reduction, step, to_sums)
+        if reduction is None:
+            self._finish(done)
+        else:
+            self._defer(done)
         # The previous layer's states (or sums) come while this layer's step runs.
         if i > 0:
             prev = self._layers[i - 1]
@@ -351,6 +368,67 @@ class LayerStream:
                 self._prefetch(prev, "states")
             if prev.grads is not None:
                 self._prefetch(prev, "grads")
+
+    def _finish(self, done: _Grads) -> None:
+        """Queues what follows a layer's final gradients: adding them to its gradient sums (and handing its step
+        to the CPU), or its AdamW step on the device. Waits for their reduction first, if one is under way."""
+        i, layer = done.layer, self._layers[done.layer]
+        if done.reduction is not None:
+            try:
+                done.reduction.wait()
+            except BaseException:
+                self._pend(i)  # its leases go, one layer late as any layer's; its step is lost
+                raise
+        if not done.to_sums:
+            free = self._step_on_device(layer, done.flat)
+            self._pend(i, write_back=["weights", "states"], free=free)
+            return
+        ops = self.ops
+        for k, piece in enumerate(layer.layout.pieces):
+            acc = ops.view(layer.flats[("grads", k)], 0, "float32", (piece.numel,))
+            part = ops.view(done.flat, 4 * piece.start, "float32", (piece.numel,))
+            ops.copy(acc, part) if layer.accumulated == 0 else ops.add(acc, part)
+        layer.accumulated += 1
+        if done.step:
+            layer.host_step.clear()
+        self._pend(i, write_back=["grads"], host_step=done.step)
+
+    def _step_on_device(self, layer: _Layer, g: Array) -> List[Any]:
+        """Queues the layer's AdamW step on the device, with its gradients `g` (fp32, flat), and its new compute
+        copy. Returns the regions to free once they are done (the gradient sums it consumed)."""
+        ops = self.ops
+        self._lease(layer, "states", "w")
+        layer.steps += 1
+        for k, piece in enumerate(layer.layout.pieces):
+            part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
+            p, m, v = (self._state(layer, ops, k, which) for which in range(3))
+            ops.adamw(p, part, m, v, layer.steps, self.optimizer)
+        self._write_compute_copy(layer, ops)
+        if layer.grads is None:
+            return []
+        # Consumed: the next step's first micro-batch starts from fresh (zero-filled) pages.
+        sums, layer.grads, layer.accumulated = layer.grads, None, 0
+        return [sums]
+
+    def _defer(self, done: _Grads) -> None:
+        """Layer `done.layer`'s reduction is under way: the layer deferred before (its reduction launched
+        earlier) is finished now, and this one takes its place. The pending layer goes first, so that two
+        layers' leases are held, not three (the device has this layer's backward to run meanwhile)."""
+        try:
+            while self._pending:
+                self._retire()
+            self._finish_deferred()
+        finally:
+            self._deferred = done  # even when the other's reduction failed: this one is under way
+
+    def _finish_deferred(self, i: Optional[int] = None) -> None:
+        """Finishes the deferred layer (waiting for its reduction), if it is layer `i` (any layer: None)."""
+        done = self._deferred
+        if done is not None and (i is None or done.layer == i):
+            # Taken first: a flush inside (a lease short of a run of frames) finds nothing deferred, and a
+            # failed reduction is not waited for twice.
+            self._deferred = None
+            self._finish(done)
 
     def _add_sums(self, layer: _Layer, g: Array) -> None:
         """Adds the layer's gradient sums (leased) into `g`, its gradients laid out flat."""
@@ -521,13 +599,15 @@ class LayerStream:
         """The compute copy from the master weights (both leased for writing)."""
         _copy_compute(ops, layer.layout, layer.flats)
 
-    def _work_buffer(self, numel: int) -> Array:
-        """The gradients' fp32 work space on the device, as bytes (grown to the largest layer)."""
-        if self._work is None or self._work_bytes < 4 * numel:
-            self._work = None
-            self._work = self.ops.buffer(4 * numel)
-            self._work_bytes = 4 * numel
-        return self._work
+    def _work_buffer(self, numel: int) -> Tuple[int, Array]:
+        """The gradients' fp32 work space on the device, as bytes (grown to the largest layer), and its slot:
+        one of two, the one the deferred layer's gradients are not in (the second is made only for that)."""
+        k = 1 - self._deferred.slot if self._deferred is not None else 0
+        if self._work[k] is None or self._work_bytes[k] < 4 * numel:
+            self._work[k] = None
+            self._work[k] = self.ops.buffer(4 * numel)
+            self._work_bytes[k] = 4 * numel
+        return k, self._work[k]
 
     def _pend(self, i: int, write_back: Optional[List[str]] = None, free: Optional[List[Any]] = None, host_step: bool = False) -> None:
         """Layer `i`'s work is queued: its leases end once the device is past the event recorded now, after
@@ -537,7 +617,9 @@ class LayerStream:
             self._retire()
 
     def _retire_layer(self, i: int) -> None:
-        """Retires pending work up to and including layer `i`'s (its leases must end before new ones)."""
+        """Retires pending work up to and including layer `i`'s (its leases must end before new ones), its
+        deferred work queued first."""
+        self._finish_deferred(i)
         while any(p.layer == i for p in self._pending):
             self._retire()
 

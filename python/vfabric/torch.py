@@ -17,7 +17,8 @@ layers compute. The model stays as it is; the training loop changes in a few lin
 
 With data parallelism (ranks started by `torchrun` or `mpirun`, `torch.distributed` initialised), each rank
 streams its own copy of the layers, through the fabric its node's agent runs (`vfabric.connect()`), and the
-gradients are averaged across ranks before every step, one all-reduce a layer:
+gradients are averaged across ranks before every step, one all-reduce a layer, each under way while the next
+layer's backward runs (as DDP overlaps its buckets' all-reduces with the backward pass):
 
     layers = vfabric.torch.stream(model.blocks, vfabric.connect(), data_parallel=True, lr=3e-4)
     ...
@@ -112,11 +113,11 @@ def stream(
     copy a chunk at a time right after AdamW, while the chunk is in its caches (0: after the whole layer).
     `data_parallel`, a `torch.distributed` process group (or `True` for the default one), averages each layer's
     gradients of a step across the group's ranks (one all-reduce of the layer's float32 gradients, after its
-    micro-batches are summed) before its AdamW step, so that every rank takes the same step; the parameters that
-    are not streamed are the caller's to average (`average_gradients`). Every rank must give the same
-    `host_layers`, a number (`"auto"` would let each rank choose its own share). Returns the `StreamedLayers`: set
-    `accumulating` for the micro-batches of a step but the last, and give `other_parameters(model)` to your own
-    optimizer."""
+    micro-batches are summed, under way while the next layer's backward runs) before its AdamW step, so that
+    every rank takes the same step; the parameters that are not streamed are the caller's to average
+    (`average_gradients`). Every rank must give the same `host_layers`, a number (`"auto"` would let each rank
+    choose its own share). Returns the `StreamedLayers`: set `accumulating` for the micro-batches of a step but
+    the last, and give `other_parameters(model)` to your own optimizer."""
     import torch
 
     import vfabric
@@ -161,17 +162,30 @@ def _group(group: Any) -> Any:
     return None if group is None or group is True else group
 
 
+class _Mean:
+    """An average across ranks under way (a `vfabric.streaming.Reduction`): the all-reduce's sum, then the
+    division by the ranks once it is done."""
+
+    def __init__(self, work: Any, t: Any, ranks: int):
+        self.work, self.t, self.ranks = work, t, ranks
+
+    def wait(self) -> None:
+        # NCCL: the current CUDA stream waits for the collective, the host does not; gloo: the host waits.
+        self.work.wait()
+        self.t.div_(self.ranks)
+
+
 def _mean_over(group: Any) -> Any:
-    """The all-reduce that averages a tensor in place across `group`'s ranks."""
+    """The all-reduce that averages a tensor in place across `group`'s ranks, launched now and finished by the
+    `wait()` of what it returns (the stream calls it after launching the next layer's)."""
     import torch.distributed as dist
 
     group = _group(group)
     ranks = dist.get_world_size(group)
 
-    def mean(t: Any) -> None:
+    def mean(t: Any) -> _Mean:
         # A sum, then a division: ReduceOp.AVG is NCCL's only, and the ranks of the emulated device use gloo.
-        dist.all_reduce(t, group=group)
-        t.div_(ranks)
+        return _Mean(dist.all_reduce(t, group=group, async_op=True), t, ranks)
 
     return mean
 
