@@ -240,24 +240,31 @@ pub fn run(args: &MigrateArgs, command_line: &str) -> Result<Vec<Row>, String> {
         if sizes.last() != Some(&size) {
             sizes.push(size);
         }
-        let sweep_dirs: Vec<Direction> = if ngpu >= 2 {
-            vec![Direction::One(g0, g1), Direction::One(g0, Location::Host), Direction::One(Location::Host, g0)]
-        } else {
-            vec![Direction::One(g0, Location::Host), Direction::One(Location::Host, g0)]
-        };
+        let mut sweep_dirs = Vec::new();
+        if ngpu >= 2 {
+            sweep_dirs.push(Direction::One(g0, g1));
+        }
+        // Within one GPU (the arena's lower half to its upper half): the fastest link, where a launch's fixed
+        // costs weigh most.
+        sweep_dirs.extend([
+            Direction::One(g0, Location::Host),
+            Direction::One(Location::Host, g0),
+            Direction::One(g0, g0),
+        ]);
+        // The kernel's short batches again with their index lists copied to the device before the launch, as
+        // before they could be launch parameters: what the parameters save, in the same run.
+        let uploaded = MoverConfig { short_launch_pages: 0, ..base };
         for dir in sweep_dirs {
             for &bytes in &sizes {
                 for &page in pages.iter().filter(|&&p| p <= bytes) {
                     for layout in [Layout::Contiguous, Layout::Scattered] {
-                        cases.push(Case {
-                            suite: "size-sweep",
-                            dir,
-                            page,
-                            layout,
-                            engine: EngineChoice::Auto,
-                            mover: base,
-                            bytes,
-                        });
+                        let case =
+                            |suite, mover| Case { suite, dir, page, layout, engine: EngineChoice::Auto, mover, bytes };
+                        cases.push(case("size-sweep", base));
+                        let short = bytes / page <= u64::from(base.short_launch_pages);
+                        if layout == Layout::Scattered && short && !emulated {
+                            cases.push(case("size-sweep-uploaded", uploaded));
+                        }
                     }
                 }
             }
@@ -478,9 +485,20 @@ fn markdown(
         }
         let _ = writeln!(s);
     }
-    let sizes: Vec<&Row> = rows.iter().filter(|r| r.suite == "size-sweep").collect();
+    for (suite, title) in [
+        ("size-sweep", "Size sweep (engine: the mover's choice)"),
+        ("size-sweep-uploaded", "Size sweep, short batches with their index lists copied to the device first"),
+    ] {
+        size_table(&mut s, rows, suite, title);
+    }
+    s
+}
+
+/// The rows of one size sweep as a table.
+fn size_table(s: &mut String, rows: &[Row], suite: &str, title: &str) {
+    let sizes: Vec<&Row> = rows.iter().filter(|r| r.suite == suite).collect();
     if !sizes.is_empty() {
-        let _ = writeln!(s, "## Size sweep (engine: the mover's choice)\n");
+        let _ = writeln!(s, "## {title}\n");
         let _ = writeln!(s, "| direction | bytes | page | layout | used | median | GB/s | baseline GB/s | ratio |");
         let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
         for r in sizes {
@@ -500,5 +518,4 @@ fn markdown(
         }
         let _ = writeln!(s);
     }
-    s
 }

@@ -50,6 +50,22 @@ vf_page_copy(const uint4* __restrict__ src, uint4* __restrict__ dst, const u32* 
     page_copy<4>(src, dst, src_frames, dst_frames, n_items, chunks_per_page, words_per_chunk);
 }
 
+// Page index lists short enough to travel in the launch's parameters (4 KiB in all, the limit on every CUDA
+// version): no copy of the lists to the device comes before the kernel, which a small batch cannot hide (a
+// 16 MiB batch over NVLink takes 45 us). `__grid_constant__` lets the kernel read them where they are, in the
+// parameter space, instead of each thread copying them to its own stack.
+#define VF_SHORT_PAGES 480
+struct ShortLists {
+    u32 src[VF_SHORT_PAGES];
+    u32 dst[VF_SHORT_PAGES];
+};
+
+extern "C" __global__ void __launch_bounds__(1024)
+vf_page_copy_short(const uint4* __restrict__ src, uint4* __restrict__ dst, u64 n_items, u32 chunks_per_page,
+                   u32 words_per_chunk, const __grid_constant__ ShortLists lists) {
+    page_copy<4>(src, dst, lists.src, lists.dst, n_items, chunks_per_page, words_per_chunk);
+}
+
 extern "C" __global__ void __launch_bounds__(1024)
 vf_page_copy_u1(const uint4* __restrict__ src, uint4* __restrict__ dst, const u32* __restrict__ src_frames,
                 const u32* __restrict__ dst_frames, u64 n_items, u32 chunks_per_page, u32 words_per_chunk) {

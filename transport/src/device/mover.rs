@@ -41,7 +41,14 @@ pub struct MoverConfig {
     /// shorter runs: on the H200s it matched the kernel on scattered 2 MiB pages but fell well behind it on
     /// 64 KiB pages (docs/benchmarks.md).
     pub host_copy_engine_min_run_bytes: u64,
+    /// The kernel's batches of at most this many pages take their page index lists as launch parameters
+    /// instead of a copy to the device before the launch, which a small batch cannot hide (at most
+    /// [`MAX_SHORT_LAUNCH_PAGES`]; 0 always copies them).
+    pub short_launch_pages: u32,
 }
+
+/// The most pages whose index lists fit a launch's parameters (4 KiB on every CUDA version, with the others).
+pub const MAX_SHORT_LAUNCH_PAGES: u32 = 480;
 
 impl Default for MoverConfig {
     fn default() -> Self {
@@ -53,6 +60,7 @@ impl Default for MoverConfig {
             copy_engine_max_runs: 4,
             copy_engine_min_run_bytes: 64 << 20,
             host_copy_engine_min_run_bytes: 1 << 20,
+            short_launch_pages: MAX_SHORT_LAUNCH_PAGES,
         }
     }
 }
@@ -65,6 +73,9 @@ impl MoverConfig {
         }
         if self.threads_per_block == 0 || self.threads_per_block > 1024 {
             return Err(MoverConfigError::ThreadsPerBlock(self.threads_per_block));
+        }
+        if self.short_launch_pages > MAX_SHORT_LAUNCH_PAGES {
+            return Err(MoverConfigError::ShortLaunchPages(self.short_launch_pages));
         }
         Ok(())
     }
@@ -84,6 +95,9 @@ pub enum MoverConfigError {
     /// More threads per block than CUDA allows, or none.
     #[error("mover.threads_per_block ({0}) must be 1..=1024")]
     ThreadsPerBlock(u32),
+    /// More pages than a launch's parameters hold.
+    #[error("mover.short_launch_pages ({0}) must be at most {MAX_SHORT_LAUNCH_PAGES}")]
+    ShortLaunchPages(u32),
 }
 
 /// The engine [`EngineChoice::Auto`] takes for a plan.

@@ -19,13 +19,19 @@ use crate::device::arena::Arena;
 use crate::device::batch::{KernelLayout, PageBatch, Plan};
 use crate::device::engine::{Engine, EngineChoice};
 use crate::device::error::{DeviceError, MoveError};
-use crate::device::mover::{prepare, prepare_coded, Coding, Execution, Mover, MoverConfig, Pending, Transfer, Way};
+use crate::device::mover::{
+    prepare, prepare_coded, Coding, Execution, Mover, MoverConfig, Pending, Transfer, Way, MAX_SHORT_LAUNCH_PAGES,
+};
 use vfabric_allocator::{Element, Location, LossyCode, LOSSY_GROUP};
 
 /// The page copy kernels, built from `kernels/page_copy.cu` with `nvcc -ptx -arch=compute_90` on the GPU machine.
 pub const PAGE_COPY_PTX: &str = include_str!("../../../kernels/page_copy.ptx");
 /// The kernel the mover launches (16-byte words, four loads in flight per thread).
 pub const PAGE_COPY_KERNEL: &str = "vf_page_copy";
+/// The same kernel for batches of at most [`SHORT_PAGES`] pages: their index lists are launch parameters.
+pub const PAGE_COPY_SHORT_KERNEL: &str = "vf_page_copy_short";
+/// `VF_SHORT_PAGES` in `page_copy.cu`: the length of each list a short launch passes.
+const SHORT_PAGES: usize = MAX_SHORT_LAUNCH_PAGES as usize;
 /// The lossy codec's kernels, built from `kernels/page_codec.cu` the same way.
 pub const PAGE_CODEC_PTX: &str = include_str!("../../../kernels/page_codec.ptx");
 
@@ -80,6 +86,7 @@ struct GpuLanes {
     outbound: Mutex<Lane>,
     within: Mutex<Lane>,
     kernel: Kernel,
+    short: Kernel,
     pack: Kernel,
     unpack: Kernel,
 }
@@ -113,6 +120,7 @@ impl CudaMover {
                 outbound: lane()?,
                 within: lane()?,
                 kernel: module.kernel(PAGE_COPY_KERNEL)?,
+                short: module.kernel(PAGE_COPY_SHORT_KERNEL)?,
                 pack: codec.kernel("vf_lossy_pack")?,
                 unpack: codec.kernel("vf_lossy_unpack")?,
             });
@@ -189,8 +197,8 @@ impl CudaMover {
         Ok(())
     }
 
-    /// Uploads the page index lists and launches the kernel on `lane`'s stream. Returns the host copy of the
-    /// lists, which the transfer keeps until it completes.
+    /// Launches the kernel on `lane`'s stream, with the page index lists as parameters for a short batch, else
+    /// uploaded first. Returns the host copy of uploaded lists, which the transfer keeps until it completes.
     fn launch_kernel(
         &self,
         g: &GpuLanes,
@@ -201,6 +209,10 @@ impl CudaMover {
         dst: u64,
     ) -> Result<Vec<u32>, DeviceError> {
         let layout = plan.kernel_layout(blocks);
+        if layout.src_frames.len() <= self.config.short_launch_pages as usize {
+            launch_short(g, lane, &layout, self.config.threads_per_block, src, dst)?;
+            return Ok(Vec::new());
+        }
         let (indices, mut p_sf, mut p_df) = upload_indices(g, lane, &layout)?;
         let mut p_src: u64 = src;
         let mut p_dst: u64 = dst;
@@ -221,6 +233,46 @@ impl CudaMover {
         unsafe { g.kernel.launch(layout.grid, self.config.threads_per_block, &lane.stream, &mut params)? };
         Ok(indices)
     }
+}
+
+/// `ShortLists` of `page_copy.cu`: both index lists, by value (unused entries past the batch's pages).
+#[repr(C)]
+struct ShortLists {
+    src: [u32; SHORT_PAGES],
+    dst: [u32; SHORT_PAGES],
+}
+
+/// Launches `vf_page_copy_short` for a layout of at most [`SHORT_PAGES`] pages on `lane`'s stream.
+fn launch_short(
+    g: &GpuLanes,
+    lane: &Lane,
+    layout: &KernelLayout,
+    threads: u32,
+    src: u64,
+    dst: u64,
+) -> Result<(), DeviceError> {
+    let n = layout.src_frames.len();
+    if n > SHORT_PAGES || layout.dst_frames.len() != n {
+        return Err(DeviceError::InvalidArgument(format!("{n} pages do not fit a short launch")));
+    }
+    let mut lists = ShortLists { src: [0; SHORT_PAGES], dst: [0; SHORT_PAGES] };
+    lists.src[..n].copy_from_slice(&layout.src_frames);
+    lists.dst[..n].copy_from_slice(&layout.dst_frames);
+    let (mut p_src, mut p_dst, mut p_items) = (src, dst, layout.items);
+    let (mut p_cpp, mut p_wpc) = (layout.chunks_per_page, layout.words_per_chunk);
+    let mut params: [*mut c_void; 6] = [
+        &mut p_src as *mut u64 as *mut c_void,
+        &mut p_dst as *mut u64 as *mut c_void,
+        &mut p_items as *mut u64 as *mut c_void,
+        &mut p_cpp as *mut u32 as *mut c_void,
+        &mut p_wpc as *mut u32 as *mut c_void,
+        &mut lists as *mut ShortLists as *mut c_void,
+    ];
+    // SAFETY: the parameters match `vf_page_copy_short(const uint4*, uint4*, u64, u32, u32, ShortLists)`, whose
+    // lists the launch copies (they may go when it returns); the kernel reads only the first `n` entries (the
+    // items cover `n` pages); every frame is inside its arena (the plan was checked), and the arenas are kept
+    // alive by the transfer.
+    unsafe { g.short.launch(layout.grid, threads, &lane.stream, &mut params) }
 }
 
 /// Uploads a layout's page index lists to `lane`'s index buffer, in stream order. Returns the host copy of the
