@@ -43,21 +43,18 @@ the layer: a flush, a forward pass, its master weights), and its leases are rele
 Two work buffers alternate, so that the next layer's gradients never overwrite those being reduced.
 """
 
-import atexit
 import queue
 import threading
 import time
-import weakref
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple
 
+from vfabric._host_steps import HostSteps, Key, copy_compute
 from vfabric.balance import HostShare
-from vfabric.stream_layout import ITEMSIZE, PIECE_BYTES, AdamW, Array, Event, LayerLayout, Ops, ParamSpec, Part, Piece
+from vfabric.stream_layout import PIECE_BYTES, AdamW, Array, Event, LayerLayout, Ops, ParamSpec, Part
 
 __all__ = ["AdamW", "LayerLayout", "LayerStream", "Ops", "ParamSpec", "Reduction"]
 
-Key = Tuple[str, int]
-"""One lease of a layer: its region's role ("weights", "states", "grads") and the part of it."""
 
 
 class _Layer:
@@ -120,7 +117,7 @@ class _Pending(NamedTuple):
     host_step: bool
 
 
-class LayerStream:
+class LayerStream(HostSteps):
     """Streams layers' state through `device` of `fabric` (see the module's docs).
 
     `lookahead` is how many layers ahead the stream prefetches compute copies in each pass. `host_ops` are the
@@ -452,98 +449,6 @@ class LayerStream:
         if self._mark is None or self._stepped:
             self._mark, self._stepped = (now, waited, busy), False
 
-    # ------------------------------------------------------------------------------------------------ the CPU
-    def _step_on_host(self, i: int, grads: Any) -> None:
-        """The CPU's worker: layer `i`'s AdamW step over host leases of its gradient sums (region `grads`, freed
-        after), its states and its compute copy (whose write lease there drops the device's old copy)."""
-        layer = self._layers[i]
-        ops = self.host_ops
-        assert ops is not None
-        lay = layer.layout
-        held: List[Any] = []
-        busy = self.host_busy
-        try:
-            flats: Dict[Key, Array] = {}
-            t = time.perf_counter()
-            for role, region, mode in (("grads", grads, "r"), ("states", layer.states, "w"), ("weights", layer.weights, "w")):
-                for k, part in enumerate(layer.parts(role)):
-                    held.append(self.fabric.acquire(region, part.offset, part.nbytes, device="host", mode=mode))
-                    flats[(role, k)] = ops.flat(held[-1])
-            t = _lap(busy, "leases", t)
-            if self.host_chunk:
-                # Chunk by chunk, the compute copy right after AdamW (its time counted in "adamw").
-                for k, piece in enumerate(lay.pieces):
-                    for at in range(0, piece.numel, self.host_chunk):
-                        n = min(self.host_chunk, piece.numel - at)
-                        _adamw_part(ops, flats, piece, k, at, n, layer.steps, self.optimizer)
-                        _copy_compute_part(ops, lay, flats, k, piece.start + at, n)
-                t = _lap(busy, "adamw", t)
-            else:
-                for k, piece in enumerate(lay.pieces):
-                    _adamw_part(ops, flats, piece, k, 0, piece.numel, layer.steps, self.optimizer)
-                t = _lap(busy, "adamw", t)
-                _copy_compute(ops, lay, flats)
-                t = _lap(busy, "compute_copy", t)
-            flats.clear()
-            for lease in held:
-                lease.release(wait=False)  # the CPU's work is done when its calls return
-            held.clear()
-            self.fabric.free(grads)
-            _lap(busy, "release", t)
-        except BaseException as e:  # handed to the caller when it next needs the layer
-            layer.host_error = e
-            for lease in held:
-                try:
-                    lease.release(wait=False)
-                except BaseException:
-                    pass
-        finally:
-            layer.host_step.set()
-
-    def _host_worker(self) -> None:
-        q = self._host_queue
-        assert q is not None
-        while True:
-            job = q.get()
-            if job is None:
-                return
-            self._step_on_host(*job)
-
-    def _queue_host_step(self, i: int) -> None:
-        layer = self._layers[i]
-        layer.steps += 1
-        layer.accumulated = 0
-        grads, layer.grads = layer.grads, None  # the step frees them
-        if self._host_thread is None:
-            self._host_queue = queue.Queue()
-            self._host_thread = threading.Thread(target=self._host_worker, name="vfabric-host-steps", daemon=True)
-            self._host_thread.start()
-            # A worker still running when the interpreter exits would die inside the array library's threads:
-            # stop it first (the stream itself may be collected before: the hook then does nothing).
-            atexit.register(_stop_worker, weakref.ref(self))
-        assert self._host_queue is not None
-        self._host_queue.put((i, grads))
-
-    def _stop_worker(self) -> None:
-        if self._host_thread is not None and self._host_queue is not None:
-            self._host_queue.put(None)
-            self._host_thread.join()
-            self._host_thread = self._host_queue = None
-
-    def _wait_host_step(self, layer: _Layer, loop: bool = False) -> None:
-        """Waits for the CPU's step of `layer`, if one is pending; `loop`: the forward or backward pass waits
-        (what the balance judges; a caller's own calls, reading master weights, flushing, are not)."""
-        if not layer.host_step.is_set():
-            t = time.perf_counter()
-            layer.host_step.wait()
-            took = time.perf_counter() - t
-            self.waited["host_steps"] += took
-            if loop:
-                self._loop_waits += took
-        if layer.host_error is not None:
-            e, layer.host_error = layer.host_error, None
-            raise e
-
     # ------------------------------------------------------------------------------------------------ inside
     def _steps_here(self, layer: _Layer) -> bool:
         """Whether this backward pass runs the layer's step on the device."""
@@ -597,7 +502,7 @@ class LayerStream:
 
     def _write_compute_copy(self, layer: _Layer, ops: Ops) -> None:
         """The compute copy from the master weights (both leased for writing)."""
-        _copy_compute(ops, layer.layout, layer.flats)
+        copy_compute(ops, layer.layout, layer.flats)
 
     def _work_buffer(self, numel: int) -> Tuple[int, Array]:
         """The gradients' fp32 work space on the device, as bytes (grown to the largest layer), and its slot:
@@ -649,41 +554,3 @@ class LayerStream:
             self.fabric.free(region)
         if p.host_step:
             self._queue_host_step(p.layer)
-
-
-def _lap(busy: Dict[str, float], what: str, since: float) -> float:
-    """Adds the seconds since `since` to `busy[what]`; returns now."""
-    now = time.perf_counter()
-    busy[what] += now - since
-    return now
-
-
-def _copy_compute(ops: Ops, lay: LayerLayout, flats: Mapping[Key, Array]) -> None:
-    """Writes the compute copy (`("weights", part)` arrays) from the master weights (`("states", piece)`)."""
-    for k, piece in enumerate(lay.pieces):
-        _copy_compute_part(ops, lay, flats, k, piece.start, piece.numel)
-
-
-def _copy_compute_part(ops: Ops, lay: LayerLayout, flats: Mapping[Key, Array], k: int, start: int, n: int) -> None:
-    """Writes elements `start .. start + n` of the compute copy, which lie in piece `k`, from their master
-    weights."""
-    piece = lay.pieces[k]
-    for j, first, count in lay.covering(start, n):
-        spec = lay.specs[j]
-        part, at = lay.compute[j]
-        dst = ops.view(flats[("weights", part)], at + first * ITEMSIZE[spec.dtype], spec.dtype, (count,))
-        src = ops.view(flats[("states", k)], 4 * (lay.flat[j] + first - piece.start), "float32", (count,))
-        ops.copy(dst, src)
-
-
-def _adamw_part(ops: Ops, flats: Mapping[Key, Array], piece: Piece, k: int, at: int, n: int, step: int, opt: AdamW) -> None:
-    """AdamW on elements `at .. at + n` of piece `k` (its master weights, moments and gradient sums, leased on
-    the host: `("states", k)`, `("grads", k)`)."""
-    p, m, v = (ops.view(flats[("states", k)], 4 * (piece.numel * w + at), "float32", (n,)) for w in range(3))
-    ops.adamw(p, ops.view(flats[("grads", k)], 4 * at, "float32", (n,)), m, v, step, opt)
-
-
-def _stop_worker(ref: "weakref.ref[LayerStream]") -> None:
-    stream = ref()
-    if stream is not None:
-        stream._stop_worker()
