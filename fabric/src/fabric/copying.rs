@@ -1,7 +1,8 @@
 //! A stage's copies under way: a mover's transfer (between arenas), or a storage tier's file I/O (between host
-//! memory frames and storage slots). io_uring keeps many pages in flight either way; the file I/O of a stage the
-//! caller waits for runs in the call, a prefetch's reads from storage on a thread of their own, so that the
-//! walk that asked for them goes on meanwhile.
+//! memory frames and storage slots). io_uring keeps many pages in flight either way. The file I/O runs on a
+//! thread of its own, as a GPU's copies run on the device: a prefetch's reads go on while the walk that asked
+//! for them does, and a call waits for a stage's I/O with the same deadline as for its GPU copies
+//! ([`all_done_by`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,17 +113,18 @@ pub(crate) fn storage_batch(
     Ok(Copying::Done(moves.len() as u64 * page_size))
 }
 
-/// Reads slots into host frames (`src` slot, `dst` frame), as [`storage_batch`] does, on a thread of their own.
-pub(crate) fn storage_reads_behind(
+/// [`storage_batch`] on a thread of its own.
+pub(crate) fn storage_behind(
     storage: &Arc<StorageFile>,
     host: &Arc<dyn Arena>,
     page_size: u64,
     moves: Vec<PageMove>,
+    to_storage: bool,
+    compression: Compression,
 ) -> Result<Copying, FabricError> {
     let (storage, host) = (Arc::clone(storage), Arc::clone(host));
-    behind("vfabric-storage-read", move || {
-        storage_batch(&storage, &host, page_size, &moves, false, Compression::None)?.wait()
-    })
+    let name = if to_storage { "vfabric-storage-write" } else { "vfabric-storage-read" };
+    behind(name, move || storage_batch(&storage, &host, page_size, &moves, to_storage, compression)?.wait())
 }
 
 /// Runs a batch's copies (`copy`, the bytes it moved) on a thread of its own, for a stage that stays in flight.
@@ -208,4 +210,21 @@ pub(crate) fn all_done_by(copies: &mut [Copying], deadline: Instant) -> bool {
 /// Whether a batch between `from` and `to` is the storage tier's (file I/O) rather than a mover's.
 pub(crate) fn is_storage(from: Location, to: Location) -> bool {
     from == Location::Storage || to == Location::Storage
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_on_a_thread_is_waited_for_until_its_deadline_and_no_longer() {
+        let slow = || {
+            std::thread::sleep(Duration::from_millis(400));
+            Ok(7)
+        };
+        let mut copies = vec![behind("vfabric-test", slow).expect("a thread")];
+        assert!(!all_done_by(&mut copies, Instant::now() + Duration::from_millis(50)), "400 ms of work in 50");
+        assert!(all_done_by(&mut copies, Instant::now() + Duration::from_secs(60)), "then it finishes");
+        assert_eq!(copies.pop().map(Copying::wait).transpose().expect("its result"), Some(7));
+    }
 }

@@ -239,12 +239,11 @@ impl Fabric {
                 let to_storage = b.to == Location::Storage;
                 // Host memory, or the packed tier, on the other side.
                 let host = self.arena_at(dir, if to_storage { b.from } else { b.to })?;
-                if stage.kind == StageKind::Prefetch && !to_storage {
-                    // A prefetch stays in flight across calls: its reads run on a thread of their own.
-                    copies.push(copying::storage_reads_behind(storage, host, ps, b.moves.clone())?);
-                } else {
-                    copies.push(copying::storage_batch(storage, host, ps, &b.moves, to_storage, b.compression)?);
-                }
+                // On a thread of its own, as a GPU's copies run on the device: the call waits for it with their
+                // deadline (a drive that stopped answering fails the call instead of holding the lock for good),
+                // and a stage that stays in flight (a prefetch, a write-back) leaves it running.
+                let moves = b.moves.clone();
+                copies.push(copying::storage_behind(storage, host, ps, moves, to_storage, b.compression)?);
                 continue;
             }
             let batch = PageBatch::from_moves(ps, b.moves.clone());
