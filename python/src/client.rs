@@ -346,8 +346,9 @@ fn host_agent_launch(py: Python<'_>) -> PyResult<HostAgentLaunch> {
     // The folder holding this `vfabric` package, first on the child's path: it runs the same one.
     let package: PathBuf = py.import("vfabric")?.getattr("__file__")?.extract()?;
     let root = package.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
-    let code = "import sys; sys.path.insert(0, sys.argv[1]); from vfabric._native import _serve_host_agent; \
-                _serve_host_agent()";
+    // The terminal's Ctrl-C reaches the whole process group: the agent stops when rank 0 lets it go, not before.
+    let code = "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.path.insert(0, sys.argv[1]); \
+                from vfabric._native import _serve_host_agent; _serve_host_agent()";
     Ok(HostAgentLaunch::Process { program, args: vec!["-c".into(), code.into(), root.into()] })
 }
 

@@ -6,6 +6,7 @@ a process of its own (or in rank 0's, VFABRIC_HOST_AGENT=thread), and goes with 
 import os
 import pathlib
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -84,6 +85,8 @@ def test_the_agent_process_ends_when_rank_0_is_killed(tmp_path):
         [sys.executable, str(JOBS / "hold_agent.py")], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
+        ready, _, _ = select.select([rank.stdout], [], [], 120)
+        assert ready, "rank 0 said nothing in 120 s"
         line = rank.stdout.readline()
         match = re.fullmatch(r"agent (\d+)\n", line)
         assert match, f"rank 0 said {line!r}"

@@ -180,6 +180,9 @@ impl Default for DeviceSection {
     }
 }
 
+/// The longest `device.copy_deadline_ms`: a day (a stage that takes longer is a device that stopped).
+pub const MAX_COPY_DEADLINE_MS: u64 = 86_400_000;
+
 /// The largest `network.socket_buffer`: the kernel takes an int and doubles it.
 pub const MAX_SOCKET_BUFFER: u64 = 1 << 30;
 
@@ -464,8 +467,11 @@ impl ClusterConfig {
                 )));
             }
         }
-        if self.device.copy_deadline_ms == 0 {
-            return Err(bad("device.copy_deadline_ms is 0: a copy needs some time to finish (default 120000)".into()));
+        if self.device.copy_deadline_ms == 0 || self.device.copy_deadline_ms > MAX_COPY_DEADLINE_MS {
+            return Err(bad(format!(
+                "device.copy_deadline_ms is {}: it must be 1..={MAX_COPY_DEADLINE_MS} (a day; default 120000)",
+                self.device.copy_deadline_ms
+            )));
         }
         if !matches!(self.network.compression, Compression::None | Compression::Lz4) {
             return Err(bad(format!(

@@ -53,6 +53,7 @@ fn bad_configs_are_reported() {
     assert!(bad("[memory]\npage_sise = \"2MiB\"\n").contains("unknown field"));
     assert!(bad("[mover]\nshort_launch_pages = 481\n").contains("mover.short_launch_pages (481)"));
     assert!(bad("[device]\ncopy_deadline_ms = 0\n").contains("device.copy_deadline_ms"));
+    assert!(bad("[device]\ncopy_deadline_ms = 86400001\n").contains("1..=86400000"));
     assert!(bad("[memory]\ngpu_budget = -1\n").contains("cannot be negative"));
     assert!(bad("[memory]\nhost_arena = 1.5\n").contains("whole number"));
     // A packed tier smaller than one of its slots (1,040 KiB of bf16 pages, 520 KiB of fp32 pages).

@@ -82,16 +82,22 @@ pub enum FabricError {
     /// answers, or nodes enough for the replicas asked.
     #[error("unavailable: {0}")]
     Unavailable(String),
-    /// A stage's copies (a GPU's, or the storage tier's) have not finished within `device.copy_deadline_ms`:
-    /// the device or the drive stopped answering. The copies stay in flight, their frames untouched; until
-    /// they finish, the calls that move pages (acquires, writes, frees, hints, migrations, reservations) fail so
-    /// at once, while reads, releases and figures go on. Once they finish the fabric takes them in and goes on.
-    #[error("stalled: {what} has not finished after {waited_s:.1} s (device.copy_deadline_ms); calls that move pages fail until it does")]
+    /// A stage's copies (the mover's transfers, the storage tier's I/O) have not finished within
+    /// `device.copy_deadline_ms`: the device or the drive stopped answering. The copies stay in flight, their
+    /// frames untouched; until they finish, the calls that plan stages (acquires, writes, frees, hints,
+    /// migrations, compaction, reservations) fail so at once, while reads, releases and figures go on. Once
+    /// they finish the fabric takes them in and goes on.
+    #[error(
+        "stalled: {what} has not finished after {waited_s:.1} s (device.copy_deadline_ms = {deadline_ms}); calls \
+         that move pages fail until it does"
+    )]
     Stalled {
         /// The stage: its kind and its batches' pages and devices.
         what: String,
         /// Seconds since its copies started.
         waited_s: f64,
+        /// The deadline it passed.
+        deadline_ms: u64,
     },
     /// A page is leased in a way that excludes this call (written elsewhere, or read while a write is asked).
     #[error("page {page} of region {region} is leased {how}")]

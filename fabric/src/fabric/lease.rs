@@ -5,7 +5,7 @@ use std::sync::Arc;
 use vfabric_allocator::Location;
 use vfabric_transport::{Arena, EngineChoice, PageBatch, PageMove, TransferReport};
 
-use super::node::{lock, Deferred, Inner};
+use super::node::{lock, Inner};
 use crate::directory::{Mode, RegionHandle as Region};
 use crate::error::FabricError;
 
@@ -96,7 +96,12 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
-            lock(&self.inner.state).apply_or_defer(Deferred::Release(self.id));
+            // A release only unpins and counts versions: it never conflicts with a parked stage, so it applies
+            // at once even then (its pages are readable again, as the caller expects).
+            let r = lock(&self.inner.state).dir.release(self.id);
+            if let Err(e) = r {
+                tracing::warn!(lease = self.id, error = %e, "releasing a dropped lease failed");
+            }
         }
     }
 }

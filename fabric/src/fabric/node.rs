@@ -36,30 +36,21 @@ pub(crate) struct State {
 
 /// A change to the directory kept while a stage is parked, applied once none is.
 pub(crate) enum Deferred {
-    /// A lease let go.
-    Release(u64),
-    /// A reservation given back.
+    /// A reservation given back (an aborted stage gives frames back to its reservation).
     Unreserve(u64),
+    /// A region freed for a caller that has gone (a local client that left).
+    Free(crate::directory::RegionHandle),
 }
 
 impl State {
-    /// Applies a directory change now, or keeps it for later while a stage is parked (`stalled.rs`).
-    pub(crate) fn apply_or_defer(&mut self, d: Deferred) {
-        if self.parked.is_empty() {
-            self.apply(d);
-        } else {
-            self.deferred.push(d);
+    /// Gives a reservation back now, or once no stage is parked (`stalled.rs`); a failure is logged (its holder
+    /// has gone).
+    pub(crate) fn unreserve_or_defer(&mut self, id: u64) {
+        if !self.parked.is_empty() {
+            return self.deferred.push(Deferred::Unreserve(id));
         }
-    }
-
-    /// Applies a directory change; a failure is logged (the caller has gone: a dropped lease or reservation).
-    pub(crate) fn apply(&mut self, d: Deferred) {
-        let (what, id, r) = match d {
-            Deferred::Release(id) => ("releasing a dropped lease", id, self.dir.release(id)),
-            Deferred::Unreserve(id) => ("giving back a reservation", id, self.dir.unreserve(id)),
-        };
-        if let Err(e) = r {
-            tracing::warn!(id, error = %e, "{what} failed");
+        if let Err(e) = self.dir.unreserve(id) {
+            tracing::warn!(id, error = %e, "giving back a reservation failed");
         }
     }
 }
@@ -73,10 +64,17 @@ pub(crate) struct InFlight {
 
 impl Drop for State {
     fn drop(&mut self) {
-        // A parked stage's copies may never finish, and dropping them waits for them: they are left running,
-        // with the arenas they hold (a device that stopped answering keeps its memory until the process ends).
+        // A parked stage's copies may never finish, and dropping them waits for them: those still running are
+        // left so, with the arenas they hold (a device that stopped answering keeps its memory until the process
+        // ends); those that finished go, and their arenas with them.
         for p in self.parked.drain(..) {
-            std::mem::forget(p.copies);
+            for mut c in p.copies {
+                if c.is_complete() {
+                    drop(c);
+                } else {
+                    std::mem::forget(c);
+                }
+            }
         }
         // Those in flight get their deadline too before being left the same way.
         for p in self.prefetch.drain(..) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use vfabric_allocator::{Location, TenantId, Tier};
 
-use super::node::{lock, Deferred, Inner};
+use super::node::{lock, Inner};
 use super::Fabric;
 use crate::directory::ReservationInfo;
 use crate::error::FabricError;
@@ -44,7 +44,7 @@ impl std::fmt::Debug for Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        lock(&self.inner.state).apply_or_defer(Deferred::Unreserve(self.id));
+        lock(&self.inner.state).unreserve_or_defer(self.id);
     }
 }
 

@@ -27,7 +27,7 @@ impl Fabric {
         // The callers check at their start (`Fabric::state`); a stage parked inside this call (packing arrivals
         // after it, say) must stop the ones after it too.
         if let Some(p) = st.parked.first() {
-            return Err(stalled::stalled(&p.stage, p.started));
+            return Err(stalled::stalled(&p.stage, p.started, st.copy_deadline));
         }
         // Each stage frees, moves or fills at least one frame; a bound only guards against a directory bug.
         for _ in 0..1_000_000 {
@@ -141,7 +141,8 @@ impl Fabric {
             }
             Err(e) => {
                 let e = copying::naming_stored_page(&st.dir, e);
-                tracing::warn!(error = %e, pages = p.stage.pages(), "a prefetch failed; its pages stay where they were");
+                let kind = p.stage.kind;
+                tracing::warn!(error = %e, ?kind, pages = p.stage.pages(), "a stage's copies failed after its call; its pages stay where they were");
                 st.dir.abort(p.stage);
             }
         }
@@ -295,6 +296,10 @@ impl Fabric {
     /// between its stages, so that making room never evicts what the call is bringing up. A failure only leaves
     /// pages where they are.
     pub(super) fn pack_arrivals(&self, st: &mut State) {
+        // Packing changes the directory: not while a stage is parked (the frames wait for a later call).
+        if !st.parked.is_empty() {
+            return;
+        }
         let frames = std::mem::take(&mut st.arrived);
         let mut pages: Vec<compressed::Packing> = frames
             .into_iter()
@@ -337,6 +342,10 @@ impl Fabric {
                         None => continue,
                     },
                     Ok(false) => continue,
+                    // Making room parked its stage: nothing more changes the directory until it lands.
+                    Err(e @ FabricError::Stalled { .. }) => {
+                        return tracing::warn!(error = %e, "packing for the compressed tier stops");
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "making room in the compressed tier failed");
                         continue;

@@ -8,11 +8,11 @@
 //! failed) as they would have in the call, the kept releases apply, and the fabric goes on.
 
 use std::sync::MutexGuard;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::copying::{self, Copying};
-use super::node::{lock, InFlight, State};
-use super::Fabric;
+use super::node::{lock, Deferred, InFlight, State};
+use super::{Fabric, Region};
 use crate::directory::Stage;
 use crate::error::FabricError;
 
@@ -27,7 +27,7 @@ impl Fabric {
 
     /// Commits (or aborts) every parked stage whose copies have all finished; once none is left, applies the
     /// changes kept meanwhile. The error for the oldest stage still parked.
-    fn unpark(&self, st: &mut State) -> Result<(), FabricError> {
+    pub(super) fn unpark(&self, st: &mut State) -> Result<(), FabricError> {
         if st.parked.is_empty() {
             return Ok(());
         }
@@ -46,10 +46,10 @@ impl Fabric {
             self.settle_flight(st, p);
         }
         match st.parked.first() {
-            Some(p) => Err(stalled(&p.stage, p.started)),
+            Some(p) => Err(stalled(&p.stage, p.started, st.copy_deadline)),
             None => {
                 for d in std::mem::take(&mut st.deferred) {
-                    st.apply(d);
+                    self.apply(st, d);
                 }
                 Ok(())
             }
@@ -70,23 +70,48 @@ impl Fabric {
         Err(self.park(st, InFlight { stage, copies, started }))
     }
 
+    /// Frees a region for a caller that has gone (a local client that left): now, or once no stage is parked.
+    pub(crate) fn free_or_defer(&self, region: &Region) -> Result<(), FabricError> {
+        let mut st = lock(&self.inner.state);
+        if self.unpark(&mut st).is_err() {
+            st.deferred.push(Deferred::Free(*region));
+            return Ok(());
+        }
+        drop(st);
+        self.free(region)
+    }
+
+    /// Applies a change kept while a stage was parked; a failure is logged (its caller has gone).
+    fn apply(&self, st: &mut State, d: Deferred) {
+        match d {
+            Deferred::Unreserve(id) => st.unreserve_or_defer(id),
+            Deferred::Free(region) => {
+                if let Err(e) = self.drive(st, |dir| dir.free(&region)) {
+                    tracing::warn!(%region, error = %e, "freeing a departed client's region failed");
+                }
+                st.probes.forget(region.slot);
+            }
+        }
+    }
+
     /// The error calls that plan stages fail with now, if a stage is parked (for the figures).
     pub(super) fn stalled_now(&self, st: &State) -> Option<String> {
-        st.parked.first().map(|p| stalled(&p.stage, p.started).to_string())
+        st.parked.first().map(|p| stalled(&p.stage, p.started, st.copy_deadline).to_string())
     }
 
     /// Parks a stage whose copies passed their deadline; the error naming it.
     pub(super) fn park(&self, st: &mut State, flight: InFlight) -> FabricError {
-        let e = stalled(&flight.stage, flight.started);
+        let e = stalled(&flight.stage, flight.started, st.copy_deadline);
         tracing::error!(error = %e, "a stage's copies passed their deadline: the device or the drive is not answering");
         st.parked.push(flight);
         e
     }
 }
 
-/// The error for a stage whose copies started at `started`.
-pub(crate) fn stalled(stage: &Stage, started: Instant) -> FabricError {
-    FabricError::Stalled { what: describe(stage), waited_s: started.elapsed().as_secs_f64() }
+/// The error for a stage whose copies started at `started` and passed `deadline`.
+pub(crate) fn stalled(stage: &Stage, started: Instant, deadline: Duration) -> FabricError {
+    let (what, waited_s) = (describe(stage), started.elapsed().as_secs_f64());
+    FabricError::Stalled { what, waited_s, deadline_ms: deadline.as_millis() as u64 }
 }
 
 /// A stage as an error names it: its kind and each batch's pages and devices.
@@ -114,12 +139,13 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// An emulated node whose host link moves 2 MiB a second, and whose copies have 200 ms: a fetch of 8 MiB
-    /// to a GPU takes 4 s, so it passes its deadline whatever the machine's load (a sleep paces it).
+    /// An emulated node whose host link moves 1 MiB a second, and whose copies have 200 ms: a fetch of 8 MiB
+    /// to a GPU takes 8 s, so it passes its deadline whatever the machine's load (a sleep paces it), and the
+    /// checks made while it is parked have seconds to spare.
     fn slow_link() -> Fabric {
         let mut c = ClusterConfig::embedded_local();
         c.device.backend = Backend::Emulated;
-        c.device.emulated_host_link = ByteSize(2 * MIB);
+        c.device.emulated_host_link = ByteSize(MIB);
         c.device.copy_deadline_ms = 200;
         c.memory.gpu_budget = Some(ByteSize(32 * MIB));
         c.memory.host_arena = ByteSize(128 * MIB);
@@ -148,9 +174,9 @@ mod tests {
         (other, held)
     }
 
-    /// While `r`'s fetch is parked: other calls that plan stages fail at once, reads and allocations go on, and a
-    /// lease dropped meanwhile (`held`, on `other`) is let go once the copies finish; then the fetch's pages
-    /// are on the GPU, whole.
+    /// While `r`'s fetch is parked: other calls that plan stages fail at once, reads and allocations go on, a
+    /// lease dropped meanwhile (`held`, on `other`) is let go, and a departed client's free of `other` waits
+    /// for the copies; then the fetch's pages are on the GPU, whole, and `other` is gone.
     fn stalled_then_recovered(f: &Fabric, r: &Region, len: u64, kind: &str, (other, held): (Region, Lease)) {
         let t = Instant::now();
         let e = f.write(&other, 0, &[1; 16]).expect_err("a write while the fetch is parked");
@@ -167,6 +193,8 @@ mod tests {
         drop(held);
         let e = f.free(&other).expect_err("a free while parked");
         assert!(is_stalled(&e, kind), "{e}");
+        // A departed client's region: kept for later, freed once the copies land.
+        f.free_or_defer(&other).expect("kept for later");
         let deadline = Instant::now() + Duration::from_secs(60);
         let lease = loop {
             match f.acquire(r, 0..len, Location::Gpu(0), Mode::Read) {
@@ -187,7 +215,8 @@ mod tests {
             f.read_copy(r, at, Location::Gpu(0), &mut got).expect("the GPU's copy");
             assert!(got[..] == pattern(1, len)[at as usize..(at + 2 * MIB) as usize], "page {page} on the GPU");
         }
-        f.free(&other).expect("the lease dropped while parked was let go");
+        let e = f.free(&other).expect_err("freed when the fabric went on, its lease let go before");
+        assert!(matches!(e, FabricError::DoubleFree(_) | FabricError::UseAfterFree(_)), "{e}");
     }
 
     #[test]
@@ -196,9 +225,10 @@ mod tests {
         let r = in_host(&f, 8 * MIB, 1);
         let other = other_held(&f);
         let t = Instant::now();
-        let e = f.acquire(&r, 0..8 * MIB, Location::Gpu(0), Mode::Read).expect_err("4 s of copies, 200 ms given");
+        let e = f.acquire(&r, 0..8 * MIB, Location::Gpu(0), Mode::Read).expect_err("8 s of copies, 200 ms given");
         assert!(is_stalled(&e, "fetch"), "{e}");
-        assert!(t.elapsed() < Duration::from_secs(4), "failed at its deadline, not once the copy landed");
+        assert!(t.elapsed() < Duration::from_secs(8), "failed at its deadline, not once the copy landed");
+        assert!(e.to_string().contains("(device.copy_deadline_ms = 200)"), "{e}");
         stalled_then_recovered(&f, &r, 8 * MIB, "fetch", other);
     }
 

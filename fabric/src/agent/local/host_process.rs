@@ -3,11 +3,12 @@
 //! context of its own: the rank's device-wide waits (`torch.cuda.synchronize()`, a context synchronisation) never
 //! wait for the copies it runs for the other ranks, nor its copies for the rank's kernels.
 //!
-//! The child serves with [`serve_host_agent`] until its standard input reaches its end: when rank 0 lets it
-//! go, or when rank 0 dies and the kernel closes the pipe, so the agent never outlives its job.
+//! The child serves with [`serve_host_agent`] until rank 0 lets it go (a byte on its standard input, or the
+//! pipe's end), or rank 0 is gone (the child's parent changes: a process rank 0 forked may still hold the pipe),
+//! so the agent never outlives its job.
 
 use std::ffi::OsString;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -76,9 +77,15 @@ impl HostAgentProcess {
         // Dropped on a failure below too: the child then sees its input end and stops.
         let mut agent = HostAgentProcess { stdin: child.stdin.take(), child, socket: socket.to_path_buf() };
         let start = Instant::now();
-        while !answers(socket) {
-            if let Some(status) = agent.child.try_wait().map_err(|e| failed(format!("cannot watch it: {e}")))? {
+        // Its exit checked after the socket answers too: another agent may have taken the socket first.
+        let mut ended = || agent.child.try_wait().map_err(|e| failed(format!("cannot watch it: {e}")));
+        loop {
+            let serving = answers(socket);
+            if let Some(status) = ended()? {
                 return Err(failed(format!("it ended ({status}) before it served at {}", socket.display())).into());
+            }
+            if serving {
+                break;
             }
             if start.elapsed() > wait {
                 return Err(failed(format!(
@@ -96,8 +103,10 @@ impl HostAgentProcess {
 
 impl Drop for HostAgentProcess {
     fn drop(&mut self) {
-        // Its standard input ends: it stops serving, removes its socket and exits.
-        drop(self.stdin.take());
+        // A byte, then the pipe's end: it stops serving, removes its socket and exits.
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"\n");
+        }
         let start = Instant::now();
         loop {
             match self.child.try_wait() {
@@ -115,16 +124,32 @@ impl Drop for HostAgentProcess {
 
 /// Serves this host's ranks as the agent process their local rank 0 started: at the socket in
 /// [`HOST_AGENT_SOCKET`], with the configuration the rank would use (`VFABRIC_CONFIG`, else the embedded one),
-/// until standard input reaches its end. Returns once the agent has stopped and its socket is gone.
+/// until a byte or the end arrives on standard input, or this process's parent changes (rank 0 is gone).
+/// Returns once the agent has stopped and its socket is gone.
 pub fn serve_host_agent() -> Result<(), FabricError> {
     let socket = std::env::var_os(HOST_AGENT_SOCKET)
         .map(PathBuf::from)
         .ok_or(LaunchError::Unset { var: HOST_AGENT_SOCKET, what: "the socket the host's agent serves" })?;
+    let parent = std::os::unix::process::parent_id();
     let agent = HostAgent::start(&job_config(None)?, &socket)?;
-    // Nothing is ever written: the read ends when the rank closes the pipe or dies. An error ends it too.
-    let mut sink = [0u8; 64];
-    let mut stdin = std::io::stdin().lock();
-    while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+    let (told, stop) = std::sync::mpsc::channel::<()>();
+    // The read ends with the rank's byte, the pipe's end, or an error (a signal's interruption is retried).
+    let reader = move || {
+        let mut byte = [0u8; 1];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut byte), Err(ref e) if e.kind() == std::io::ErrorKind::Interrupted) {}
+        let _ = told.send(());
+    };
+    std::thread::Builder::new()
+        .name("vfabric-host-agent-stop".into())
+        .spawn(reader)
+        .map_err(|e| LaunchError::AgentProcess { command: "serve_host_agent".into(), why: format!("a thread: {e}") })?;
+    loop {
+        match stop.recv_timeout(Duration::from_secs(1)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if std::os::unix::process::parent_id() == parent => {}
+            _ => break,
+        }
+    }
     drop(agent);
     Ok(())
 }

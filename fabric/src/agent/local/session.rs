@@ -195,6 +195,12 @@ impl Agent {
         for region in session.owned {
             match self.free(&region).await {
                 Ok(()) | Err(FabricError::UseAfterFree(_)) | Err(FabricError::DoubleFree(_)) => {}
+                // This node's copies are stalled: the region goes once they land (nobody is left to retry).
+                Err(FabricError::Stalled { .. }) if self.is_me(region.addr.node().0) => {
+                    if let Err(e) = self.fabric().free_or_defer(&region) {
+                        tracing::warn!(error = %e, "freeing a departed local client's region failed");
+                    }
+                }
                 Err(e) => tracing::warn!(error = %e, "freeing a departed local client's region failed"),
             }
         }

@@ -472,3 +472,20 @@ impl Drop for CudaPending {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The short kernel's lists are as long as the mover fills them: the committed PTX, built from
+    /// `page_copy.cu`, takes both lists as one parameter of `2 x SHORT_PAGES` u32s after the other five.
+    #[test]
+    fn the_short_kernels_lists_match_its_ptx() {
+        let lists = std::mem::size_of::<ShortLists>();
+        assert_eq!(lists, 2 * SHORT_PAGES * std::mem::size_of::<u32>());
+        let param = format!(".param .align 4 .b8 {PAGE_COPY_SHORT_KERNEL}_param_5[{lists}]");
+        assert!(PAGE_COPY_PTX.contains(&param), "page_copy.ptx has no {param}");
+        // The whole launch within the 4 KiB every CUDA version takes: three pointers or counts, two u32s.
+        assert!(3 * 8 + 2 * 4 + lists <= 4096);
+    }
+}
