@@ -59,20 +59,14 @@ impl Fabric {
     fn carry_out(&self, st: &mut State, stage: Stage) -> Result<(), FabricError> {
         let (t, kind) = (Instant::now(), stage.kind);
         let done = match self.start(&st.dir, &stage) {
-            Ok(copies) => match self.wait_or_park(st, stage, copies, t) {
-                Ok((stage, copies)) => {
-                    let done = self.finish(&stage, copies);
-                    (stage, done)
-                }
-                Err(e) => {
-                    self.inner.stalls.stage(kind, t.elapsed());
-                    return Err(e);
-                }
-            },
-            Err(e) => (stage, Err(e)),
+            Ok(copies) => self.wait_or_park(st, stage, copies, t).map(|(stage, copies)| {
+                let done = self.finish(&stage, copies);
+                (stage, done)
+            }),
+            Err(e) => Ok((stage, Err(e))),
         };
         self.inner.stalls.stage(kind, t.elapsed());
-        match done {
+        match done? {
             (stage, Ok(())) => {
                 st.arrived.extend(arrivals(&stage));
                 st.dir.commit(stage);

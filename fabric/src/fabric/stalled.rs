@@ -81,10 +81,12 @@ impl Fabric {
         self.free(region)
     }
 
-    /// Applies a change kept while a stage was parked; a failure is logged (its caller has gone).
+    /// Applies a change kept while a stage was parked (kept again if one before it parked a stage of its
+    /// own); a failure is logged (its caller has gone).
     fn apply(&self, st: &mut State, d: Deferred) {
         match d {
             Deferred::Unreserve(id) => st.unreserve_or_defer(id),
+            Deferred::Free(region) if !st.parked.is_empty() => st.deferred.push(Deferred::Free(region)),
             Deferred::Free(region) => {
                 if let Err(e) = self.drive(st, |dir| dir.free(&region)) {
                     tracing::warn!(%region, error = %e, "freeing a departed client's region failed");
