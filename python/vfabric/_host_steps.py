@@ -13,12 +13,23 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from vfabric.stream_layout import ITEMSIZE, AdamW, Array, LayerLayout, Ops, Piece
+from vfabric.stream_layout import ITEMSIZE, AdamW, Array, LayerLayout, Ops
 
 Key = Tuple[str, int]
 """One lease of a layer: its region's role ("weights", "states", "grads") and the part of it."""
+
+
+class StepJob(NamedTuple):
+    """One optimizer step of a layer, per parameter (by its index in the layer's specs)."""
+
+    hypers: List[Optional[AdamW]]
+    """Its hyperparameters; None: not stepped (frozen, or no gradient this step)."""
+    steps: List[int]
+    """The step it takes, counting from 1."""
+    scales: List[Any]
+    """A factor on its gradient first (gradient clipping's, a loss scale's inverse), or None."""
 
 
 class HostSteps:
@@ -36,7 +47,7 @@ class HostSteps:
     _host_queue: Any
     _host_thread: Any
 
-    def _step_on_host(self, i: int, grads: Any) -> None:
+    def _step_on_host(self, i: int, grads: Any, job: StepJob) -> None:
         """The CPU's worker: layer `i`'s AdamW step over host leases of its gradient sums (region `grads`, freed
         after), its states and its compute copy (whose write lease there drops the device's old copy)."""
         layer = self._layers[i]
@@ -58,12 +69,14 @@ class HostSteps:
                 for k, piece in enumerate(lay.pieces):
                     for at in range(0, piece.numel, self.host_chunk):
                         n = min(self.host_chunk, piece.numel - at)
-                        adamw_part(ops, flats, piece, k, at, n, layer.steps, self.optimizer)
+                        adamw_range(ops, lay, flats[("states", k)], flats[("grads", k)], piece.start, k,
+                                    piece.start + at, n, job)
                         copy_compute_part(ops, lay, flats, k, piece.start + at, n)
                 t = _lap(busy, "adamw", t)
             else:
                 for k, piece in enumerate(lay.pieces):
-                    adamw_part(ops, flats, piece, k, 0, piece.numel, layer.steps, self.optimizer)
+                    adamw_range(ops, lay, flats[("states", k)], flats[("grads", k)], piece.start, k, piece.start,
+                                piece.numel, job)
                 t = _lap(busy, "adamw", t)
                 copy_compute(ops, lay, flats)
                 t = _lap(busy, "compute_copy", t)
@@ -92,9 +105,8 @@ class HostSteps:
                 return
             self._step_on_host(*job)
 
-    def _queue_host_step(self, i: int) -> None:
+    def _queue_host_step(self, i: int, job: StepJob) -> None:
         layer = self._layers[i]
-        layer.steps += 1
         layer.accumulated = 0
         grads, layer.grads = layer.grads, None  # the step frees them
         if self._host_thread is None:
@@ -105,7 +117,7 @@ class HostSteps:
             # stop it first (the stream itself may be collected before: the hook then does nothing).
             atexit.register(_stop_at_exit, weakref.ref(self))
         assert self._host_queue is not None
-        self._host_queue.put((i, grads))
+        self._host_queue.put((i, grads, job))
 
     def _stop_worker(self) -> None:
         if self._host_thread is not None and self._host_queue is not None:
@@ -153,11 +165,30 @@ def copy_compute_part(ops: Ops, lay: LayerLayout, flats: Mapping[Key, Array], k:
         ops.copy(dst, src)
 
 
-def adamw_part(ops: Ops, flats: Mapping[Key, Array], piece: Piece, k: int, at: int, n: int, step: int, opt: AdamW) -> None:
-    """AdamW on elements `at .. at + n` of piece `k` (its master weights, moments and gradient sums, leased on
-    the host: `("states", k)`, `("grads", k)`)."""
-    p, m, v = (ops.view(flats[("states", k)], 4 * (piece.numel * w + at), "float32", (n,)) for w in range(3))
-    ops.adamw(p, ops.view(flats[("grads", k)], 4 * at, "float32", (n,)), m, v, step, opt)
+def adamw_range(ops: Ops, lay: LayerLayout, states: Array, grads: Array, grad_base: int, k: int, start: int, n: int,
+                job: StepJob) -> None:
+    """AdamW on elements `start .. start + n` of the flat array, which lie in piece `k`: its master weights and
+    moments in `states` (the piece's states, as bytes), the gradients in `grads` (bytes; element e at byte
+    4 * (e - grad_base)). Each parameter at its own step and with its own hyperparameters (`job`): one call of
+    the ops per set of hyperparameters."""
+    piece = lay.pieces[k]
+    calls: Dict[int, Tuple[AdamW, List[Array], List[Array], List[Array], List[Array], List[int]]] = {}
+    for j, first, count in lay.covering(start, n):
+        hyper = job.hypers[j]
+        if hyper is None:
+            continue
+        e = lay.flat[j] + first
+        at = e - piece.start
+        g = ops.view(grads, 4 * (e - grad_base), "float32", (count,))
+        if job.scales[j] is not None:
+            ops.scale(g, job.scales[j])
+        call = calls.setdefault(id(hyper), (hyper, [], [], [], [], []))
+        for lst, w in ((call[1], 0), (call[3], 1), (call[4], 2)):
+            lst.append(ops.view(states, 4 * (piece.numel * w + at), "float32", (count,)))
+        call[2].append(g)
+        call[5].append(job.steps[j])
+    for hyper, ps, gs, ms, vs, steps in calls.values():
+        ops.adamw(ps, gs, ms, vs, steps, hyper)
 
 
 def _stop_at_exit(ref: "weakref.ref[HostSteps]") -> None:

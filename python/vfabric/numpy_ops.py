@@ -8,9 +8,15 @@ from vfabric.stream_layout import AdamW
 
 
 def adamw(p, g, m, v, step: int, opt: AdamW) -> None:
-    """AdamW as torch.optim.AdamW computes it, in place, in fp32."""
+    """AdamW as torch.optim.AdamW computes it (Adam with L2 decay when `opt.decoupled` is false, as
+    torch.optim.Adam), in place, in fp32."""
     b1, b2 = opt.betas
-    p *= np.float32(1 - opt.lr * opt.weight_decay)
+    if opt.maximize:
+        g = -g
+    if opt.decoupled:
+        p *= np.float32(1 - opt.lr * opt.weight_decay)
+    elif opt.weight_decay:
+        g = g + np.float32(opt.weight_decay) * p
     m *= np.float32(b1)
     m += np.float32(1 - b1) * g
     v *= np.float32(b2)
@@ -46,8 +52,20 @@ class NumpyOps:
     def add(self, dst, src) -> None:
         dst += src
 
-    def adamw(self, p, g, m, v, step: int, opt: AdamW) -> None:
-        adamw(p, g, m, v, step, opt)
+    def adamw(self, ps, gs, ms, vs, steps, opt: AdamW) -> None:
+        for p, g, m, v, step in zip(ps, gs, ms, vs, steps):
+            adamw(p, g, m, v, step, opt)
+
+    def scale(self, dst, factor) -> None:
+        dst *= np.float32(factor)
+
+    def zero(self, dst) -> None:
+        dst[...] = 0
+
+    def norms(self, arrays):
+        l2 = [np.sqrt(np.sum(np.square(a, dtype=np.float64))).astype(np.float32).reshape(1) for a in arrays]
+        linf = [np.max(np.abs(a)).reshape(1) if a.size else np.zeros(1, np.float32) for a in arrays]
+        return l2, linf
 
     def event(self) -> Done:
         return Done()

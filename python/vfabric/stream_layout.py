@@ -6,9 +6,13 @@ often not there on a device busy with other layers, and making one costs copies)
 
 - the **compute copy**: each matrix parameter in a part of its own, the vectors packed together in the last one
   (512-byte aligned), in the dtype the layer computes in;
-- the **optimizer states**: the layer's parameters as one flat fp32 array cut into pieces of at most
-  `piece_bytes` of state; piece k holds its master weights, first moments and second moments back to back;
-- the **gradient sums** (fp32, for accumulation and for steps on the CPU), cut into the same pieces.
+- the **optimizer states**: the layer's trainable parameters as one flat fp32 array cut into pieces of at
+  most `piece_bytes` of state; piece k holds its master weights, first moments and second moments back to back;
+- the **gradient sums** (fp32, for accumulation, for steps on the CPU and for steps the optimizer takes after
+  the backward pass), cut into the same pieces.
+
+A frozen parameter (`ParamSpec.trainable` false) has only its compute copy, in its own dtype: it is read,
+never stepped, and takes no optimizer state.
 """
 
 import math
@@ -29,11 +33,13 @@ PIECE_BYTES = 96 << 20
 
 
 class ParamSpec(NamedTuple):
-    """One parameter of a layer: its name in the layer (`"attn.qkv.weight"`), shape, and compute dtype."""
+    """One parameter of a layer: its name in the layer (`"attn.qkv.weight"`), shape, compute dtype, and whether
+    an optimizer steps it (a frozen one is only read)."""
 
     name: str
     shape: Tuple[int, ...]
     dtype: str
+    trainable: bool = True
 
     @property
     def numel(self) -> int:
@@ -67,13 +73,16 @@ class LayerLayout:
             if s.dtype not in ITEMSIZE:
                 raise ValueError(f"{s.name}: compute dtype {s.dtype!r} is not one of {sorted(ITEMSIZE)}")
         self.page_size = page_size
-        self.numel = sum(s.numel for s in self.specs)
+        self.trainable = [j for j, s in enumerate(self.specs) if s.trainable]
+        """The parameters an optimizer steps, in order."""
+        self.numel = sum(self.specs[j].numel for j in self.trainable)
+        """Elements of the trainable parameters: the flat array's length."""
         self.flat: List[int] = []
-        """Each parameter's first element in the flat array."""
+        """Each parameter's first element in the flat array (-1: frozen, not in it)."""
         n = 0
         for s in self.specs:
-            self.flat.append(n)
-            n += s.numel
+            self.flat.append(n if s.trainable else -1)
+            n += s.numel if s.trainable else 0
         # The compute copy: matrices a part each, then the vectors in one.
         self.compute: List[Tuple[int, int]] = [(0, 0)] * len(self.specs)
         """Each parameter's part in the compute copy and its byte offset in that part."""
@@ -120,6 +129,8 @@ class LayerLayout:
         in it, elements), in order."""
         out = []
         for i, (s, first) in enumerate(zip(self.specs, self.flat)):
+            if first < 0:
+                continue
             lo, hi = max(start, first), min(start + n, first + s.numel)
             if lo < hi:
                 out.append((i, lo - first, hi - lo))
@@ -132,12 +143,15 @@ def _round_up(n: int, to: int) -> int:
 
 @dataclass(frozen=True)
 class AdamW:
-    """The optimizer the stream runs on each layer: AdamW with decoupled weight decay, as `torch.optim.AdamW`."""
+    """The optimizer the stream runs on each parameter: AdamW with decoupled weight decay, as `torch.optim.AdamW`
+    (`decoupled` false: Adam with L2 weight decay, as `torch.optim.Adam`; `maximize`: ascend, as theirs)."""
 
     lr: float = 1e-3
     betas: Tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
+    decoupled: bool = True
+    maximize: bool = False
 
 
 class Event(Protocol):
@@ -165,8 +179,20 @@ class Ops(Protocol):
     def add(self, dst: Array, src: Array) -> None:
         """`dst += src`."""
 
-    def adamw(self, p: Array, g: Array, m: Array, v: Array, step: int, opt: AdamW) -> None:
-        """One AdamW step in place on fp32 arrays, `step` counting from 1."""
+    def adamw(self, p: Sequence[Array], g: Sequence[Array], m: Sequence[Array], v: Sequence[Array],
+              steps: Sequence[int], opt: AdamW) -> None:
+        """One AdamW step in place on lists of fp32 arrays (parameters, gradients, moments), each array at its own
+        step (counting from 1), all with the same hyperparameters."""
+
+    def scale(self, dst: Array, factor: Any) -> None:
+        """`dst *= factor`, where `factor` is a number or a one-element array (of any device)."""
+
+    def zero(self, dst: Array) -> None:
+        """`dst[...] = 0`."""
+
+    def norms(self, arrays: Sequence[Array]) -> Tuple[List[Array], List[Array]]:
+        """The 2-norm and the largest absolute value of each array, as one-element arrays (no wait for the
+        device)."""
 
     def event(self) -> Optional[Event]:
         """An event recorded now on the device's queue."""

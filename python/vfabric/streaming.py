@@ -25,6 +25,15 @@ back to host memory while the next layers compute: evicting them later is then a
 With gradient accumulation (`accumulating = True` for every micro-batch of a step but the last), each layer's
 gradients add up in its gradient sums instead, and the step runs in the last micro-batch's backward.
 
+That is the schedule `step_at="backward"`. It cannot clip by the global norm of all gradients, skip a step
+whose loss scale overflowed, or take hyperparameters set after the backward pass: each layer has moved before
+the last gradient exists. With `step_at="optimizer"` every backward pass adds each layer's gradients to its
+gradient sums (which go to host memory), with each parameter's norms beside them, and nothing steps until
+the caller asks (`request_step`, from the training loop's optimizer step, with each parameter's
+hyperparameters and gradient factor of that moment). A layer stepped on the device then takes its step just
+before its next forward pass, its states prefetched with its weights; one stepped on the CPU takes it at once,
+on the worker, while the forward pass runs the layers before it.
+
 A layer may take its optimizer step on the CPU instead (`add_layer(..., on_host=True)`): its states never leave
 host memory; its backward writes its gradient sums, which go to host memory, and a worker thread runs AdamW
 there over host leases and writes the new compute copy there (the fabric's coherence drops the device's old
@@ -47,75 +56,15 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from vfabric._host_steps import HostSteps, Key, copy_compute
+from vfabric import _stream_states
+from vfabric._host_steps import HostSteps, StepJob, adamw_range, copy_compute
+from vfabric._stream_parts import STEP_AT, Reduction, _Grads, _Layer, _Pending, combine_norms
 from vfabric.balance import HostShare
-from vfabric.stream_layout import PIECE_BYTES, AdamW, Array, Event, LayerLayout, Ops, ParamSpec, Part
+from vfabric.stream_layout import PIECE_BYTES, AdamW, Array, LayerLayout, Ops, ParamSpec
 
-__all__ = ["AdamW", "LayerLayout", "LayerStream", "Ops", "ParamSpec", "Reduction"]
-
-
-
-class _Layer:
-    def __init__(self, layout: LayerLayout, weights: Any, states: Any, on_host: bool):
-        self.layout = layout
-        self.weights = weights
-        self.states = states
-        self.on_host = on_host
-        """Whether its optimizer step runs on the CPU (its states stay in host memory)."""
-        self.grads: Optional[Any] = None
-        self.steps = 0
-        self.accumulated = 0
-        """Micro-batches whose gradients the gradient sums hold."""
-        self.leases: Dict[Key, Any] = {}
-        self.flats: Dict[Key, Array] = {}
-        """The uint8 arrays over the held leases (dropped before the leases are released)."""
-        self.host_step = threading.Event()
-        """Set while no step of it is pending on the CPU."""
-        self.host_step.set()
-        self.host_error: Optional[BaseException] = None
-
-    def region(self, role: str) -> Any:
-        return {"weights": self.weights, "states": self.states, "grads": self.grads}[role]
-
-    def parts(self, role: str) -> List[Part]:
-        lay = self.layout
-        if role == "weights":
-            return lay.parts
-        part = lay.state_part if role == "states" else lay.grad_part
-        return [part(k) for k in range(len(lay.pieces))]
-
-
-class Reduction(Protocol):
-    """A reduction of a layer's gradients under way, as `grad_reduce` may return it (`torch.distributed`'s
-    all-reduce with `async_op=True`, then the division by the ranks)."""
-
-    def wait(self) -> None:
-        """Returns once the gradients are final: work queued on the device after this call sees them."""
-
-
-class _Grads(NamedTuple):
-    """A layer's gradients of one backward pass, in a work buffer (`slot`), and what is left to do with them."""
-
-    layer: int
-    slot: int
-    flat: Array
-    reduction: Optional[Reduction]
-    """None: final now; else final once it is waited for."""
-    step: bool
-    """Whether this pass takes the layer's optimizer step."""
-    to_sums: bool
-    """Whether they go to the gradient sums (added up for a later step, or for the CPU's step)."""
-
-
-class _Pending(NamedTuple):
-    layer: int
-    event: Optional[Event]
-    write_back: List[str]
-    free: List[Any]
-    host_step: bool
-
+__all__ = ["AdamW", "LayerLayout", "LayerStream", "Ops", "ParamSpec", "Reduction", "StepJob"]
 
 class LayerStream(HostSteps):
     """Streams layers' state through `device` of `fabric` (see the module's docs).
@@ -138,7 +87,18 @@ class LayerStream(HostSteps):
         piece_bytes: int = PIECE_BYTES,
         host_chunk: int = 0,
         grad_reduce: Optional[Callable[[Array], Optional[Reduction]]] = None,
+        step_at: str = "backward",
+        hyper: Optional[Callable[[int, int], Optional[AdamW]]] = None,
     ):
+        if step_at not in STEP_AT:
+            raise ValueError(f"step_at must be one of {STEP_AT}, not {step_at!r}")
+        if step_at == "optimizer" and grad_reduce is not None:
+            raise ValueError("data parallelism's reductions run in the backward pass: it needs step_at=\"backward\"")
+        self.step_at = step_at
+        """When layers step: "backward" (inside the backward pass) or "optimizer" (`request_step`)."""
+        self.hyper = hyper
+        """`step_at="backward"`: parameter j of layer i's hyperparameters at its step (`hyper(i, j)`; None: not
+        stepped); unset, `optimizer` for every trainable parameter."""
         self.fabric = fabric
         self.device = device
         self.ops = ops
@@ -205,8 +165,10 @@ class LayerStream(HostSteps):
             raise ValueError("a layer stepped on the host needs the stream's host_ops")
         layout = LayerLayout(specs, self.fabric.page_size, self.piece_bytes)
         weights = self.fabric.alloc(layout.compute_bytes, device=self.device, priority="high")
+        states = None
         try:
-            states = self.fabric.alloc(layout.state_bytes, device="host" if on_host else self.device, priority="low")
+            if layout.state_bytes:  # none for a layer of frozen parameters
+                states = self.fabric.alloc(layout.state_bytes, device="host" if on_host else self.device, priority="low")
         except BaseException:
             self.fabric.free(weights)
             raise
@@ -222,6 +184,10 @@ class LayerStream(HostSteps):
             for j, first, n in layout.overlaps(k):
                 ops.copy(self._master(layer, ops, k, j, first, n), values(layout.specs[j].name)[first : first + n])
         self._write_compute_copy(layer, ops)
+        for j, spec in enumerate(layout.specs):
+            if not spec.trainable:  # a frozen parameter: its compute copy, in its own dtype, is all it has
+                part, at = layout.compute[j]
+                ops.copy(ops.view(layer.flats[("weights", part)], at, spec.dtype, (spec.numel,)), values(spec.name))
         self._pend(i, write_back=[] if on_host else ["weights", "states"])
         self.flush()
         return i
@@ -256,18 +222,27 @@ class LayerStream(HostSteps):
         self.balance = HostShare(len(self._layers), self.host_layers())
 
     def master_weights(self, i: int) -> Dict[str, bytes]:
-        """Layer `i`'s fp32 master weights, read from the fabric: per parameter, its bytes (little-endian)."""
-        self._retire_layer(i)
-        layer = self._layers[i]
-        self._wait_host_step(layer)
-        lay = layer.layout
-        out = {s.name: bytearray(4 * s.numel) for s in lay.specs}
-        for k, piece in enumerate(lay.pieces):
-            raw = self.fabric.read(layer.states, 12 * piece.start, 4 * piece.numel)
-            for j, first, n in lay.overlaps(k):
-                at = 4 * (lay.flat[j] + first - piece.start)
-                out[lay.specs[j].name][4 * first : 4 * (first + n)] = raw[at : at + 4 * n]
-        return {name: bytes(b) for name, b in out.items()}
+        """Layer `i`'s fp32 master weights, read from the fabric: per trainable parameter, its bytes
+        (little-endian). A step asked for runs first."""
+        return {name: st["master"] for name, st in self.read_states(i).items()}
+
+    def read_states(self, i: int) -> Dict[str, Dict[str, Any]]:
+        """Layer `i`'s optimizer state, read from the fabric, a step asked for run first: per trainable
+        parameter its fp32 `master` weights, `exp_avg` and `exp_avg_sq` (bytes, little-endian) and `step`."""
+        return _stream_states.read_states(self, i)
+
+    def write_states(self, i: int, states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Replaces layer `i`'s optimizer state with `states` (as `read_states` gives it; every trainable
+        parameter's), and its compute copy with the new master weights. Between optimizer steps only."""
+        _stream_states.write_states(self, i, states)
+
+    def read_frozen(self, i: int) -> Dict[str, bytes]:
+        """Layer `i`'s frozen parameters: per parameter, its bytes in its own dtype."""
+        return _stream_states.read_frozen(self, i)
+
+    def write_frozen(self, i: int, values: Mapping[str, Any]) -> None:
+        """Replaces layer `i`'s frozen parameters named in `values` (bytes in their own dtype)."""
+        _stream_states.write_frozen(self, i, values)
 
     def flush(self) -> None:
         """Waits for the queued work of every layer (the CPU's steps included) and releases its leases."""
@@ -288,27 +263,117 @@ class LayerStream(HostSteps):
         self._layers.clear()
         self._work = [None, None]
 
+    # ------------------------------------------------------------------------------------------------ steps
+    def request_step(self, i: int, hypers: Sequence[Optional[AdamW]], scales: Sequence[Any]) -> bool:
+        """`step_at="optimizer"`: layer `i` takes an optimizer step with the gradients summed since its last:
+        parameter j with `hypers[j]` (None: not stepped), its gradient times `scales[j]` first (None: as it
+        is). A parameter without a gradient is not stepped. On the CPU the step starts now; on the device it
+        runs before the layer's next forward pass (or `apply_steps`). Returns whether any parameter steps."""
+        if self.step_at != "optimizer":
+            raise ValueError("layers step in the backward pass (step_at=\"backward\"): there is no step to ask for")
+        layer = self._layers[i]
+        lay = layer.layout
+        if len(hypers) != len(lay.specs) or len(scales) != len(lay.specs):
+            raise ValueError(f"layer {i} has {len(lay.specs)} parameters: a hyperparameter set and a factor each")
+        if layer.pending is not None:
+            raise ValueError(f"layer {i} has a step asked for already: it runs before the next forward pass")
+        self._retire_layer(i)  # its gradient sums' lease ends first
+        self._wait_host_step(layer)
+        hyper = [h if lay.specs[j].trainable and layer.has_grad[j] else None for j, h in enumerate(hypers)]
+        if layer.grads is None or not any(h is not None for h in hyper):
+            return False
+        for j, h in enumerate(hyper):
+            if h is not None:
+                layer.param_steps[j] += 1
+        job = StepJob(hyper, list(layer.param_steps), list(scales))
+        layer.steps += 1
+        layer.has_grad = [False] * len(lay.specs)
+        layer.norms = [None] * len(lay.specs)
+        if layer.on_host:
+            layer.host_step.clear()
+            self._queue_host_step(i, job)
+        else:
+            layer.pending = job
+        return True
+
+    def apply_steps(self, i: Optional[int] = None) -> None:
+        """Runs the device steps asked for and not yet run, of layer `i` (None: every layer), and waits for
+        them and for the CPU's."""
+        for j in range(len(self._layers)) if i is None else [i]:
+            layer = self._layers[j]
+            if layer.pending is not None:
+                self._retire_layer(j)
+                self._run_pending(j)
+                self._pend(j, *layer.after_forward)
+                layer.after_forward = ([], [])
+            self._retire_layer(j)
+            self._wait_host_step(layer)
+
+    def discard_grads(self, i: int) -> None:
+        """Forgets layer `i`'s gradient sums (the loop zeroed its gradients without a step)."""
+        layer = self._layers[i]
+        self._retire_layer(i)
+        self._wait_host_step(layer)
+        if layer.grads is not None:
+            self.fabric.free(layer.grads)
+        layer.grads, layer.accumulated = None, 0
+        layer.has_grad = [False] * len(layer.layout.specs)
+        layer.norms = [None] * len(layer.layout.specs)
+
+    def norms(self, i: int) -> List[Optional[Tuple[Array, Array]]]:
+        """`step_at="optimizer"`: per parameter of layer `i`, its gradient sums' 2-norm and largest absolute
+        value (one-element arrays on the device), or None without a gradient."""
+        return list(self._layers[i].norms)
+
+    def _run_pending(self, i: int) -> None:
+        """Layer `i`'s step asked for, on the device: its gradient sums, states and compute copy leased for
+        writing, AdamW, the new compute copy. Its regions go back, and the sums are freed, with the work queued
+        after (the forward pass's)."""
+        layer = self._layers[i]
+        job, layer.pending = layer.pending, None
+        assert job is not None
+        ops, lay = self.ops, layer.layout
+        self._lease(layer, "grads", "w")
+        self._lease(layer, "states", "w")
+        self._lease(layer, "weights", "w")
+        for k, piece in enumerate(lay.pieces):
+            adamw_range(ops, lay, layer.flats[("states", k)], layer.flats[("grads", k)], piece.start, k, piece.start,
+                        piece.numel, job)
+        self._write_compute_copy(layer, ops)
+        sums, layer.grads, layer.accumulated = layer.grads, None, 0
+        layer.after_forward = (["weights", "states"], [sums])
+
     # ------------------------------------------------------------------------------------------------ passes
     def forward_weights(self, i: int) -> Dict[str, Array]:
-        """Layer `i`'s parameters for its forward pass (its compute copy, leased for reading), prefetching the
-        next layers'. Valid until `forward_done(i)`: the caller drops them by then."""
+        """Layer `i`'s parameters for its forward pass (its compute copy, leased for reading, or written by
+        the step asked for first), prefetching the next layers'. Valid until `forward_done(i)`: the caller
+        drops them by then."""
         self._finish_deferred()  # the backward pass is over
         if i == 0 and self.balance is not None:
             self._judge_step()
         layer = self._layers[i]
         self._retire_layer(i)
         self._wait_host_step(layer, loop=True)
-        self._lease(layer, "weights", "r")
+        if layer.pending is not None:
+            self._run_pending(i)
+        else:
+            self._lease(layer, "weights", "r")
         for j in range(i + 1, min(i + 1 + self.lookahead, len(self._layers))):
-            if self._layers[j].host_step.is_set():  # else its new weights are still being made
-                self._prefetch(self._layers[j], "weights")
+            nxt = self._layers[j]
+            if nxt.host_step.is_set():  # else its new weights are still being made
+                self._prefetch(nxt, "weights")
+                if nxt.pending is not None:
+                    self._prefetch(nxt, "states")
+                    self._prefetch(nxt, "grads")
         if i == len(self._layers) - 1 and self._steps_here(layer):
             self._prefetch(layer, "states")  # the backward pass starts with this layer's step
         return self._compute_views(layer)
 
     def forward_done(self, i: int) -> None:
         """Layer `i`'s forward work is queued: its lease ends once the device is past it."""
-        self._pend(i)
+        layer = self._layers[i]
+        after, layer.after_forward = layer.after_forward, ([], [])
+        self._pend(i, *after)
 
     def backward_weights(self, i: int) -> Dict[str, Array]:
         """Layer `i`'s parameters for its backward pass, prefetching the previous layers'. Valid until
@@ -321,20 +386,37 @@ class LayerStream(HostSteps):
             self._prefetch(self._layers[j], "weights")
         return self._compute_views(layer)
 
-    def backward_done(self, i: int, grads: Mapping[str, Array]) -> None:
-        """Layer `i`'s gradients (one array per parameter, any float dtype): added to the layer's gradient sums,
-        or, when this pass steps, the layer's AdamW step (queued on the device now, or handed to the CPU once
-        the sums are in host memory). When `grad_reduce` returns a `Reduction`, what follows it waits for the
-        stream's next call that needs it (the next layer's `backward_done` at the latest)."""
+    def backward_done(self, i: int, grads: Mapping[str, Optional[Array]], fresh: Optional[Sequence[bool]] = None) -> None:
+        """Layer `i`'s gradients (one array per trainable parameter, any float dtype; a missing one or None:
+        the parameter has none this pass). With `step_at="backward"`: added to the layer's gradient sums, or,
+        when this pass steps, the layer's AdamW step (queued on the device now, or handed to the CPU once the
+        sums are in host memory); when `grad_reduce` returns a `Reduction`, what follows it waits for the
+        stream's next call that needs it (the next layer's `backward_done` at the latest). With
+        `step_at="optimizer"`: added to the gradient sums, parameter j's replacing them instead where
+        `fresh[j]` (default: where the sums hold none), and the sums' norms taken."""
         layer = self._layers[i]
         lay = layer.layout
+        if not lay.trainable:
+            self._pend(i)
+            return
         ops = self.ops
         slot, g = self._work_buffer(lay.numel)
-        for spec, off in zip(lay.specs, lay.flat):
+        for j in lay.trainable:
+            spec, off = lay.specs[j], lay.flat[j]
             grad = grads.get(spec.name)
             if grad is None:
-                raise ValueError(f"layer {i}: no gradient for {spec.name}")
-            ops.copy(ops.view(g, 4 * off, "float32", spec.shape), grad)
+                ops.zero(ops.view(g, 4 * off, "float32", (spec.numel,)))
+            else:
+                ops.copy(ops.view(g, 4 * off, "float32", spec.shape), grad)
+        if self.step_at == "optimizer":
+            self._collect(layer, g, [grads.get(lay.specs[j].name) is not None for j in range(len(lay.specs))], fresh)
+            self._pend(i, write_back=["grads"])
+            self._prefetch_previous(i)
+            return
+        if self.accumulating or layer.accumulated == 0:
+            layer.has_grad = [False] * len(lay.specs)
+        for j in lay.trainable:
+            layer.has_grad[j] = layer.has_grad[j] or grads.get(lay.specs[j].name) is not None
         step = not self.accumulating
         to_sums = not step or layer.on_host
         reduce = self.grad_reduce if step else None
@@ -358,13 +440,52 @@ class LayerStream(HostSteps):
             self._finish(done)
         else:
             self._defer(done)
-        # The previous layer's states (or sums) come while this layer's step runs.
+        self._prefetch_previous(i)
+
+    def _prefetch_previous(self, i: int) -> None:
+        """The previous layer's states (or sums) come while this layer's step (or sums) are under way."""
         if i > 0:
             prev = self._layers[i - 1]
             if self._steps_here(prev):
                 self._prefetch(prev, "states")
             if prev.grads is not None:
                 self._prefetch(prev, "grads")
+
+    def _collect(self, layer: _Layer, g: Array, got: List[bool], fresh: Optional[Sequence[bool]]) -> None:
+        """`step_at="optimizer"`: adds this pass's gradients `g` (flat) to the layer's gradient sums, or puts
+        them there for the parameters whose sums start afresh, and takes each parameter's norms."""
+        ops, lay = self.ops, layer.layout
+        if layer.grads is None:
+            layer.grads = self.fabric.alloc(lay.grad_bytes, device=self.device, priority="low")
+            layer.has_grad = [False] * len(lay.specs)
+        self._lease(layer, "grads", "w")
+        restart = [not layer.has_grad[j] for j in range(len(lay.specs))] if fresh is None else list(fresh)
+        per_param: Dict[int, List[Array]] = {}
+        for k, piece in enumerate(lay.pieces):
+            acc = layer.flats[("grads", k)]
+            for j, first, n in lay.overlaps(k):
+                e = lay.flat[j] + first
+                dst = ops.view(acc, 4 * (e - piece.start), "float32", (n,))
+                src = ops.view(g, 4 * e, "float32", (n,))
+                if restart[j] or not layer.has_grad[j]:
+                    ops.copy(dst, src)
+                else:
+                    ops.add(dst, src)
+                per_param.setdefault(j, []).append(dst)
+        for j in lay.trainable:
+            if restart[j]:
+                layer.has_grad[j] = got[j]
+            else:
+                layer.has_grad[j] = layer.has_grad[j] or got[j]
+        layer.accumulated += 1
+        order = sorted(per_param)
+        slices = [t for j in order for t in per_param[j]]
+        l2, linf = ops.norms(slices)
+        at = 0
+        for j in order:
+            n = len(per_param[j])
+            layer.norms[j] = combine_norms(l2[at : at + n], linf[at : at + n]) if layer.has_grad[j] else None
+            at += n
 
     def _finish(self, done: _Grads) -> None:
         """Queues what follows a layer's final gradients: adding them to its gradient sums (and handing its step
@@ -377,7 +498,7 @@ class LayerStream(HostSteps):
                 self._pend(i)  # its leases go, one layer late as any layer's; its step is lost
                 raise
         if not done.to_sums:
-            free = self._step_on_device(layer, done.flat)
+            free = self._step_on_device(layer, done.flat, self._eager_job(i))
             self._pend(i, write_back=["weights", "states"], free=free)
             return
         ops = self.ops
@@ -386,20 +507,32 @@ class LayerStream(HostSteps):
             part = ops.view(done.flat, 4 * piece.start, "float32", (piece.numel,))
             ops.copy(acc, part) if layer.accumulated == 0 else ops.add(acc, part)
         layer.accumulated += 1
+        job = None
         if done.step:
             layer.host_step.clear()
-        self._pend(i, write_back=["grads"], host_step=done.step)
+            job = self._eager_job(i)
+        self._pend(i, write_back=["grads"], host_step=job)
 
-    def _step_on_device(self, layer: _Layer, g: Array) -> List[Any]:
+    def _eager_job(self, i: int) -> StepJob:
+        """`step_at="backward"`: layer `i`'s step now, its parameters' steps counted."""
+        layer = self._layers[i]
+        lay = layer.layout
+        hypers: List[Optional[AdamW]] = []
+        for j, spec in enumerate(lay.specs):
+            h = (self.hyper(i, j) if self.hyper is not None else self.optimizer) if spec.trainable else None
+            hypers.append(h if layer.has_grad[j] else None)
+            if hypers[-1] is not None:
+                layer.param_steps[j] += 1
+        layer.steps += 1
+        return StepJob(hypers, list(layer.param_steps), [None] * len(lay.specs))
+
+    def _step_on_device(self, layer: _Layer, g: Array, job: StepJob) -> List[Any]:
         """Queues the layer's AdamW step on the device, with its gradients `g` (fp32, flat), and its new compute
         copy. Returns the regions to free once they are done (the gradient sums it consumed)."""
         ops = self.ops
         self._lease(layer, "states", "w")
-        layer.steps += 1
         for k, piece in enumerate(layer.layout.pieces):
-            part = ops.view(g, 4 * piece.start, "float32", (piece.numel,))
-            p, m, v = (self._state(layer, ops, k, which) for which in range(3))
-            ops.adamw(p, part, m, v, layer.steps, self.optimizer)
+            adamw_range(ops, layer.layout, layer.flats[("states", k)], g, 0, k, piece.start, piece.numel, job)
         self._write_compute_copy(layer, ops)
         if layer.grads is None:
             return []
@@ -452,7 +585,7 @@ class LayerStream(HostSteps):
     # ------------------------------------------------------------------------------------------------ inside
     def _steps_here(self, layer: _Layer) -> bool:
         """Whether this backward pass runs the layer's step on the device."""
-        return not self.accumulating and not layer.on_host
+        return self.step_at == "backward" and not self.accumulating and not layer.on_host and bool(layer.layout.numel)
 
     def _lease(self, layer: _Layer, role: str, mode: str, device: Optional[str] = None, ops: Optional[Ops] = None) -> None:
         """Leases every part of one of the layer's regions."""
@@ -514,7 +647,8 @@ class LayerStream(HostSteps):
             self._work_bytes[k] = 4 * numel
         return k, self._work[k]
 
-    def _pend(self, i: int, write_back: Optional[List[str]] = None, free: Optional[List[Any]] = None, host_step: bool = False) -> None:
+    def _pend(self, i: int, write_back: Optional[List[str]] = None, free: Optional[List[Any]] = None,
+              host_step: Optional[StepJob] = None) -> None:
         """Layer `i`'s work is queued: its leases end once the device is past the event recorded now, after
         the next layer's work is queued too (see `_retire`)."""
         self._pending.append(_Pending(i, self.ops.event(), write_back or [], free or [], host_step))
@@ -552,5 +686,6 @@ class LayerStream(HostSteps):
         self.waited["hints"] += time.perf_counter() - t
         for region in p.free:
             self.fabric.free(region)
-        if p.host_step:
-            self._queue_host_step(p.layer)
+        if p.host_step is not None:
+            self._queue_host_step(p.layer, p.host_step)
+
