@@ -1,6 +1,23 @@
-"""PyTorch on the fabric, two ways.
+"""PyTorch on the fabric.
 
-`stream()` puts the parameters, gradients and AdamW states of a model's layers in fabric regions and streams them
+`offload()` takes a model as it is (a Hugging Face `transformers` model, or any `nn.Module` with repeated
+blocks), streams its blocks through the GPU, and leaves the rest of the model and the training loop unchanged:
+the loop's own optimizer, LR scheduler, gradient clipping and `zero_grad()` act on the streamed parameters too.
+
+    model = AutoModelForCausalLM.from_config(config)
+    model = vfabric.torch.offload(model, budget="20GiB")   # the one added line
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    sched = transformers.get_scheduler("cosine", opt, num_warmup_steps=100, num_training_steps=10_000)
+    for batch in data:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()                                          # the streamed blocks step here, through the fabric
+        sched.step()
+        opt.zero_grad()
+
+`stream()` is the layer below: it puts the parameters, gradients and AdamW states of a model's layers in fabric regions and streams them
 through the GPU: each layer's weights come to the GPU just before it runs (the next layers' already on their way),
 its optimizer step runs on the GPU right after its backward, and its states go back to host memory while the next
 layers compute. The model stays as it is; the training loop changes in a few lines:
@@ -99,6 +116,7 @@ def stream(
     host_layers: Union[int, str] = 0,
     host_chunk: int = 0,
     data_parallel: Any = None,
+    step: str = "backward",
 ) -> Any:
     """Streams `layers` (an iterable of modules, e.g. a model's `nn.ModuleList` of blocks, run in order) through
     the GPU `device` of `fabric` (default: a new embedded fabric, and its first GPU), with AdamW (`lr`, `betas`,
@@ -117,7 +135,11 @@ def stream(
     every rank takes the same step; the parameters that are not streamed are the caller's to average
     (`average_gradients`). Every rank must give the same `host_layers`, a number (`"auto"` would let each rank
     choose its own share). Returns the `StreamedLayers`: set `accumulating` for the micro-batches of a step but
-    the last, and give `other_parameters(model)` to your own optimizer."""
+    the last, and give `other_parameters(model)` to your own optimizer.
+
+    `step="optimizer"` moves the layers' steps to the training loop's optimizer instead, as `offload()` does
+    (`lr` and the rest then come from its param groups, clipping and loss scaling apply): give the optimizer
+    the model's parameters, streamed ones included."""
     import torch
 
     import vfabric
@@ -137,6 +159,7 @@ def stream(
         lookahead=lookahead,
         host_chunk=host_chunk,
         grad_reduce=None if data_parallel is None or data_parallel is False else _mean_over(data_parallel),
+        step=step,
     )
     layers = list(layers)
     auto = host_layers == "auto"
@@ -151,6 +174,69 @@ def stream(
     if auto:
         streamed.stream.balance_host_layers()
     return streamed
+
+
+def offload(
+    model: Any,
+    budget: Union[int, str, None] = None,
+    *,
+    fabric: Any = None,
+    blocks: Any = None,
+    device: Any = None,
+    step: str = "optimizer",
+    host_layers: int = 0,
+    lookahead: int = 2,
+    compute_dtype: Any = None,
+    storage: Optional[str] = None,
+) -> Any:
+    """Streams `model`'s repeated blocks through the GPU and moves the rest of it there; returns the model, whose
+    forward, `parameters()`, `state_dict()` and `load_state_dict()` work as before.
+
+    The blocks: by default a Hugging Face model's decoder layers (the `nn.ModuleList` of its `_no_split_modules`
+    class), else the `nn.ModuleList` of modules of one class holding the most parameters; or `blocks`: the
+    modules, a class, or a policy `module -> bool` (as FSDP's `auto_wrap_policy`). They must run in order, each
+    computing the same from the same inputs (each is recomputed in the backward pass, as under gradient
+    checkpointing; a layer that changes its buffers while training is refused). Each takes its arguments as the
+    model passes them; parameters it shares with the rest of the model (tied weights) stay with the rest.
+
+    The fabric: `budget` is the GPU memory (bytes or "20GiB") the blocks' weights and optimizer states take at
+    once (default: a quarter of the GPU); host memory holds them all, sized from the model (and, with `storage`
+    naming a file on a fast drive, a storage tier below it). When the machine cannot hold them, `vfabric.OutOfMemory`
+    says what they need and what there is, before anything moves. Or give a `fabric` of your own: it is checked.
+
+    The optimizer: give the training loop's optimizer `model.parameters()` (param groups as you like: AdamW, or
+    Adam). At its `step()` the streamed parameters step through the fabric with their group's hyperparameters of
+    that moment (LR schedules apply), after `clip_grad_norm_` and `GradScaler` have seen their gradients;
+    frozen parameters (`requires_grad=False`) are streamed read-only. `step="backward"` steps each block inside
+    the backward pass instead (faster, but no clipping, scaler or accumulation without `no_sync()`; the
+    optimizer's hyperparameters are then `stream()`'s defaults). `host_layers`: the last blocks take their
+    AdamW step on the CPU. `vfabric.torch.streamed(model)` is the `StreamedLayers` underneath."""
+    from vfabric._torch_offload import offload as _offload
+
+    return _offload(model, budget, fabric=fabric, blocks=blocks, device=device, step=step, host_layers=host_layers,
+                    lookahead=lookahead, compute_dtype=compute_dtype, storage=storage)
+
+
+def streamed(model: Any) -> Any:
+    """The `StreamedLayers` that `offload(model)` streams the model's blocks with."""
+    from vfabric._torch_offload import streamed as _streamed
+
+    return _streamed(model)
+
+
+def optimizer_state_dict(optimizer: Any) -> Dict[str, Any]:
+    """`optimizer.state_dict()` with the streamed parameters' AdamW state read from the fabric, in
+    `torch.optim.AdamW`'s format: save it beside `model.state_dict()` to resume."""
+    from vfabric._torch_optim import optimizer_state_dict as _sd
+
+    return _sd(optimizer)
+
+
+def load_optimizer_state_dict(optimizer: Any, state_dict: Dict[str, Any]) -> None:
+    """`optimizer.load_state_dict(state_dict)`, the streamed parameters' AdamW state written into the fabric."""
+    from vfabric._torch_optim import load_optimizer_state_dict as _load
+
+    _load(optimizer, state_dict)
 
 
 def _group(group: Any) -> Any:
