@@ -217,3 +217,31 @@ def test_inference_without_gradients_runs_the_layers_once_with_their_cache():
         want = ref.generate(ids, max_new_tokens=4, do_sample=False)
         got = ours.generate(ids, max_new_tokens=4, do_sample=False)
     assert torch.equal(want, got)
+
+
+@pytest.mark.parametrize("init_scale", [2.0**10, 3e38])
+def test_a_gradscaler_unscales_the_streamed_gradients_and_skips_overflowed_steps(init_scale):
+    ref = build("llama")
+    ours = offloaded(copy.deepcopy(ref))
+    out = []
+    for model in (ref, ours):
+        opt = optimizer(model)
+        scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=1)
+        losses = []
+        for step in range(2):
+            ids = batch(0)  # the same batch and masks: a skipped step gives the same loss again
+            torch.manual_seed(0)
+            loss = model(input_ids=ids, labels=ids).loss
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            losses.append(float(loss))
+        out.append((losses, scaler.get_scale()))
+    (lr, sr), (lo, so) = out
+    assert so == sr, "the same steps were skipped"
+    assert lo == pytest.approx(lr, rel=1e-5)
+    skipped = init_scale > 1e38
+    assert (lr[1] == lr[0]) == skipped, "an overflowed step leaves the weights as they were"
