@@ -2,7 +2,7 @@
 # The Python environment the package is built and tested in: a venv under target/pyenv with maturin (1.x),
 # pytest, numpy and matplotlib (the benchmark plots), and PyTorch and Hugging Face transformers, pinned to the
 # GPU machine's versions (PyPI's torch wheel runs on a machine without a GPU: the torch tests there run on the
-# emulated device's CPU tensors). Creates it when missing (installing python3-venv with apt
+# emulated device's CPU tensors; accelerate for transformers.Trainer). Creates it when missing (installing python3-venv with apt
 # when `python3 -m venv` cannot, as root or through sudo), then makes sure the tools are there. Used by
 # python-tests.sh and python-wheel.sh.
 #
@@ -35,5 +35,5 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import sys" >/dev/nul
     fi
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9.4,<2" pytest numpy matplotlib \
-    "torch==2.11.0" "transformers==5.17.0" ||
-    fail "pip install maturin pytest numpy matplotlib torch transformers into $venv"
+    "torch==2.11.0" "transformers==5.17.0" "accelerate==1.15.0" ||
+    fail "pip install maturin pytest numpy matplotlib torch transformers accelerate into $venv"

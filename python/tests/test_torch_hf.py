@@ -245,3 +245,36 @@ def test_a_gradscaler_unscales_the_streamed_gradients_and_skips_overflowed_steps
     assert lo == pytest.approx(lr, rel=1e-5)
     skipped = init_scale > 1e38
     assert (lr[1] == lr[0]) == skipped, "an overflowed step leaves the weights as they were"
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, k):
+        ids = batch(k)[0]
+        return {"input_ids": ids, "labels": ids}
+
+
+def test_transformers_trainer_trains_an_offloaded_model_as_the_unstreamed_one(tmp_path):
+    """`transformers.Trainer` as it is (its AdamW, param groups, linear schedule, clipping through accelerate):
+    the offloaded model needs no integration code."""
+
+    def run(model, out):
+        args = transformers.TrainingArguments(
+            output_dir=str(out), per_device_train_batch_size=2, max_steps=3, learning_rate=1e-2, weight_decay=0.1,
+            max_grad_norm=0.05, lr_scheduler_type="linear", warmup_steps=1, logging_steps=1, report_to=[],
+            use_cpu=True, save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens())
+        trainer.train()
+        return [x for h in trainer.state.log_history if "loss" in h for x in (h["loss"], h["grad_norm"])]
+
+    start = build("llama").state_dict()
+    ref = build("llama")
+    ours = offloaded(copy.deepcopy(ref))
+    want, got = run(ref, tmp_path / "ref"), run(ours, tmp_path / "ours")
+    assert got == pytest.approx(want, rel=1e-5)
+    mine = ours.state_dict()
+    for name, w in ref.state_dict().items():
+        assert torch.allclose(mine[name].cpu(), w, rtol=1e-4, atol=2e-6), name
+    assert not torch.equal(mine["model.layers.0.mlp.up_proj.weight"].cpu(), start["model.layers.0.mlp.up_proj.weight"])
