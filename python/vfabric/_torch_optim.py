@@ -76,7 +76,7 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
             owner, i, j = found
             if hyper is None:
                 hyper = hyperparameters(optimizer, group)
-            n = owner.stream.layout(i).specs.__len__()
+            n = len(owner.stream.layout(i).specs)
             hypers, factors = asked.setdefault(owner, {}).setdefault(i, ([None] * n, [None] * n))
             hypers[j], factors[j] = hyper, p.grad.factor
             p.grad = None  # the optimizer skips it: the fabric steps it
@@ -111,8 +111,9 @@ def optimizer_state_dict(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
     sd = optimizer.state_dict()
     cache: Dict[Tuple[int, int], Any] = {}
     for at, owner, i, name in _streamed_entries(optimizer):
-        st = cache.setdefault((id(owner), i), None) or owner.optimizer_state(i)
-        cache[(id(owner), i)] = st
+        if (id(owner), i) not in cache:
+            cache[(id(owner), i)] = owner.optimizer_state(i)
+        st = cache[(id(owner), i)]
         if name in st:
             sd["state"][at] = st[name]
     return sd

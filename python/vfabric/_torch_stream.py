@@ -165,7 +165,6 @@ class StreamedLayers:
         self.aliases: List[Dict[str, List[str]]] = []
         self._adopted: set = set()
         self._anchor = torch.zeros((), requires_grad=True)
-        self._stepped = False
         self._warned_cache = False
 
     @property
@@ -306,7 +305,6 @@ class StreamedLayers:
     def step_layers(self, layers: Dict[int, Tuple[List[Any], List[Any]]]) -> None:
         """The optimizer's step of the streamed parameters it holds (`vfabric._torch_optim`): per layer, each
         parameter's hyperparameters (None: not its optimizer's) and gradient factor."""
-        self._stepped = True
         for i in sorted(layers):
             hypers, factors = layers[i]
             self.stream.request_step(i, hypers, factors)
